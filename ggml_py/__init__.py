@@ -1,0 +1,32 @@
+"""ggml_py: a ggml-style tensor graph runtime for CPUs.
+
+    import numpy as np, ggml_py as gg
+    ctx = gg.Context(mem_size=64 << 20)
+    a = ctx.new_tensor(gg.F32, (4, 3))
+    b = ctx.from_numpy(np.ones((2, 3), np.float32))
+    y = gg.soft_max(gg.scale(gg.mul_mat(a, b), 0.5))
+    graph = gg.build_forward(y)
+    a.numpy()[:] = np.random.rand(4, 3)
+    graph.compute(n_threads=2)
+"""
+from ggml_py import _core
+from ggml_py.types import Op, Type, check_against_core
+
+check_against_core(_core)
+
+from ggml_py.system import build_features, kernels, system_info  # noqa: E402
+from ggml_py.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
+from ggml_py.tensor import Context, Tensor, row_bytes, type_traits  # noqa: E402
+from ggml_py.graph import Graph, Plan, ThreadPool, build_forward, default_threads, shared_pool  # noqa: E402
+from ggml_py.ops import (  # noqa: E402
+    ROPE_NEOX, ROPE_NORMAL, add, argmax, concat, cont, cpy, div, dup, gelu, get_rows, mean,
+    mul, mul_mat, neg, norm, permute, relu, reshape, rms_norm, rope, scale, set_rows, silu,
+    soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
+)
+
+F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K
+I8, I16, I32, I64, F64 = Type.I8, Type.I16, Type.I32, Type.I64, Type.F64
+
+__version__ = "0.1.0"

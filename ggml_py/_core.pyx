@@ -1,0 +1,441 @@
+# The Cython glue: owns C memory (arena, tensor structs, pool, graph arrays),
+# releases the GIL around every compute, turns C status codes into exceptions.
+# Everything user-facing is wrapped by the pure-Python modules of ggml_py.
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uintptr_t
+from libc.stdlib cimport malloc, calloc, free
+from libc.string cimport memset, memcpy, strncpy
+from cpython.exc cimport PyErr_CheckSignals
+
+import numpy as np
+
+from ggml_py._ggml cimport *
+
+cdef extern from "pthread.h" nogil:
+    ctypedef unsigned long pthread_t
+    int pthread_create(pthread_t *thread, const void *attr,
+                       void *(*start)(void *) noexcept nogil, void *arg)
+    int pthread_join(pthread_t thread, void **retval)
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+ARENA_ALIGN = 64
+TENSOR_STRUCT_SIZE = sizeof(ggml_py_tensor)
+
+
+# ---------------------------------------------------------------------------
+# kernel selection and build facts
+
+def select_kernels(bint force_ref):
+    """Point type traits at SIMD kernels or (force_ref) the scalar twins; returns which."""
+    return ggml_py_select_kernels(force_ref).decode()
+
+
+def build_features():
+    """Bit set of enum ggml_py_feature: what this binary was compiled for."""
+    return ggml_py_build_features()
+
+
+def time_ns():
+    """The executor's monotonic clock, in nanoseconds."""
+    return ggml_py_time_ns()
+
+
+def type_traits_raw(int type):
+    """(name, blck_size, type_size, is_quantized, vec_dot_type) or None."""
+    cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(type)
+    if tt == NULL:
+        return None
+    return (tt.name.decode(), tt.blck_size, tt.type_size, tt.is_quantized, tt.vec_dot_type,
+            tt.to_float != NULL, tt.from_float != NULL, tt.vec_dot != NULL)
+
+
+def row_size(int type, int64_t ne):
+    """Bytes of a row of ne elements of `type`."""
+    return ggml_py_row_size(type, ne)
+
+
+# ---------------------------------------------------------------------------
+# the arena
+
+cdef class Context:
+    """An arena that owns tensor structs and tensor data (one aligned numpy buffer)."""
+    cdef readonly object buffer
+    cdef readonly size_t mem_size
+    cdef readonly size_t used
+    cdef uintptr_t base
+
+    def __init__(self, size_t mem_size=16 << 20):
+        raw = np.zeros(mem_size + ARENA_ALIGN, dtype=np.uint8)
+        start = (-raw.ctypes.data) % ARENA_ALIGN
+        self.buffer = raw[start:start + mem_size]
+        self.base = self.buffer.ctypes.data
+        self.mem_size = mem_size
+        self.used = 0
+
+    cdef uintptr_t alloc(self, size_t nbytes) except 0:
+        cdef size_t start = (self.used + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
+        if start + nbytes > self.mem_size:
+            raise MemoryError(
+                f"Context out of memory: needs {start + nbytes} bytes, has {self.mem_size} "
+                f"(create it with a larger mem_size)")
+        self.used = start + nbytes
+        return self.base + start
+
+    def __repr__(self):
+        return f"Context(mem_size={self.mem_size}, used={self.used})"
+
+
+# ---------------------------------------------------------------------------
+# tensors
+
+cdef class TensorBase:
+    """A ggml_py_tensor struct living in a Context, plus what keeps its memory alive."""
+    cdef ggml_py_tensor *t
+    cdef readonly Context ctx
+    cdef readonly tuple src          # source tensors (Python references)
+    cdef readonly object owner       # numpy array whose memory holds the data
+    cdef readonly uintptr_t owner_base
+    cdef readonly int ndim
+
+    @property
+    def _ptr(self):
+        return <uintptr_t> self.t
+
+    @property
+    def _type(self):
+        return self.t.type
+
+    @property
+    def _op(self):
+        return self.t.op
+
+    @property
+    def _ne(self):
+        return (self.t.ne[0], self.t.ne[1], self.t.ne[2], self.t.ne[3])
+
+    @property
+    def _nb(self):
+        return (self.t.nb[0], self.t.nb[1], self.t.nb[2], self.t.nb[3])
+
+    @property
+    def _op_params(self):
+        return tuple(self.t.op_params[i] for i in range(GGML_PY_MAX_OP_PARAMS))
+
+    @property
+    def data_ptr(self):
+        """Address of the first element."""
+        return <uintptr_t> self.t.data
+
+    @property
+    def nbytes(self):
+        """Bytes spanned by the data (strides included)."""
+        return ggml_py_nbytes(self.t)
+
+    @property
+    def is_contiguous(self):
+        """True when rows are packed with no gaps, in ggml order."""
+        return ggml_py_is_contiguous(self.t)
+
+    @property
+    def name(self):
+        return self.t.name.decode()
+
+    @name.setter
+    def name(self, value):
+        cdef bytes raw = str(value).encode()[:GGML_PY_MAX_NAME - 1]
+        memset(self.t.name, 0, GGML_PY_MAX_NAME)
+        memcpy(self.t.name, <char *> raw, len(raw))
+
+    def _profile_raw(self):
+        return _profile_to_tuple(&self.t.profile)
+
+    def _set_profile_raw(self, int32_t id, str name, stages):
+        _profile_from_tuple(&self.t.profile, id, name, stages)
+
+    def _op_profiles_raw(self):
+        cdef ggml_py_task_profile out[GGML_PY_MAX_PROFILES]
+        cdef int n = ggml_py_op_profiles(self.t, out)
+        return [_profile_to_tuple(&out[i]) for i in range(n)]
+
+    def _work_size(self, int n_threads):
+        return ggml_py_node_work_size(self.t, n_threads)
+
+
+cdef tuple _profile_to_tuple(const ggml_py_task_profile *p):
+    return (p.id, p.name.decode(),
+            tuple((bool(p.stages[s].valid), bool(p.stages[s].parallel), bool(p.stages[s].wait))
+                  for s in range(GGML_PY_N_STAGES)))
+
+
+cdef void _profile_from_tuple(ggml_py_task_profile *p, int32_t id, str name, stages) except *:
+    cdef bytes raw = name.encode()[:15]
+    memset(p, 0, sizeof(ggml_py_task_profile))
+    p.id = id
+    memcpy(p.name, <char *> raw, len(raw))
+    for s, (valid, parallel, wait) in enumerate(stages):
+        p.stages[s].valid = valid
+        p.stages[s].parallel = parallel
+        p.stages[s].wait = wait
+
+
+def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src=(),
+               op_params=None, TensorBase view_of=None, size_t view_offset=0,
+               object external=None):
+    """Create a `cls` (a TensorBase subclass) with a fresh struct in ctx.
+
+    Data: a view of `view_of` at `view_offset` bytes, or `external` (a numpy
+    array whose memory is used in place), or fresh zeroed arena memory.
+    ne, nb: 4 ints each, ggml order (nb may be None for contiguous).
+    """
+    cdef TensorBase tensor = cls.__new__(cls)
+    cdef ggml_py_tensor *t = <ggml_py_tensor *> ctx.alloc(sizeof(ggml_py_tensor))
+    cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(type)
+    if tt == NULL:
+        raise ValueError(f"unknown tensor type id {type}")
+    memset(t, 0, sizeof(ggml_py_tensor))
+    t.type = type
+    t.op = op
+    for i in range(GGML_PY_MAX_DIMS):
+        t.ne[i] = ne[i]
+    if nb is None:
+        t.nb[0] = tt.type_size
+        t.nb[1] = tt.type_size * (t.ne[0] // tt.blck_size)
+        t.nb[2] = t.nb[1] * t.ne[1]
+        t.nb[3] = t.nb[2] * t.ne[2]
+    else:
+        for i in range(GGML_PY_MAX_DIMS):
+            t.nb[i] = nb[i]
+    if op_params is not None:
+        for i, v in enumerate(op_params):
+            t.op_params[i] = v
+    for i, s in enumerate(src):
+        if s is not None:
+            t.src[i] = (<TensorBase> s).t
+
+    tensor.t = t
+    tensor.ctx = ctx
+    tensor.src = src
+    tensor.ndim = ndim
+    if view_of is not None:
+        t.data = <void *> ((<uintptr_t> view_of.t.data) + view_offset)
+        tensor.owner = view_of.owner
+        tensor.owner_base = view_of.owner_base
+    elif external is not None:
+        t.data = <void *> (<uintptr_t> external.ctypes.data)
+        tensor.owner = external
+        tensor.owner_base = external.ctypes.data
+    else:
+        t.data = <void *> ctx.alloc(ggml_py_nbytes(t))
+        tensor.owner = ctx.buffer
+        tensor.owner_base = ctx.base
+    t.profile = ggml_py_default_profile(t)
+    return tensor
+
+
+def op_profiles_for(int op, int type0, int type1, ne0=(1, 1, 1, 1), ne1=(1, 1, 1, 1)):
+    """The profiles of `op` for sources of these types (default first)."""
+    cdef ggml_py_tensor node, a, b
+    cdef ggml_py_task_profile out[GGML_PY_MAX_PROFILES]
+    memset(&node, 0, sizeof(node))
+    memset(&a, 0, sizeof(a))
+    memset(&b, 0, sizeof(b))
+    node.op = op
+    node.type = 0
+    a.type = type0
+    b.type = type1
+    for i in range(4):
+        a.ne[i] = ne0[i]
+        b.ne[i] = ne1[i]
+    node.src[0] = &a
+    node.src[1] = &b
+    cdef int n = ggml_py_op_profiles(&node, out)
+    return [_profile_to_tuple(&out[i]) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# the worker pool
+
+POLICIES = {"spin-then-sleep": 0, "spin": 1, "sleep": 2}
+
+cdef class ThreadPool:
+    """A persistent pool of n_threads (the caller counts as thread 0).
+
+    Workers spin up to spin_us microseconds waiting for work, then sleep on a
+    condition variable (policy "spin-then-sleep"); "spin" never sleeps unless a
+    stage says wait; "sleep" sleeps as soon as a task is done.
+    """
+    cdef ggml_py_pool *pool
+    cdef pthread_t *threads
+    cdef int n_started
+    cdef readonly int n_threads
+    cdef readonly str policy
+    cdef readonly double spin_us
+
+    def __cinit__(self, int n_threads, str policy="spin-then-sleep", double spin_us=200.0):
+        if n_threads < 1 or n_threads > GGML_PY_MAX_THREADS:
+            raise ValueError(f"ThreadPool: n_threads must be in 1..{GGML_PY_MAX_THREADS}, got {n_threads}")
+        if policy not in POLICIES:
+            raise ValueError(f"ThreadPool: policy must be one of {sorted(POLICIES)}, got {policy!r}")
+        if spin_us < 0:
+            raise ValueError(f"ThreadPool: spin_us must be >= 0, got {spin_us}")
+        cdef void *mem = NULL
+        if posix_memalign(&mem, 64, sizeof(ggml_py_pool)) != 0:
+            raise MemoryError("ThreadPool: cannot allocate the pool")
+        self.pool = <ggml_py_pool *> mem
+        if ggml_py_pool_init(self.pool, n_threads, POLICIES[policy], <int64_t> (spin_us * 1000)) != 0:
+            free(mem)
+            self.pool = NULL
+            raise RuntimeError("ThreadPool: cannot initialise mutex/condition variable")
+        self.n_threads = n_threads
+        self.policy = policy
+        self.spin_us = spin_us
+        self.threads = <pthread_t *> calloc(n_threads, sizeof(pthread_t))
+        self.n_started = 1
+        for i in range(1, n_threads):
+            if pthread_create(&self.threads[i], NULL, ggml_py_pool_worker_main,
+                              &self.pool.workers[i]) != 0:
+                self.close()
+                raise RuntimeError(f"ThreadPool: could not start worker {i}")
+            self.n_started += 1
+
+    def close(self):
+        """Stop and join the workers; the pool cannot be used afterwards."""
+        if self.pool == NULL:
+            return
+        with nogil:
+            ggml_py_pool_stop(self.pool)
+            for i in range(1, self.n_started):
+                pthread_join(self.threads[i], NULL)
+            ggml_py_pool_destroy(self.pool)
+        free(self.pool)
+        free(self.threads)
+        self.pool = NULL
+        self.threads = NULL
+
+    def __dealloc__(self):
+        self.close()
+
+    @property
+    def closed(self):
+        return self.pool == NULL
+
+    def stats(self):
+        """Counters since creation: {'sleeps': worker sleeps, 'wakeups': broadcasts}."""
+        if self.pool == NULL:
+            raise ValueError("ThreadPool is closed")
+        return {"sleeps": self.pool.n_sleeps, "wakeups": self.pool.n_wakeups}
+
+    def __repr__(self):
+        return f"ThreadPool(n_threads={self.n_threads}, policy={self.policy!r}, spin_us={self.spin_us})"
+
+
+# ---------------------------------------------------------------------------
+# graphs
+
+cdef int _abort_requested(void *data) noexcept nogil:
+    # Runs the Python signal handlers (main thread only); a raised exception
+    # (KeyboardInterrupt) is kept to be re-raised once the executor has stopped.
+    with gil:
+        try:
+            PyErr_CheckSignals()
+        except BaseException as exc:
+            (<list> data).append(exc)
+            return 1
+    return 0
+
+
+cdef class CGraph:
+    """The node array the executor walks; keeps its tensors alive."""
+    cdef ggml_py_tensor **nodes
+    cdef int n_nodes
+    cdef readonly tuple tensors
+
+    def __cinit__(self, tensors):
+        self.tensors = tuple(tensors)
+        self.n_nodes = len(self.tensors)
+        self.nodes = <ggml_py_tensor **> malloc(max(1, self.n_nodes) * sizeof(ggml_py_tensor *))
+        if self.nodes == NULL:
+            raise MemoryError()
+        for i, t in enumerate(self.tensors):
+            self.nodes[i] = (<TensorBase> t).t
+
+    def __dealloc__(self):
+        free(self.nodes)
+
+    def work_size(self, int n_threads):
+        """Largest work-buffer need over the nodes at n_threads (bytes)."""
+        cdef ggml_py_cgraph g
+        g.n_nodes = self.n_nodes
+        g.nodes = self.nodes
+        return ggml_py_graph_work_size(&g, n_threads)
+
+    def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
+        """Run every node; raises KeyboardInterrupt (or what a signal handler raised)."""
+        cdef ggml_py_cgraph g
+        cdef ggml_py_cplan plan
+        cdef ggml_py_pool *cpool = NULL
+        cdef list raised = []
+        cdef int status
+        g.n_nodes = self.n_nodes
+        g.nodes = self.nodes
+        memset(&plan, 0, sizeof(plan))
+        if work is not None:
+            plan.work_size = work.nbytes
+            plan.work_data = <void *> (<uintptr_t> work.ctypes.data)
+        if stage_ns is not None:
+            if stage_ns.dtype != np.int64 or stage_ns.size < self.n_nodes * GGML_PY_N_STAGES:
+                raise ValueError("stage_ns must be int64 with n_nodes * 3 entries")
+            plan.stage_ns = <int64_t *> (<uintptr_t> stage_ns.ctypes.data)
+        plan.lookahead = lookahead
+        if abort_interval_ms >= 0:
+            plan.abort_callback = _abort_requested
+            plan.abort_data = <void *> raised
+            plan.abort_interval_ns = <int64_t> (abort_interval_ms * 1e6)
+        if pool is not None:
+            if pool.pool == NULL:
+                raise ValueError("compute: the ThreadPool is closed")
+            cpool = pool.pool
+        with nogil:
+            status = ggml_py_graph_compute(&g, &plan, cpool)
+        if status == GGML_PY_STATUS_ABORTED:
+            if raised:
+                raise raised[0]
+            raise KeyboardInterrupt("graph compute aborted")
+
+
+# The C op enum, so ggml_py.types can check its mirror at import.
+OP_COUNT = GGML_PY_OP_COUNT
+OP_IDS = {
+    "NONE": GGML_PY_OP_NONE,
+    "DUP": GGML_PY_OP_DUP,
+    "CPY": GGML_PY_OP_CPY,
+    "CONT": GGML_PY_OP_CONT,
+    "ADD": GGML_PY_OP_ADD,
+    "SUB": GGML_PY_OP_SUB,
+    "MUL": GGML_PY_OP_MUL,
+    "DIV": GGML_PY_OP_DIV,
+    "SCALE": GGML_PY_OP_SCALE,
+    "NEG": GGML_PY_OP_NEG,
+    "SQR": GGML_PY_OP_SQR,
+    "SQRT": GGML_PY_OP_SQRT,
+    "RELU": GGML_PY_OP_RELU,
+    "GELU": GGML_PY_OP_GELU,
+    "SILU": GGML_PY_OP_SILU,
+    "SWIGLU": GGML_PY_OP_SWIGLU,
+    "SUM_ROWS": GGML_PY_OP_SUM_ROWS,
+    "MEAN": GGML_PY_OP_MEAN,
+    "ARGMAX": GGML_PY_OP_ARGMAX,
+    "NORM": GGML_PY_OP_NORM,
+    "RMS_NORM": GGML_PY_OP_RMS_NORM,
+    "SOFT_MAX": GGML_PY_OP_SOFT_MAX,
+    "MUL_MAT": GGML_PY_OP_MUL_MAT,
+    "GET_ROWS": GGML_PY_OP_GET_ROWS,
+    "SET_ROWS": GGML_PY_OP_SET_ROWS,
+    "ROPE": GGML_PY_OP_ROPE,
+    "CONCAT": GGML_PY_OP_CONCAT,
+    "VIEW": GGML_PY_OP_VIEW,
+    "RESHAPE": GGML_PY_OP_RESHAPE,
+    "PERMUTE": GGML_PY_OP_PERMUTE,
+    "TRANSPOSE": GGML_PY_OP_TRANSPOSE,
+}

@@ -1,0 +1,130 @@
+/* ops_reduce.c - SUM_ROWS, MEAN, ARGMAX, NORM, RMS_NORM, SOFT_MAX: one row at
+ * a time, rows split over threads. Sums accumulate in double, as ggml's do. */
+#include "impl.h"
+
+#define FOR_EACH_ROW(src0)                                                            \
+    int64_t ir0, ir1;                                                                 \
+    ggml_py_thread_rows(ne01 * ne02 * ne03, params->ith, params->nth, &ir0, &ir1);    \
+    for (int64_t ir = ir0; ir < ir1; ir++)
+
+#define ROW_INDICES                                                                   \
+    const int64_t i1 = ir % ne01, i2 = (ir / ne01) % ne02, i3 = ir / (ne01 * ne02);   \
+    const char *x = (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03;    \
+    GGML_PY_UNUSED(x)
+
+static double row_sum(const char *x, int64_t n, size_t stride) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) sum += *(const float *) (x + i * stride);
+    return sum;
+}
+
+static void sum_or_mean(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst,
+                        int mean) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *src0 = dst->src[0];
+    GGML_PY_UNARY_LOCALS(src0, dst);
+    FOR_EACH_ROW(src0) {
+        ROW_INDICES;
+        const double sum = row_sum(x, ne00, nb00);
+        *(float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3) =
+            (float) (mean ? sum / (double) ne00 : sum);
+    }
+}
+
+void ggml_py_compute_sum_rows(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    sum_or_mean(params, dst, 0);
+}
+
+void ggml_py_compute_mean(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    sum_or_mean(params, dst, 1);
+}
+
+void ggml_py_compute_argmax(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *src0 = dst->src[0];
+    GGML_PY_UNARY_LOCALS(src0, dst);
+    int32_t *out = dst->data;   /* dst is contiguous: one id per source row */
+    FOR_EACH_ROW(src0) {
+        ROW_INDICES;
+        int32_t best = 0;
+        float best_v = *(const float *) x;
+        for (int64_t i = 1; i < ne00; i++) {
+            const float v = *(const float *) (x + i * nb00);
+            if (v > best_v) { best_v = v; best = (int32_t) i; }   /* first maximum wins */
+        }
+        out[ir] = best;
+    }
+}
+
+void ggml_py_compute_norm(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *src0 = dst->src[0];
+    GGML_PY_UNARY_LOCALS(src0, dst);
+    const float eps = ggml_py_get_op_param_f32(dst, 0);
+    FOR_EACH_ROW(src0) {
+        ROW_INDICES;
+        float *d = (float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3);
+        const float mean = (float) (row_sum(x, ne00, nb00) / (double) ne00);
+        double sum2 = 0.0;
+        for (int64_t i = 0; i < ne00; i++) {
+            const float v = *(const float *) (x + i * nb00) - mean;
+            d[i] = v;
+            sum2 += (double) (v * v);
+        }
+        const float scale = 1.0f / sqrtf((float) (sum2 / (double) ne00) + eps);
+        for (int64_t i = 0; i < ne00; i++) d[i] *= scale;
+    }
+}
+
+void ggml_py_compute_rms_norm(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *src0 = dst->src[0];
+    GGML_PY_UNARY_LOCALS(src0, dst);
+    const float eps = ggml_py_get_op_param_f32(dst, 0);
+    FOR_EACH_ROW(src0) {
+        ROW_INDICES;
+        float *d = (float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3);
+        double sum2 = 0.0;
+        for (int64_t i = 0; i < ne00; i++) {
+            const float v = *(const float *) (x + i * nb00);
+            sum2 += (double) (v * v);
+        }
+        const float scale = 1.0f / sqrtf((float) (sum2 / (double) ne00) + eps);
+        for (int64_t i = 0; i < ne00; i++) d[i] = *(const float *) (x + i * nb00) * scale;
+    }
+}
+
+/* softmax(x * scale + mask) per row; the mask row is (i1, i2 % ne12, i3 % ne13). */
+void ggml_py_compute_soft_max(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *src0 = dst->src[0], *mask = dst->src[1];
+    GGML_PY_UNARY_LOCALS(src0, dst);
+    const float scale = ggml_py_get_op_param_f32(dst, 0);
+    /* this thread's scratch row in the work buffer */
+    float *wp = (float *) ((char *) params->wdata +
+                           params->ith * (sizeof(float) * ne00 + GGML_PY_CACHE_LINE));
+    FOR_EACH_ROW(src0) {
+        ROW_INDICES;
+        float *d = (float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3);
+        for (int64_t i = 0; i < ne00; i++) wp[i] = *(const float *) (x + i * nb00) * scale;
+        if (mask) {
+            const char *m = (const char *) mask->data + i1 * mask->nb[1] +
+                            (i2 % mask->ne[2]) * mask->nb[2] + (i3 % mask->ne[3]) * mask->nb[3];
+            if (mask->type == GGML_PY_TYPE_F16) {
+                for (int64_t i = 0; i < ne00; i++) wp[i] += ggml_py_fp16_to_fp32(((const ggml_py_fp16_t *) m)[i]);
+            } else {
+                for (int64_t i = 0; i < ne00; i++) wp[i] += ((const float *) m)[i];
+            }
+        }
+        float max = -INFINITY;
+        for (int64_t i = 0; i < ne00; i++) max = wp[i] > max ? wp[i] : max;
+        double sum = 0.0;
+        for (int64_t i = 0; i < ne00; i++) {
+            const float e = (max == -INFINITY) ? 0.0f : expf(wp[i] - max);
+            d[i] = e;
+            sum += e;
+        }
+        const float inv = sum > 0.0 ? (float) (1.0 / sum) : 0.0f;
+        for (int64_t i = 0; i < ne00; i++) d[i] *= inv;
+    }
+}

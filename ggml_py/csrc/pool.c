@@ -1,0 +1,138 @@
+/* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done. */
+#include "ggml_py_pool.h"
+
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax(void) { _mm_pause(); }
+#else
+static inline void cpu_relax(void) { }
+#endif
+
+int64_t ggml_py_time_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns) {
+    if (n_threads < 1 || n_threads > GGML_PY_MAX_THREADS) return -1;
+    if (policy < GGML_PY_WAIT_SPIN_THEN_SLEEP || policy > GGML_PY_WAIT_SLEEP) return -1;
+    memset(pool, 0, sizeof(*pool));
+    pool->n_threads = n_threads;
+    pool->policy    = policy;
+    pool->spin_ns   = spin_ns;
+    atomic_init(&pool->generation, 0);
+    atomic_init(&pool->n_pending, 0);
+    atomic_init(&pool->wait_now, 0);
+    atomic_init(&pool->n_sleeping, 0);
+    atomic_init(&pool->n_sleeps, 0);
+    atomic_init(&pool->n_wakeups, 0);
+    if (pthread_mutex_init(&pool->mutex, NULL) != 0) return -1;
+    if (pthread_cond_init(&pool->cond, NULL) != 0) {
+        pthread_mutex_destroy(&pool->mutex);
+        return -1;
+    }
+    for (int i = 0; i < n_threads; i++) {
+        pool->workers[i].pool = pool;
+        pool->workers[i].ith  = i;
+    }
+    return 0;
+}
+
+/* Sleep until `generation` moves past `seen`. The increment of n_sleeping and the
+ * re-read of generation are seq_cst, mirrored in publish(): either main sees
+ * this sleeper and broadcasts under the mutex, or we see the new generation. */
+static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&pool->n_sleeps, 1, memory_order_relaxed);
+    int gen;
+    while ((gen = atomic_load_explicit(&pool->generation, memory_order_seq_cst)) == seen) {
+        pthread_cond_wait(&pool->cond, &pool->mutex);
+    }
+    atomic_fetch_sub_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+    pthread_mutex_unlock(&pool->mutex);
+    return gen;
+}
+
+/* Wait for the next generation: spin (bounded by policy), then sleep. */
+static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
+    if (!skip_spin && pool->policy != GGML_PY_WAIT_SLEEP) {
+        const int64_t t_start = ggml_py_time_ns();
+        for (uint32_t iter = 1;; iter++) {
+            int gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+            if (gen != seen) return gen;
+            if (atomic_load_explicit(&pool->wait_now, memory_order_relaxed)) break;
+            cpu_relax();
+            if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
+                ggml_py_time_ns() - t_start > pool->spin_ns) {
+                break;
+            }
+        }
+    }
+    return sleep_until_new_generation(pool, seen);
+}
+
+void *ggml_py_pool_worker_main(void *arg) {
+    struct ggml_py_worker *worker = arg;
+    struct ggml_py_pool *pool = worker->pool;
+    int seen = 0;  /* generation starts at 0; a task published before we run is still new */
+    int skip_spin = 0;
+    for (;;) {
+        seen = wait_for_task(pool, seen, skip_spin);
+        /* the acquire (or seq_cst) load of generation makes these visible */
+        if (pool->stopping) break;
+        ggml_py_task_fn fn = pool->task_fn;
+        void *task_arg     = pool->task_arg;
+        skip_spin          = pool->task_sleep_after;
+        fn(task_arg, worker->ith, pool->n_threads);
+        atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_acq_rel);
+    }
+    return NULL;
+}
+
+static void publish(struct ggml_py_pool *pool) {
+    atomic_store_explicit(&pool->wait_now, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&pool->generation, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&pool->n_sleeping, memory_order_seq_cst) > 0) {
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_broadcast(&pool->cond);
+        pthread_mutex_unlock(&pool->mutex);
+        atomic_fetch_add_explicit(&pool->n_wakeups, 1, memory_order_relaxed);
+    }
+}
+
+void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, int sleep_after) {
+    const int nth = pool->n_threads;
+    if (nth == 1) {
+        fn(arg, 0, 1);
+        return;
+    }
+    pool->task_fn          = fn;
+    pool->task_arg         = arg;
+    pool->task_sleep_after = sleep_after;
+    atomic_store_explicit(&pool->n_pending, nth - 1, memory_order_relaxed);
+    publish(pool);
+    fn(arg, 0, nth);
+    /* the workers' acq_rel decrements make their writes visible to us */
+    while (atomic_load_explicit(&pool->n_pending, memory_order_acquire) != 0) {
+        cpu_relax();
+    }
+}
+
+void ggml_py_pool_wait_now(struct ggml_py_pool *pool) {
+    atomic_store_explicit(&pool->wait_now, 1, memory_order_relaxed);
+}
+
+void ggml_py_pool_stop(struct ggml_py_pool *pool) {
+    pool->stopping = 1;
+    publish(pool);
+}
+
+void ggml_py_pool_destroy(struct ggml_py_pool *pool) {
+    pthread_cond_destroy(&pool->cond);
+    pthread_mutex_destroy(&pool->mutex);
+}

@@ -1,0 +1,30 @@
+/* tensor.c - small facts about tensors and types. */
+#include "impl.h"
+
+size_t ggml_py_row_size(int type, int64_t ne) {
+    const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(type);
+    return tt->type_size * (size_t) (ne / tt->blck_size);
+}
+
+int64_t ggml_py_nelements(const struct ggml_py_tensor *t) {
+    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+size_t ggml_py_nbytes(const struct ggml_py_tensor *t) {
+    const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(t->type);
+    size_t nbytes = tt->type_size * (size_t) (t->ne[0] / tt->blck_size);
+    for (int i = 1; i < GGML_PY_MAX_DIMS; i++) nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+    return nbytes;
+}
+
+bool ggml_py_is_contiguous(const struct ggml_py_tensor *t) {
+    const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(t->type);
+    size_t expected = tt->type_size;
+    if (t->nb[0] != expected) return false;
+    expected *= (size_t) (t->ne[0] / tt->blck_size);
+    for (int i = 1; i < GGML_PY_MAX_DIMS; i++) {
+        if (t->ne[i] != 1 && t->nb[i] != expected) return false;
+        expected *= (size_t) t->ne[i];
+    }
+    return true;
+}

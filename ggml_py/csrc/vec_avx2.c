@@ -1,0 +1,44 @@
+/* vec_avx2.c - AVX2/FMA/F16C versions of the float dot products. */
+#include "impl.h"
+#include "simd.h"
+#include "vec.h"
+
+#if defined(GGML_PY_HAVE_AVX2)
+
+void ggml_py_vec_dot_f32_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    __m256 acc2 = _mm256_setzero_ps(), acc3 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i),      _mm256_loadu_ps(y + i),      acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8),  _mm256_loadu_ps(y + i + 8),  acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16), _mm256_loadu_ps(y + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 24), _mm256_loadu_ps(y + i + 24), acc3);
+    }
+    for (; i + 8 <= n; i += 8) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc0);
+    }
+    float sum = ggml_py_hsum_ps_avx(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+    for (; i < n; i++) sum += x[i] * y[i];
+    *s = sum;
+}
+
+void ggml_py_vec_dot_f16_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_fp16_t *x = vx, *y = vy;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 x0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i)));
+        const __m256 y0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i)));
+        const __m256 x1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i + 8)));
+        const __m256 y1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (y + i + 8)));
+        acc0 = _mm256_fmadd_ps(x0, y0, acc0);
+        acc1 = _mm256_fmadd_ps(x1, y1, acc1);
+    }
+    float sum = ggml_py_hsum_ps_avx(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) sum += ggml_py_fp16_to_fp32(x[i]) * ggml_py_fp16_to_fp32(y[i]);
+    *s = sum;
+}
+
+#endif

@@ -1,0 +1,62 @@
+/* vec_ref.c - scalar reference kernels for the float types. Always built; the
+ * SIMD versions must agree with these. */
+#include "impl.h"
+#include "vec.h"
+
+void ggml_py_vec_dot_f32_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const float *x = vx, *y = vy;
+    /* eight partial sums, like the SIMD lanes, so results stay close */
+    float sum[8] = { 0 };
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; j++) sum[j] += x[i + j] * y[i + j];
+    }
+    for (; i < n; i++) sum[0] += x[i] * y[i];
+    *s = ((sum[0] + sum[4]) + (sum[1] + sum[5])) + ((sum[2] + sum[6]) + (sum[3] + sum[7]));
+}
+
+void ggml_py_vec_dot_f16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_fp16_t *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double) (ggml_py_fp16_to_fp32(x[i]) * ggml_py_fp16_to_fp32(y[i]));
+    }
+    *s = (float) sum;
+}
+
+void ggml_py_vec_dot_bf16_ref(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_bf16_t *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double) (ggml_py_bf16_to_fp32(x[i]) * ggml_py_bf16_to_fp32(y[i]));
+    }
+    *s = (float) sum;
+}
+
+void ggml_py_f16_to_f32_row(const void *vx, float *y, int64_t n) {
+    const ggml_py_fp16_t *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_fp16_to_fp32(x[i]);
+}
+
+void ggml_py_f32_to_f16_row(const float *x, void *vy, int64_t n) {
+    ggml_py_fp16_t *y = vy;
+    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_fp32_to_fp16(x[i]);
+}
+
+void ggml_py_bf16_to_f32_row(const void *vx, float *y, int64_t n) {
+    const ggml_py_bf16_t *x = vx;
+    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_bf16_to_fp32(x[i]);
+}
+
+void ggml_py_f32_to_bf16_row(const float *x, void *vy, int64_t n) {
+    ggml_py_bf16_t *y = vy;
+    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_fp32_to_bf16(x[i]);
+}
+
+void ggml_py_f32_to_f32_row(const float *x, void *vy, int64_t n) {
+    memcpy(vy, x, (size_t) n * sizeof(float));
+}
+
+void ggml_py_f32_row_to_f32(const void *vx, float *y, int64_t n) {
+    memcpy(y, vx, (size_t) n * sizeof(float));
+}

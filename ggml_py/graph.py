@@ -1,0 +1,211 @@
+"""Graphs: topological order, planning (profiles + work buffer), computing.
+
+`build_forward(y)` only orders nodes; `graph.plan(n)` reports what will run and
+how much work buffer it needs; `graph.compute()` runs the whole graph in C with
+the GIL released, on a persistent ThreadPool.
+"""
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggml_py import _core
+from ggml_py.profiles import STAGES
+from ggml_py.tensor import Tensor
+from ggml_py.types import Op, Type
+
+DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
+ABORT_INTERVAL_MS = 20.0       # how often the executor checks for Ctrl-C
+WORK_ALIGN = 64
+
+_pools = {}
+_pools_lock = threading.Lock()
+
+
+class ThreadPool(_core.ThreadPool):
+    """A persistent worker pool: ThreadPool(n_threads, policy='spin-then-sleep', spin_us=200).
+
+    Policies: 'spin-then-sleep' (spin up to spin_us, then sleep), 'spin' (never
+    sleep unless a stage says wait), 'sleep' (sleep as soon as a task is done).
+    Use as a context manager or call close(); it outlives any number of graphs.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def default_threads():
+    """Physical cores, as llama.cpp picks by default."""
+    import psutil
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def shared_pool(n_threads):
+    """The process's cached pool for n_threads (created on first use)."""
+    with _pools_lock:
+        pool = _pools.get(n_threads)
+        if pool is None or pool.closed:
+            pool = _pools[n_threads] = ThreadPool(n_threads)
+        return pool
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One node of a plan."""
+    index: int
+    op: Op
+    name: str
+    shape: tuple
+    type: Type
+    profile: object
+    work_size: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What compute will run at n_threads: a profile per node and the work-buffer size."""
+    n_threads: int
+    work_size: int
+    rows: tuple
+
+    def __str__(self):
+        lines = [f"plan: {len(self.rows)} nodes, {self.n_threads} threads, "
+                 f"work buffer {self.work_size} bytes",
+                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10}  profile"]
+        for r in self.rows:
+            lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
+                         f"{r.work_size:>10}  {r.profile}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class StatRow:
+    """Timing of one node over the computes since profiling was switched on."""
+    index: int
+    op: Op
+    shape: tuple
+    type: Type
+    profile: str
+    init_us: float
+    compute_us: float
+    finalize_us: float
+
+    @property
+    def total_us(self):
+        return self.init_us + self.compute_us + self.finalize_us
+
+
+class Stats(tuple):
+    """Rows of StatRow; str() prints a table like ggml's graph perf print."""
+
+    def __str__(self):
+        total = sum(r.total_us for r in self) or 1.0
+        lines = [f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'profile':<12} "
+                 f"{'init us':>10} {'compute us':>11} {'%':>6}"]
+        for r in self:
+            lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
+                         f"{r.profile:<12} {r.init_us:>10.1f} {r.compute_us:>11.1f} "
+                         f"{100 * r.total_us / total:>6.1f}")
+        lines.append(f"total: {total:.1f} us")
+        return "\n".join(lines)
+
+
+def topological_order(outputs):
+    """Every tensor the outputs depend on, sources before users (ggml's DFS order)."""
+    order, seen = [], set()
+    for out in outputs:
+        stack = [(out, False)]
+        while stack:
+            t, expanded = stack.pop()
+            if id(t) in seen:
+                continue
+            if expanded:
+                seen.add(id(t))
+                order.append(t)
+                continue
+            stack.append((t, True))
+            for s in reversed(t.src):
+                if s is not None and id(s) not in seen:
+                    stack.append((s, False))
+    return order
+
+
+def build_forward(*outputs):
+    """A Graph computing `outputs` (tensors); nodes in topological order, no math done."""
+    if not outputs:
+        raise ValueError("build_forward: give at least one tensor")
+    for t in outputs:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"build_forward: expected Tensors, got {type(t).__name__}")
+    return Graph(topological_order(outputs))
+
+
+class Graph:
+    """Nodes (op != NONE) and leafs of a computation, in topological order."""
+
+    def __init__(self, tensors):
+        self.nodes = [t for t in tensors if t.op != Op.NONE]
+        self.leafs = [t for t in tensors if t.op == Op.NONE]
+        self._cgraph = _core.CGraph(self.nodes)
+        self._work = None
+        self._stage_ns = None
+        self.lookahead = DEFAULT_LOOKAHEAD
+
+    def __len__(self):
+        return len(self.nodes)
+
+    def plan(self, n_threads=None):
+        """The profile and work-buffer size of each node at n_threads (a Plan)."""
+        n_threads = n_threads or default_threads()
+        rows = tuple(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile, t._work_size(n_threads))
+                     for i, t in enumerate(self.nodes))
+        return Plan(n_threads, self._cgraph.work_size(n_threads), rows)
+
+    def _work_buffer(self, n_threads):
+        # Sized by a C pass over the nodes; reallocated only when a plan needs more.
+        size = self._cgraph.work_size(n_threads)
+        if size == 0:
+            return None
+        if self._work is None or self._work.nbytes < size:
+            raw = np.empty(size + WORK_ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % WORK_ALIGN
+            self._work = raw[start:start + size]
+        return self._work
+
+    def compute(self, n_threads=None, pool=None, profile=False):
+        """Run the graph. pool: a ThreadPool (else a cached one for n_threads).
+
+        profile=True accumulates per-node stage times, read with stats().
+        Ctrl-C raises KeyboardInterrupt within a few tens of ms; the pool stays usable.
+        """
+        if pool is None:
+            n_threads = n_threads or default_threads()
+            pool = shared_pool(n_threads) if n_threads > 1 else None
+        elif n_threads is not None and n_threads != pool.n_threads:
+            raise ValueError(f"compute: n_threads={n_threads} but the pool has {pool.n_threads}")
+        n = pool.n_threads if pool is not None else 1
+        stage_ns = None
+        if profile:
+            if self._stage_ns is None:
+                self._stage_ns = np.zeros(len(self.nodes) * len(STAGES), np.int64)
+            stage_ns = self._stage_ns
+        self._cgraph.compute(pool, self._work_buffer(n), stage_ns, self.lookahead,
+                             ABORT_INTERVAL_MS)
+
+    def stats(self):
+        """Per-node times (µs) accumulated by compute(profile=True), as Stats rows."""
+        if self._stage_ns is None:
+            raise ValueError("stats: no profiled compute yet (call compute(profile=True))")
+        ns = self._stage_ns.reshape(len(self.nodes), len(STAGES))
+        return Stats(StatRow(i, t.op, t.shape, t.type, t.profile.name,
+                             ns[i, 0] / 1e3, ns[i, 1] / 1e3, ns[i, 2] / 1e3)
+                     for i, t in enumerate(self.nodes))
+
+    def reset_stats(self):
+        """Forget accumulated timings."""
+        if self._stage_ns is not None:
+            self._stage_ns[:] = 0

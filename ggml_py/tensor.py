@@ -1,0 +1,168 @@
+"""Tensors and the Context arena that owns them, in numpy shape order.
+
+C keeps ggml's order (ne[0] is a row's length); here shapes read as numpy's:
+`ctx.new_tensor(F32, (4, 3))` is 4 rows of 3, i.e. ne = (3, 4, 1, 1).
+"""
+import numpy as np
+
+from ggml_py import _core
+from ggml_py.profiles import TaskProfile
+from ggml_py.types import NUMPY_DTYPES, TYPES_OF_DTYPES, Op, Type
+
+MAX_DIMS = 4
+
+
+def ne_of_shape(shape):
+    """numpy shape (outermost first) -> ggml ne (4 ints, innermost first)."""
+    shape = tuple(int(d) for d in shape)
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise ValueError(f"tensors have 1 to {MAX_DIMS} dimensions, got shape {shape}")
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return tuple(reversed(shape)) + (1,) * (MAX_DIMS - len(shape))
+
+
+def type_traits(type):
+    """Facts about a type: name, block size, bytes per block, quantized, vec_dot type."""
+    raw = _core.type_traits_raw(int(type))
+    if raw is None:
+        raise ValueError(f"unknown type {type!r}")
+    name, blck_size, type_size, is_quantized, vec_dot_type, has_to, has_from, has_dot = raw
+    return {
+        "name": name, "blck_size": blck_size, "type_size": type_size,
+        "is_quantized": bool(is_quantized), "vec_dot_type": Type(vec_dot_type),
+        "has_to_float": has_to, "has_from_float": has_from, "has_vec_dot": has_dot,
+    }
+
+
+def row_bytes(type, n):
+    """Bytes of a row of n elements of `type` (n must fill whole blocks)."""
+    traits = type_traits(type)
+    if n % traits["blck_size"]:
+        raise ValueError(f"a row of {traits['name']} needs a multiple of "
+                         f"{traits['blck_size']} elements, got {n}")
+    return _core.row_size(int(type), n)
+
+
+class Tensor(_core.TensorBase):
+    """A node or leaf of a graph. Created by a Context or by an op, never directly."""
+
+    @property
+    def type(self):
+        """Element type (Type)."""
+        return Type(self._type)
+
+    @property
+    def op(self):
+        """The op that produces this tensor (Op.NONE for a leaf)."""
+        return Op(self._op)
+
+    @property
+    def shape(self):
+        """numpy-order shape."""
+        return tuple(reversed(self._ne[:self.ndim]))
+
+    @property
+    def strides(self):
+        """numpy-order byte strides."""
+        return tuple(reversed(self._nb[:self.ndim]))
+
+    @property
+    def profile(self):
+        """The task profile the executor uses for this node."""
+        return TaskProfile._from_raw(self._profile_raw())
+
+    @profile.setter
+    def profile(self, profile):
+        if not isinstance(profile, TaskProfile):
+            raise TypeError(f"profile must be a TaskProfile, got {type(profile).__name__}")
+        allowed = self.profiles()
+        if not any(profile.same_code_path(p) for p in allowed):
+            names = ", ".join(p.name for p in allowed)
+            raise ValueError(f"{self.op.name.lower()}: profile {profile.name!r} (id {profile.id}) "
+                             f"does not match any of this node's profiles: {names} "
+                             f"(ids and valid stages must match)")
+        self._set_profile_raw(*profile._to_raw())
+
+    def profiles(self):
+        """The profiles this node's op and source types support, default first."""
+        return [TaskProfile._from_raw(r) for r in self._op_profiles_raw()]
+
+    def numpy(self):
+        """A zero-copy numpy view of the data (quantized types: raw bytes per row)."""
+        if self.type in NUMPY_DTYPES:
+            dtype = NUMPY_DTYPES[self.type]
+            shape, strides = self.shape, self.strides
+        else:
+            dtype = np.dtype(np.uint8)
+            n_row = row_bytes(self.type, self._ne[0])
+            shape = self.shape[:-1] + (n_row,)
+            strides = self.strides[:-1] + (1,)
+        offset = self.data_ptr - self.owner_base
+        return np.ndarray(shape, dtype=dtype, buffer=self.owner, offset=offset, strides=strides)
+
+    def __repr__(self):
+        name = f" {self.name!r}" if self.name else ""
+        return f"<Tensor{name} {self.type.name} {self.shape} op={self.op.name}>"
+
+
+class Context(_core.Context):
+    """An arena that owns tensor structs and data. mem_size is in bytes.
+
+    >>> ctx = Context(mem_size=1 << 20)
+    >>> a = ctx.new_tensor(F32, (4, 3))        # 4 rows of 3, zero-filled
+    """
+
+    def new_tensor(self, type, shape, name=None):
+        """A new zero-filled leaf tensor of `type` with numpy-order `shape`."""
+        ne = ne_of_shape(shape)
+        row_bytes(type, ne[0])
+        t = _core.new_tensor(Tensor, self, int(Type(type)), ne, None, len(tuple(shape)))
+        if name:
+            t.name = name
+        return t
+
+    def from_numpy(self, array, type=None, name=None):
+        """A new leaf holding a copy of `array` (float32/float16/int32/...).
+
+        With `type`, a float array is converted (e.g. to F16) on the way in.
+        """
+        array = np.asarray(array)
+        if array.ndim == 0:
+            array = array.reshape(1)
+        src_type = TYPES_OF_DTYPES.get(array.dtype)
+        if type is None:
+            if src_type is None:
+                raise TypeError(f"from_numpy: dtype {array.dtype} has no tensor type; "
+                                f"use one of {sorted(str(d) for d in TYPES_OF_DTYPES)}")
+            type = src_type
+        type = Type(type)
+        tensor = self.new_tensor(type, array.shape, name=name)
+        if type in NUMPY_DTYPES and type != Type.BF16:
+            tensor.numpy()[...] = array
+        else:
+            from ggml_py.quants import quantize   # the quant module owns conversions
+            tensor.numpy()[...] = quantize(np.asarray(array, np.float32), type).reshape(
+                tensor.numpy().shape)
+        return tensor
+
+    def from_buffer(self, buffer, type, shape, name=None):
+        """A leaf whose data is `buffer` itself (no copy), e.g. a memory-mapped weight.
+
+        buffer: a C-contiguous numpy array of exactly the tensor's bytes; it is
+        kept alive by the tensor.
+        """
+        type = Type(type)
+        ne = ne_of_shape(shape)
+        n_rows = ne[1] * ne[2] * ne[3]
+        expected = row_bytes(type, ne[0]) * n_rows
+        buffer = np.asarray(buffer)
+        if not buffer.flags.c_contiguous or buffer.nbytes != expected:
+            raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "
+                             f"bytes, buffer has {buffer.nbytes} "
+                             f"({'contiguous' if buffer.flags.c_contiguous else 'not contiguous'})")
+        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(tuple(shape)),
+                             external=buffer)
+        if name:
+            t.name = name
+        return t

@@ -1,0 +1,103 @@
+"""Element types and ops, mirrored one-to-one from include/ggml_py.h.
+
+The numbers are ggml's (GGUF files store them), so they are part of the file
+format. `check_against_core()` runs at import and fails loudly if the C header
+and these enums ever drift apart.
+"""
+from enum import IntEnum
+
+import numpy as np
+
+
+class Type(IntEnum):
+    """Element types, numbered as ggml numbers them."""
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+
+
+class Op(IntEnum):
+    """Graph operations (same order as enum ggml_py_op)."""
+    NONE = 0
+    # copies
+    DUP = 1
+    CPY = 2
+    CONT = 3
+    # element-wise binary, src1 broadcast over src0
+    ADD = 4
+    SUB = 5
+    MUL = 6
+    DIV = 7
+    # element-wise unary
+    SCALE = 8
+    NEG = 9
+    SQR = 10
+    SQRT = 11
+    RELU = 12
+    GELU = 13
+    SILU = 14
+    SWIGLU = 15
+    # reductions over rows
+    SUM_ROWS = 16
+    MEAN = 17
+    ARGMAX = 18
+    # normalisation
+    NORM = 19
+    RMS_NORM = 20
+    SOFT_MAX = 21
+    # matrix products and row access
+    MUL_MAT = 22
+    GET_ROWS = 23
+    SET_ROWS = 24
+    ROPE = 25
+    CONCAT = 26
+    # views
+    VIEW = 27
+    RESHAPE = 28
+    PERMUTE = 29
+    TRANSPOSE = 30
+
+
+OP_COUNT = 31
+VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
+
+NUMPY_DTYPES = {
+    Type.F32: np.dtype(np.float32),
+    Type.F16: np.dtype(np.float16),
+    Type.BF16: np.dtype(np.uint16),   # raw bits: numpy has no bfloat16
+    Type.I8: np.dtype(np.int8),
+    Type.I16: np.dtype(np.int16),
+    Type.I32: np.dtype(np.int32),
+    Type.I64: np.dtype(np.int64),
+    Type.F64: np.dtype(np.float64),
+}
+TYPES_OF_DTYPES = {dt: t for t, dt in NUMPY_DTYPES.items() if t != Type.BF16}
+
+
+def check_against_core(core):
+    """Raise ImportError when a Type differs from the compiled type traits."""
+    for t in Type:
+        if core.type_traits_raw(int(t)) is None:
+            raise ImportError(f"ggml_py: Type.{t.name}={int(t)} is not a type in the C core")
+    if core.OP_COUNT != OP_COUNT:
+        raise ImportError(f"ggml_py: Op has {OP_COUNT} members, the C core {core.OP_COUNT}")
+    for op in Op:
+        if core.OP_IDS[op.name] != int(op):
+            raise ImportError(f"ggml_py: Op.{op.name} differs from the C core")

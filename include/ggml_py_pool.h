@@ -1,0 +1,83 @@
+/* ggml_py_pool.h - the persistent worker pool.
+ *
+ * The pool never creates threads itself: its owner starts one thread per worker
+ * on ggml_py_pool_worker_main(&pool->workers[i]) and joins them after
+ * ggml_py_pool_stop(). Thread 0 is always the caller (the "main" thread).
+ *
+ * A parallel stage is published by bumping `generation` (seq_cst); workers spin
+ * on it for a bounded time, then sleep on a condition variable. Sleeping and
+ * waking use a Dekker-style pair (n_sleeping / generation, both seq_cst) so a
+ * wake-up can never be lost.
+ */
+#ifndef GGML_PY_POOL_H
+#define GGML_PY_POOL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ggml_py.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GGML_PY_MAX_THREADS 256
+
+enum ggml_py_wait_policy {
+    GGML_PY_WAIT_SPIN_THEN_SLEEP = 0, /* spin up to spin_ns, then sleep        */
+    GGML_PY_WAIT_SPIN            = 1, /* spin until the next task (or wait_now) */
+    GGML_PY_WAIT_SLEEP           = 2, /* sleep as soon as a task is done        */
+};
+
+/* fn(arg, ith, nth) runs thread ith's share of one stage. */
+typedef void (*ggml_py_task_fn)(void *arg, int ith, int nth);
+
+struct ggml_py_worker {
+    struct ggml_py_pool *pool;
+    int32_t ith;
+};
+
+struct ggml_py_pool {
+    int32_t n_threads;            /* including the main thread                */
+    int32_t policy;               /* enum ggml_py_wait_policy                 */
+    int64_t spin_ns;              /* spin budget before sleeping              */
+
+    /* the published task: written by main before `generation` is bumped */
+    ggml_py_task_fn task_fn;
+    void   *task_arg;
+    int32_t task_sleep_after;     /* wait_on_task_done                        */
+    int32_t stopping;
+
+    _Alignas(GGML_PY_CACHE_LINE) atomic_int generation;
+    _Alignas(GGML_PY_CACHE_LINE) atomic_int n_pending;   /* workers still busy */
+    _Alignas(GGML_PY_CACHE_LINE) atomic_int wait_now;    /* sleep at once      */
+    _Alignas(GGML_PY_CACHE_LINE) atomic_int n_sleeping;
+    atomic_llong n_sleeps;        /* statistics: times a worker went to sleep */
+    atomic_llong n_wakeups;       /* statistics: broadcasts sent by main      */
+
+    pthread_mutex_t mutex;
+    pthread_cond_t  cond;
+
+    struct ggml_py_worker workers[GGML_PY_MAX_THREADS];
+};
+
+/* Prepare a pool for n_threads (1..GGML_PY_MAX_THREADS). Returns 0 on success. */
+int  ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns);
+/* Thread entry for worker `arg` (a struct ggml_py_worker *, ith >= 1). */
+void *ggml_py_pool_worker_main(void *arg);
+/* Run fn on all threads (main runs ith 0) and return when every share is done.
+ * sleep_after: workers sleep as soon as they finish (look-ahead found no
+ * parallel work coming soon). */
+void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, int sleep_after);
+/* Ask spinning workers to sleep now (a single-thread stage marked `wait`). */
+void ggml_py_pool_wait_now(struct ggml_py_pool *pool);
+/* Wake and release every worker; the owner then joins the threads. */
+void ggml_py_pool_stop(struct ggml_py_pool *pool);
+void ggml_py_pool_destroy(struct ggml_py_pool *pool);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GGML_PY_POOL_H */

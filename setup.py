@@ -1,0 +1,59 @@
+"""Build the ggml_py extension: the C core (ggml_py/csrc) plus the Cython glue.
+
+Build switches (environment variables, read only here):
+  GGML_PY_NATIVE=0          portable binary (no -march=native)
+  GGML_PY_SANITIZE=thread   ThreadSanitizer build (-fsanitize=thread, -O1 -g)
+  GGML_PY_CYTHON_DEBUG=1    Cython bounds/wraparound checks back on
+"""
+import glob
+import os
+
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def compile_args():
+    args = ["-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function",
+            "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
+    if os.environ.get("GGML_PY_SANITIZE") == "thread":
+        args += ["-O1", "-g", "-fsanitize=thread"]
+    else:
+        args += ["-O3"]
+    if os.environ.get("GGML_PY_NATIVE", "1") != "0":
+        args += ["-march=native"]
+    return args
+
+
+def link_args():
+    args = ["-pthread", "-lm"]
+    if os.environ.get("GGML_PY_SANITIZE") == "thread":
+        args += ["-fsanitize=thread"]
+    return args
+
+
+def cython_directives():
+    debug = os.environ.get("GGML_PY_CYTHON_DEBUG") == "1"
+    return {
+        "language_level": 3,
+        "boundscheck": debug,
+        "wraparound": debug,
+        "cdivision": not debug,
+        "initializedcheck": debug,
+        "embedsignature": True,
+    }
+
+
+c_sources = sorted(glob.glob(os.path.join("ggml_py", "csrc", "**", "*.c"), recursive=True))
+
+core = Extension(
+    "ggml_py._core",
+    sources=["ggml_py/_core.pyx"] + c_sources,
+    include_dirs=["include", "ggml_py/csrc", numpy.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    extra_compile_args=compile_args(),
+    extra_link_args=link_args(),
+    depends=glob.glob("include/*.h") + glob.glob("ggml_py/csrc/**/*.h", recursive=True),
+)
+
+setup(ext_modules=cythonize([core], compiler_directives=cython_directives()))
