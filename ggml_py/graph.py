@@ -4,6 +4,7 @@
 how much work buffer it needs; `graph.compute()` runs the whole graph in C with
 the GIL released, on a persistent ThreadPool.
 """
+import atexit
 import os
 import threading
 from dataclasses import dataclass
@@ -36,6 +37,15 @@ class ThreadPool(_core.ThreadPool):
 
     def __exit__(self, *exc):
         self.close()
+
+
+@atexit.register
+def _close_shared_pools():
+    # Join the cached pools' workers while the interpreter is still whole.
+    with _pools_lock:
+        for pool in _pools.values():
+            pool.close()
+        _pools.clear()
 
 
 def default_threads():

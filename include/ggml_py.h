@@ -223,7 +223,8 @@ struct ggml_py_cgraph {
 struct ggml_py_cplan {
     size_t  work_size;
     void   *work_data;
-    int32_t lookahead;          /* stages scanned for upcoming parallel work  */
+    int32_t lookahead;          /* stages scanned for upcoming parallel work;
+                                   0: no look-ahead, workers never sleep early */
     ggml_py_abort_fn abort_callback;
     void   *abort_data;
     int64_t abort_interval_ns;  /* least time between two abort checks         */

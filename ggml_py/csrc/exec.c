@@ -26,9 +26,11 @@ static void run_stage_share(void *arg, int ith, int nth) {
 }
 
 /* Look-ahead for wait_on_task_done: does a parallel stage come within the next
- * `lookahead` valid stages, before any single-thread stage that sleeps anyway? */
+ * `lookahead` valid stages, before any single-thread stage that sleeps anyway?
+ * A lookahead of 0 turns the look-ahead off (workers never sleep early). */
 static int parallel_stage_follows(const struct ggml_py_cgraph *graph, int i_node, int stage,
                                   int lookahead) {
+    if (lookahead <= 0) return 1;
     int scanned = 0;
     for (int i = i_node; i < graph->n_nodes && scanned < lookahead; i++) {
         const struct ggml_py_tensor *node = graph->nodes[i];

@@ -4,12 +4,26 @@
 #include <string.h>
 #include <time.h>
 
+#include <sched.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 static inline void cpu_relax(void) { _mm_pause(); }
 #else
 static inline void cpu_relax(void) { }
 #endif
+
+/* Every so many spins, give the core away: with more threads than cores the
+ * thread we wait for may be the one waiting for this core. */
+#define YIELD_EVERY 1024
+
+static inline void spin_once(uint32_t iter) {
+    if (iter % YIELD_EVERY == 0) {
+        sched_yield();
+    } else {
+        cpu_relax();
+    }
+}
 
 int64_t ggml_py_time_ns(void) {
     struct timespec ts;
@@ -66,7 +80,7 @@ static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
             int gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
             if (gen != seen) return gen;
             if (atomic_load_explicit(&pool->wait_now, memory_order_relaxed)) break;
-            cpu_relax();
+            spin_once(iter);
             if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
                 ggml_py_time_ns() - t_start > pool->spin_ns) {
                 break;
@@ -87,7 +101,8 @@ void *ggml_py_pool_worker_main(void *arg) {
         if (pool->stopping) break;
         ggml_py_task_fn fn = pool->task_fn;
         void *task_arg     = pool->task_arg;
-        skip_spin          = pool->task_sleep_after;
+        /* the look-ahead's advice; the spin-only policy ignores it */
+        skip_spin          = pool->task_sleep_after && pool->policy != GGML_PY_WAIT_SPIN;
         fn(task_arg, worker->ith, pool->n_threads);
         atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_acq_rel);
     }
@@ -118,8 +133,8 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
     publish(pool);
     fn(arg, 0, nth);
     /* the workers' acq_rel decrements make their writes visible to us */
-    while (atomic_load_explicit(&pool->n_pending, memory_order_acquire) != 0) {
-        cpu_relax();
+    for (uint32_t iter = 1; atomic_load_explicit(&pool->n_pending, memory_order_acquire) != 0; iter++) {
+        spin_once(iter);
     }
 }
 

@@ -1,0 +1,5 @@
+import sys
+
+from ggml_py.bench import main
+
+sys.exit(main())

@@ -1,0 +1,219 @@
+"""The worker pool and executor: many random profiles without deadlock, idle
+workers that really sleep during `wait` stages, Ctrl-C, pool lifetime."""
+import faulthandler
+import os
+import random
+import signal
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import ggml_py as gg
+
+WATCHDOG_S = 240   # a deadlock kills the run with every thread's traceback
+
+
+@pytest.fixture
+def watchdog():
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def small_graph(rng):
+    """A few nodes of different ops; returns (graph, output, numpy reference)."""
+    ctx = gg.Context(mem_size=4 << 20)
+    a_np = rng.standard_normal((13, 24)).astype(np.float32)
+    b_np = rng.standard_normal((5, 24)).astype(np.float32)
+    c_np = rng.standard_normal((5, 13)).astype(np.float32)
+    a, b, c = ctx.from_numpy(a_np), ctx.from_numpy(b_np), ctx.from_numpy(c_np)
+    y = gg.soft_max(gg.add(gg.mul_mat(a, b), c), scale=0.5)
+    y = gg.rms_norm(gg.mul(y, c), eps=1e-6)
+    ref = (b_np @ a_np.T + c_np) * 0.5
+    ref = np.exp(ref - ref.max(1, keepdims=True))
+    ref = ref / ref.sum(1, keepdims=True) * c_np
+    ref = ref / np.sqrt((ref * ref).mean(1, keepdims=True) + 1e-6)
+    return gg.build_forward(y), y, ref
+
+
+def randomize_profiles(graph, rng):
+    """Random parallel/wait flags on every valid stage of every node."""
+    for node in graph.nodes:
+        p = node.profile
+        for stage in ("init", "compute", "finalize"):
+            if getattr(p, stage).valid:
+                p = p.with_stage(stage, parallel=bool(rng.integers(2)), wait=bool(rng.integers(2)))
+        node.profile = p
+
+
+def test_stress_random_profiles_and_threads(watchdog):
+    rng = np.random.default_rng(0)
+    pools = {n: gg.ThreadPool(n, policy=policy, spin_us=spin)
+             for n, policy, spin in ((1, "spin-then-sleep", 50), (2, "spin-then-sleep", 20),
+                                     (3, "sleep", 0), (4, "spin", 0), (8, "spin-then-sleep", 5))}
+    graphs = [small_graph(rng) for _ in range(4)]
+    for i in range(10_000):
+        graph, y, ref = graphs[i % len(graphs)]
+        randomize_profiles(graph, rng)
+        graph.lookahead = int(rng.integers(0, 6))
+        pool = pools[int(rng.choice(list(pools)))]
+        graph.compute(pool=pool)
+        if i % 97 == 0:
+            np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+    for pool in pools.values():
+        pool.close()
+
+
+def test_pools_from_many_python_threads(watchdog):
+    """Each Python thread drives its own pool; the GIL is released while computing."""
+    errors = []
+
+    def work(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            graph, y, ref = small_graph(rng)
+            with gg.ThreadPool(2, spin_us=10) as pool:
+                for _ in range(300):
+                    graph.compute(pool=pool)
+            np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+        except Exception as exc:   # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def long_single_stage_graph(wait):
+    """One big mul_mat whose COMPUTE runs on the main thread only (~0.3 s)."""
+    rng = np.random.default_rng(1)
+    ctx = gg.Context(mem_size=96 << 20)
+    a = ctx.from_numpy(rng.standard_normal((2048, 2048)).astype(np.float32))
+    b = ctx.from_numpy(rng.standard_normal((24, 2048)).astype(np.float32))
+    y = gg.mul_mat(a, b)
+    graph = gg.build_forward(y)
+    node = graph.nodes[0]
+    node.profile = node.profile.with_stage("compute", parallel=False, wait=wait)
+    return graph
+
+
+def worker_cores_used(graph, pool, repeats=3):
+    """CPU time of every thread but this one / wall time, while computing.
+
+    Per-thread times keep the measure honest on a busy machine: the main thread
+    does the work; what the workers burn beside it is the idle cost.
+    """
+    graph.compute(pool=pool)   # warm up: page in, settle the workers
+    proc, me = psutil.Process(), threading.get_native_id()
+
+    def others():
+        return sum(t.user_time + t.system_time for t in proc.threads() if t.id != me)
+
+    t0, c0 = time.perf_counter(), others()
+    for _ in range(repeats):
+        graph.compute(pool=pool)
+    t1, c1 = time.perf_counter(), others()
+    return (c1 - c0) / (t1 - t0)
+
+
+def test_wait_stage_puts_workers_to_sleep():
+    graph = long_single_stage_graph(wait=True)
+    with gg.ThreadPool(2, policy="spin") as pool:
+        idle = worker_cores_used(graph, pool)
+        sleeps = pool.stats()["sleeps"]
+    assert idle < 0.05, f"the idle worker used {100 * idle:.1f} % of a core during a wait stage"
+    assert sleeps >= 1
+
+
+def test_without_wait_spinning_workers_burn_a_core():
+    graph = long_single_stage_graph(wait=False)
+    with gg.ThreadPool(2, policy="spin") as pool:
+        idle = worker_cores_used(graph, pool)
+    assert idle > 0.3, f"spin policy should keep the worker busy: {100 * idle:.1f} % of a core"
+
+
+def test_spin_then_sleep_stops_spinning_after_the_budget():
+    graph = long_single_stage_graph(wait=False)
+    with gg.ThreadPool(2, policy="spin-then-sleep", spin_us=100) as pool:
+        idle = worker_cores_used(graph, pool)
+    assert idle < 0.05, f"the worker kept spinning past its budget: {100 * idle:.1f} % of a core"
+
+
+def long_graph(n_nodes=1000):
+    """Many few-ms nodes: a long compute that can be interrupted between nodes."""
+    rng = np.random.default_rng(2)
+    ctx = gg.Context(mem_size=80 << 20)
+    a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32) / 32)
+    x = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
+    for _ in range(n_nodes):
+        x = gg.mul_mat(a, x)
+    return gg.build_forward(x)
+
+
+def test_ctrl_c_interrupts_within_100ms(watchdog):
+    graph = long_graph()
+    pool = gg.ThreadPool(2)
+    sent = []
+
+    def interrupt():
+        sent.append(time.perf_counter())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(0.3, interrupt)
+    timer.start()
+    t_start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        graph.compute(pool=pool)
+    raised = time.perf_counter()
+    timer.join()
+    assert sent, "the compute finished before the signal was sent"
+    assert raised - t_start > 0.25
+    assert raised - sent[0] < 0.1, f"KeyboardInterrupt after {1e3 * (raised - sent[0]):.0f} ms"
+
+    # the pool is still usable
+    rng = np.random.default_rng(3)
+    graph2, y, ref = small_graph(rng)
+    graph2.compute(pool=pool)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+    pool.close()
+
+
+def test_closed_pool_is_an_error():
+    pool = gg.ThreadPool(2)
+    pool.close()
+    pool.close()   # closing twice is fine
+    graph, _, _ = small_graph(np.random.default_rng(4))
+    with pytest.raises(ValueError, match="closed"):
+        graph.compute(pool=pool)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"n_threads": 0}, "n_threads"),
+    ({"n_threads": 100000}, "n_threads"),
+    ({"n_threads": 2, "policy": "nap"}, "policy"),
+    ({"n_threads": 2, "spin_us": -1.0}, "spin_us"),
+])
+def test_bad_pool_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        gg.ThreadPool(**kwargs)
+
+
+def test_more_threads_than_cores_and_cached_pools():
+    graph, y, ref = small_graph(np.random.default_rng(5))
+    for n in (1, 2, 3, 8, 16):
+        y.numpy()[:] = 0
+        graph.compute(n_threads=n)
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+    assert gg.shared_pool(3) is gg.shared_pool(3)
+
+
+def test_pool_n_threads_must_match():
+    graph, _, _ = small_graph(np.random.default_rng(6))
+    with gg.ThreadPool(2) as pool, pytest.raises(ValueError, match="n_threads"):
+        graph.compute(n_threads=3, pool=pool)
