@@ -295,12 +295,15 @@ cdef class ThreadPool:
         for i in range(1, n_threads):
             if pthread_create(&self.threads[i], NULL, ggml_py_pool_worker_main,
                               &self.pool.workers[i]) != 0:
-                self.close()
+                self._release()
                 raise RuntimeError(f"ThreadPool: could not start worker {i}")
             self.n_started += 1
 
     def close(self):
         """Stop and join the workers; the pool cannot be used afterwards."""
+        self._release()
+
+    cdef void _release(self) noexcept:
         if self.pool == NULL:
             return
         with nogil:
@@ -314,7 +317,7 @@ cdef class ThreadPool:
         self.threads = NULL
 
     def __dealloc__(self):
-        self.close()
+        self._release()
 
     @property
     def closed(self):
