@@ -153,6 +153,10 @@ cdef class TensorBase:
     def _set_profile_raw(self, int32_t id, str name, stages):
         _profile_from_tuple(&self.t.profile, id, name, stages)
 
+    def _default_profile_raw(self):
+        cdef ggml_py_task_profile p = ggml_py_default_profile(self.t)
+        return _profile_to_tuple(&p)
+
     def _op_profiles_raw(self):
         cdef ggml_py_task_profile out[GGML_PY_MAX_PROFILES]
         cdef int n = ggml_py_op_profiles(self.t, out)

@@ -65,7 +65,7 @@ def shared_pool(n_threads):
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One node of a plan."""
+    """One node of a plan: its profile, estimated time (µs, when tuned) and why."""
     index: int
     op: Op
     name: str
@@ -73,6 +73,8 @@ class PlanRow:
     type: Type
     profile: object
     work_size: int
+    reason: str = "default"          # default | fallback | tuned | user
+    estimate_us: float = None
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,12 @@ class Plan:
     def __str__(self):
         lines = [f"plan: {len(self.rows)} nodes, {self.n_threads} threads, "
                  f"work buffer {self.work_size} bytes",
-                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10}  profile"]
+                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10} {'why':<8} "
+                 f"{'est us':>9}  profile"]
         for r in self.rows:
+            est = f"{r.estimate_us:9.1f}" if r.estimate_us is not None else f"{'':9}"
             lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
-                         f"{r.work_size:>10}  {r.profile}")
+                         f"{r.work_size:>10} {r.reason:<8} {est}  {r.profile}")
         return "\n".join(lines)
 
 
@@ -122,6 +126,26 @@ class Stats(tuple):
                          f"{100 * r.total_us / total:>6.1f}")
         lines.append(f"total: {total:.1f} us")
         return "\n".join(lines)
+
+
+def choose_mul_mat_profile(node, n_threads, tune):
+    """Set a MUL_MAT node's profile from tune data, else ggml's rule.
+
+    Returns (reason, estimated µs or None). Only the node's own profiles are
+    candidates, so non-contiguous operands stay on the CPU profile.
+    """
+    a, b = node.src[0], node.src[1]
+    n, k = a._ne[1], a._ne[0]
+    m = b._ne[1] * b._ne[2] * b._ne[3]
+    if tune is not None:
+        own = node.profiles()
+        for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
+            match = next((p for p in own if p.id == profile.id), None)
+            if match is not None and match.same_code_path(profile):
+                node._plan_profile(profile)
+                return "tuned", estimate
+    node._plan_profile(node.default_profile())
+    return "fallback", None
 
 
 def topological_order(outputs):
@@ -168,12 +192,23 @@ class Graph:
     def __len__(self):
         return len(self.nodes)
 
-    def plan(self, n_threads=None):
-        """The profile and work-buffer size of each node at n_threads (a Plan)."""
+    def plan(self, n_threads=None, tune=None):
+        """Choose each MUL_MAT node's profile and report the plan at n_threads.
+
+        tune: TuneData (ggml_py.tune); for each MUL_MAT node whose (N, K, type)
+        was benched at this thread count, the profile with the smallest
+        estimated time at the node's M is chosen ("tuned"); other nodes get
+        ggml's rule ("fallback"). Profiles set by hand are kept ("user").
+        """
         n_threads = n_threads or default_threads()
-        rows = tuple(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile, t._work_size(n_threads))
-                     for i, t in enumerate(self.nodes))
-        return Plan(n_threads, self._cgraph.work_size(n_threads), rows)
+        rows = []
+        for i, t in enumerate(self.nodes):
+            reason, estimate = ("user" if t.profile_pinned else "default"), None
+            if t.op == Op.MUL_MAT and not t.profile_pinned:
+                reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
+            rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
+                                t._work_size(n_threads), reason, estimate))
+        return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))
 
     def _work_buffer(self, n_threads):
         # Sized by a C pass over the nodes; reallocated only when a plan needs more.

@@ -83,6 +83,17 @@ class Tensor(_core.TensorBase):
                              f"does not match any of this node's profiles: {names} "
                              f"(ids and valid stages must match)")
         self._set_profile_raw(*profile._to_raw())
+        self.profile_pinned = True   # the planner leaves a profile set by hand alone
+
+    profile_pinned = False
+
+    def _plan_profile(self, profile):
+        """Set a profile chosen by the planner (not pinned)."""
+        self._set_profile_raw(*profile._to_raw())
+
+    def default_profile(self):
+        """The profile the fallback rule picks for this node (ggml's rules)."""
+        return TaskProfile._from_raw(self._default_profile_raw())
 
     def profiles(self):
         """The profiles this node's op and source types support, default first."""

@@ -1,0 +1,166 @@
+"""Measuring MUL_MAT profiles for mulmat-tune.
+
+For each (N, K, type), M and thread count, every profile the node supports is
+run on the real kernels and each task stage is timed separately (the executor's
+per-node stage clocks), median over passes.
+
+Sampling keeps a pass short without guessing: when a product is large (many
+flops, so compute-bound and cache effects small) it is measured on two row
+slices of the weight, r and 2r rows, and each stage's time is extended along
+the straight line through them to all N rows. Small products (memory-bound,
+where the weight's size matters) are always measured whole.
+"""
+import statistics
+
+import numpy as np
+
+import ggml_py as gg
+from ggml_py.profiles import STAGES
+from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData
+
+DEFAULT_M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+FLOP_BUDGET = 4e8         # flops above which a measurement is sampled on row slices
+MIN_SAMPLE_ROWS = 256
+
+MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+# llama shapes: n_embd, n_ff, n_vocab, n_embd of the K/V projections (GQA)
+PRESETS = {
+    "1.1B": (2048, 5632, 32000, 256),
+    "7B": (4096, 11008, 32000, 4096),
+    "13B": (5120, 13824, 32000, 5120),
+}
+
+
+def preset_shapes(preset, type):
+    """The distinct (N, K, type) matrix products of a llama preset."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model shape {preset!r}; presets: {', '.join(PRESETS)}")
+    n_embd, n_ff, n_vocab, n_embd_kv = PRESETS[preset]
+    pairs = [(n_embd, n_embd), (n_embd_kv, n_embd), (n_ff, n_embd), (n_embd, n_ff), (n_vocab, n_embd)]
+    return sorted({(n, k, gg.Type(type)) for n, k in pairs})
+
+
+def model_shapes(path):
+    """(model name, distinct (N, K, type)) of a GGUF model's matrix products."""
+    from gguf import GGUFReader
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:   # the reader raises many kinds on a bad file
+        raise ValueError(f"{path}: cannot read GGUF ({exc})") from None
+    field = reader.get_field("general.name")
+    name = str(field.contents()) if field is not None else str(path)
+    names = {t.name for t in reader.tensors}
+    shapes = set()
+    for t in reader.tensors:
+        base = t.name.rsplit(".", 1)[0].split(".")[-1]
+        is_output = t.name == "output.weight" or (t.name == "token_embd.weight" and "output.weight" not in names)
+        if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
+            k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
+            shapes.add((n, k, gg.Type(int(t.tensor_type))))
+    if not shapes:
+        raise ValueError(f"{path}: no llama matrix products found")
+    return name, sorted(shapes)
+
+
+def random_weight(ctx, rng, rows, k, type):
+    """A (rows, k) weight of `type` filled with quantized random values."""
+    x = rng.standard_normal((rows, k)).astype(np.float32) * 0.1
+    return ctx.from_numpy(x, type=type)
+
+
+def row_counts(n, k, m):
+    """Weight rows to measure at M=m: [n] (whole), or [r, 2r] to extend to n."""
+    if 2 * n * k * m <= FLOP_BUDGET or n < 4 * MIN_SAMPLE_ROWS:
+        return [n]
+    r = max(MIN_SAMPLE_ROWS, min(int(FLOP_BUDGET / (6 * k * m)), n // 2))
+    return [r, 2 * r]
+
+
+class ShapeBench:
+    """Graphs for one (N, K, type): mul_mat of row slices of one weight by M rows."""
+
+    def __init__(self, n, k, type, m_values, rng):
+        self.n, self.k, self.type = n, k, gg.Type(type)
+        self.rows = {m: row_counts(n, k, m) for m in m_values}
+        self.max_rows = max(max(r) for r in self.rows.values())
+        m_max = max(m_values)
+        size = (gg.row_bytes(self.type, k) * self.max_rows + 4 * k * m_max
+                + 4 * self.max_rows * m_max * 4)
+        self.ctx = gg.Context(mem_size=size + (16 << 20))
+        self.weight = random_weight(self.ctx, rng, self.max_rows, k, self.type)
+        self.acts = self.ctx.from_numpy(rng.standard_normal((m_max, k)).astype(np.float32))
+        self.graphs = {}
+
+    def graph(self, rows, m):
+        """The graph of (first `rows` rows of the weight) x (first m activation rows)."""
+        key = (rows, m)
+        if key not in self.graphs:
+            w = gg.view(self.weight, (rows, self.k)) if rows != self.max_rows else self.weight
+            b = gg.view(self.acts, (m, self.k))
+            self.graphs[key] = gg.build_forward(gg.mul_mat(w, b))
+        return self.graphs[key]
+
+
+def time_stages(graph, profile, pool, passes):
+    """{stage: median µs} of the graph's only node under `profile`."""
+    node = graph.nodes[-1]   # the mul_mat (views of the operands come first)
+    node.profile = profile
+    graph.compute(pool=pool)   # warm-up: work buffer, caches, page-in
+    samples = {s: [] for s in STAGES}
+    for _ in range(passes):
+        graph.reset_stats()
+        graph.compute(pool=pool, profile=True)
+        row = graph.stats()[-1]
+        for s, v in zip(STAGES, (row.init_us, row.compute_us, row.finalize_us)):
+            samples[s].append(v)
+    return {s: statistics.median(v) for s, v in samples.items() if profile.stages[STAGES.index(s)].valid}
+
+
+def extend_to_rows(n, rows, times):
+    """Each stage's time at n rows from times at 1 or 2 row counts (straight line)."""
+    if len(rows) == 1:
+        return times[0]
+    (r1, r2), (t1, t2) = rows, times
+    return {s: max(0.0, t1[s] + (t2[s] - t1[s]) * (n - r1) / (r2 - r1)) for s in t1}
+
+
+def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=0, progress=None):
+    """Bench every profile of every shape; returns TuneData.
+
+    progress: a callable(n_steps) returning a context manager with update(),
+    e.g. tqdm (None: silent).
+    """
+    m_values = sorted(set(m_values or DEFAULT_M_VALUES))
+    rng = np.random.default_rng(seed)
+    data = TuneData(model=model, m_values=m_values, thread_counts=list(thread_counts))
+    pools = {t: gg.ThreadPool(t) for t in thread_counts}
+    try:
+        steps = len(shapes) * len(m_values)
+        bar = progress(steps) if progress else None
+        for n, k, type in shapes:
+            data.shapes.append(bench_shape(n, k, type, m_values, pools, passes, rng, bar))
+        if bar is not None:
+            bar.close()
+    finally:
+        for pool in pools.values():
+            pool.close()
+    return data
+
+
+def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
+    """ShapeTimes of one (N, K, type)."""
+    sb = ShapeBench(n, k, type, m_values, rng)
+    profiles = sb.graph(sb.rows[m_values[0]][-1], m_values[0]).nodes[-1].profiles()
+    shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in profiles])
+    for m in m_values:
+        rows = sb.rows[m]
+        for pt in shape.profiles:
+            for t, pool in pools.items():
+                times = [time_stages(sb.graph(r, m), pt.profile, pool, passes) for r in rows]
+                per_stage = pt.times_us.setdefault(t, {})
+                for s, v in extend_to_rows(n, rows, times).items():
+                    per_stage.setdefault(s, []).append(v)
+        if bar is not None:
+            bar.update(1)
+    return shape

@@ -1,0 +1,163 @@
+"""ggml-tune: bench MUL_MAT profiles for a model's matrix shapes, and analyze
+or plot a tune file.
+
+    ggml-tune -m model.gguf -o tune.json            # shapes and types from the model
+    ggml-tune --model-shape 1.1B --type Q4_0 -o tune.json --n-threads 1,2 --m-max 9
+    ggml-tune analyze tune.json [--plot tune.png]
+"""
+import argparse
+import sys
+import time
+
+import ggml_py as gg
+from ggml_py import tune
+from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
+
+
+def parse_threads(text):
+    try:
+        counts = sorted({int(t) for t in text.split(",")})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError("thread counts must be >= 1")
+    return counts
+
+
+def parse_type(text):
+    try:
+        return gg.Type[text.upper()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"unknown type {text!r}") from None
+
+
+def bench_parser():
+    p = argparse.ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
+                                "shape, M and thread count; write a tune file. "
+                                "'ggml-tune analyze FILE' reads one.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-m", "--model", help="GGUF model: bench its matrix shapes and weight types")
+    src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
+    p.add_argument("--type", type=parse_type, default=gg.Type.Q4_0,
+                   help="weight type with --model-shape (default Q4_0)")
+    p.add_argument("--n-threads", type=parse_threads, default=[1, 2], help="e.g. 1,2,4 (default 1,2)")
+    p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")
+    p.add_argument("--passes", type=int, default=1, help="timed passes per case; medians (default 1)")
+    p.add_argument("-o", "--file", required=True, help="tune file to write (JSON)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def tqdm_progress(total):
+    from tqdm import tqdm
+    return tqdm(total=total, unit="shape-M", desc="mulmat-tune")
+
+
+def run_bench(args):
+    if not 0 <= args.m_max <= 12:
+        raise SystemExit("ggml-tune: --m-max must be in 0..12")
+    if args.passes < 1:
+        raise SystemExit("ggml-tune: --passes must be >= 1")
+    if args.model:
+        name, shapes = model_shapes(args.model)
+    else:
+        name, shapes = f"llama-{args.model_shape}-{args.type.name}", preset_shapes(args.model_shape, args.type)
+    m_values = [2 ** i for i in range(args.m_max + 1)]
+    start = time.perf_counter()
+    data = bench(shapes, model=name, m_values=m_values, thread_counts=args.n_threads,
+                 passes=args.passes, progress=None if args.quiet else tqdm_progress)
+    data.save(args.file)
+    print(f"ggml-tune: {len(shapes)} shapes x {len(m_values)} M x threads {args.n_threads} in "
+          f"{time.perf_counter() - start:.1f} s -> {args.file}")
+    return 0
+
+
+def winners(data, shape, n_threads):
+    """[(M, {profile name: total µs}, best name)] for one shape and thread count."""
+    rows = []
+    for i, m in enumerate(data.m_values):
+        totals = {}
+        for p in shape.profiles:
+            per = p.times_us.get(n_threads)
+            if per is not None:
+                totals[p.profile.name] = sum(v[i] for v in per.values())
+        if totals:
+            rows.append((m, totals, min(totals, key=totals.get)))
+    return rows
+
+
+def analyze(data, out=sys.stdout):
+    """Print, per shape and thread count, a CSV block of totals per M and the crossovers."""
+    for shape in data.shapes:
+        for t in data.thread_counts:
+            rows = winners(data, shape, t)
+            if not rows:
+                continue
+            names = list(rows[0][1])
+            print(f"# N={shape.n} K={shape.k} type={shape.type.name} n_threads={t}", file=out)
+            print("M," + ",".join(f"{n}_us" for n in names) + ",best", file=out)
+            for m, totals, best in rows:
+                print(f"{m}," + ",".join(f"{totals[n]:.1f}" for n in names) + f",{best}", file=out)
+            for (m0, _, b0), (m1, _, b1) in zip(rows, rows[1:]):
+                if b0 != b1:
+                    print(f"# crossover: {b0} -> {b1} between M={m0} and M={m1}", file=out)
+            print(file=out)
+
+
+def plot(data, path):
+    """Time vs M per profile and thread count (log axes), one panel per shape."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(data.shapes)
+    cols = min(n, 3)
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(5 * cols, 4 * ((n + cols - 1) // cols)),
+                             squeeze=False)
+    for ax, shape in zip(axes.flat, data.shapes):
+        for p in shape.profiles:
+            for t, per in sorted(p.times_us.items()):
+                total = [sum(v[i] for v in per.values()) for i in range(len(data.m_values))]
+                ax.plot(data.m_values, [x / 1e3 for x in total], marker="o", markersize=3,
+                        label=f"{p.profile.name} nth={t}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{shape.n}x{shape.k} {shape.type.name}")
+        ax.set_xlabel("M")
+        ax.set_ylabel("ms")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(f"mulmat-tune: {data.model}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def run_analyze(argv):
+    p = argparse.ArgumentParser(prog="ggml-tune analyze",
+                                description="Per shape and thread count: the fastest profile at "
+                                            "each M and the crossover points, as CSV blocks.")
+    p.add_argument("file")
+    p.add_argument("--plot", metavar="PNG", help="also draw time vs M per profile (matplotlib)")
+    args = p.parse_args(argv)
+    data = tune.load(args.file, check_system=False)
+    analyze(data)
+    if args.plot:
+        plot(data, args.plot)
+        print(f"plot -> {args.plot}")
+    return 0
+
+
+def main(argv=None):
+    """Entry point of the ggml-tune console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["analyze"]:
+            return run_analyze(argv[1:])
+        return run_bench(bench_parser().parse_args(argv))
+    except (ValueError, OSError) as exc:   # TuneFileError is a ValueError
+        print(f"ggml-tune: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ggml-tune: interrupted", file=sys.stderr)
+        return 130
