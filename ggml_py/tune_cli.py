@@ -86,8 +86,9 @@ def winners(data, shape, n_threads):
     return rows
 
 
-def analyze(data, out=sys.stdout):
+def analyze(data, out=None):
     """Print, per shape and thread count, a CSV block of totals per M and the crossovers."""
+    out = out or sys.stdout
     for shape in data.shapes:
         for t in data.thread_counts:
             rows = winners(data, shape, t)

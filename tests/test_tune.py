@@ -1,0 +1,201 @@
+"""mulmat-tune: estimates, file round trip and rejection, planner choice."""
+import json
+
+import numpy as np
+import pytest
+
+import ggml_py as gg
+from ggml_py import tune
+from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData, TuneFileError, interpolate
+from ggml_py.tune_bench import bench, extend_to_rows, preset_shapes, row_counts
+from ggml_py.tune_cli import analyze, main as tune_main
+
+
+def test_interpolate_inside_and_past_both_ends():
+    xs, ys = [1, 2, 4, 8], [10.0, 20.0, 40.0, 60.0]
+    assert interpolate(xs, ys, 1) == 10.0
+    assert interpolate(xs, ys, 3) == pytest.approx(30.0)
+    assert interpolate(xs, ys, 6) == pytest.approx(50.0)
+    assert interpolate(xs, ys, 16) == pytest.approx(100.0)   # last segment's slope: 5 per M
+    assert interpolate([2, 4], [10.0, 30.0], 1) == pytest.approx(0.0)   # clamped, not negative
+    assert interpolate([4], [7.0], 100) == 7.0
+
+
+def test_extend_to_rows_is_a_straight_line_per_stage():
+    times = [{"init": 5.0, "compute": 100.0}, {"init": 5.0, "compute": 190.0}]
+    assert extend_to_rows(1000, [100, 200], times) == {"init": 5.0, "compute": pytest.approx(910.0)}
+    assert extend_to_rows(64, [64], [{"compute": 3.0}]) == {"compute": 3.0}
+
+
+def test_row_counts_sample_only_large_products():
+    assert row_counts(2048, 2048, 1) == [2048]
+    r1, r2 = row_counts(32000, 2048, 512)
+    assert r2 == 2 * r1 and r1 >= 256 and r2 < 32000
+
+
+def synthetic_data(thread_counts=(1, 2)):
+    """CPU cheap at small M, BLAS-split cheap at large M: crossover at M=32."""
+    cpu = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)[0]
+    m_values = [1, 2, 4, 8, 16, 32, 64]
+    cpu_times = {t: {"init": [1.0] * 7, "compute": [10.0 * m / t for m in m_values]}
+                 for t in thread_counts}
+    fake_blas = gg.TaskProfile(1, "blas", compute=gg.StageFlags(True, False, True))
+    blas_times = {t: {"compute": [160.0 + 5.0 * m for m in m_values]} for t in thread_counts}
+    shape = ShapeTimes(64, 64, gg.F32, [ProfileTimes(cpu, cpu_times), ProfileTimes(fake_blas, blas_times)])
+    return TuneData(model="synthetic", m_values=m_values, thread_counts=list(thread_counts),
+                    shapes=[shape])
+
+
+def test_estimates_pick_the_fastest_and_extrapolate():
+    data = synthetic_data()
+    (t, p), _ = data.estimates(64, 64, gg.F32, 4, 1)
+    assert p.name == "cpu" and t == pytest.approx(41.0)
+    (t, p), _ = data.estimates(64, 64, gg.F32, 128, 1)
+    assert p.name == "blas" and t == pytest.approx(160 + 5 * 128)
+    assert data.estimates(64, 64, gg.F32, 4, 3) == []       # thread count not benched
+    assert data.estimates(64, 65, gg.F32, 4, 1) == []       # shape not benched
+
+
+def test_file_round_trip(tmp_path):
+    data = synthetic_data()
+    path = tmp_path / "tune.json"
+    data.save(path)
+    loaded = tune.load(path, model="synthetic")
+    assert loaded.to_json() == data.to_json()
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda o: o.update(format="something-else"), "not a ggml_py-mulmat-tune file"),
+    (lambda o: o.update(version=99), "version 99"),
+    (lambda o: o["system"].update(cpu="Another CPU"), "benched with cpu"),
+    (lambda o: o["system"].update(features="AVX = 0"), "benched with features"),
+    (lambda o: o["system"].update(ggml_py="0.0.1"), "benched with ggml_py"),
+    (lambda o: o.update(m_values=[4, 2, 1, 8, 16, 32, 64]), "ascending"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1.0, 2.0]), "one finite time"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[-1.0] * 7), "one finite time"),
+    (lambda o: o["shapes"][0].update(type="Q9_9"), "malformed"),
+    (lambda o: o["shapes"][0].pop("n"), "malformed"),
+    (lambda o: o["shapes"][0]["profiles"][0].update(stages=[[1, 1, 0]]), "stages"),
+])
+def test_bad_files_are_rejected_with_a_reason(tmp_path, edit, match):
+    obj = synthetic_data().to_json()
+    edit(obj)
+    with pytest.raises(TuneFileError, match=match):
+        tune.load(write_json(tmp_path / "bad.json", obj))
+
+
+def test_truncated_missing_and_other_model_files(tmp_path):
+    path = tmp_path / "tune.json"
+    synthetic_data().save(path)
+    text = path.read_text()
+    (tmp_path / "cut.json").write_text(text[: len(text) // 2])
+    with pytest.raises(TuneFileError, match="truncated"):
+        tune.load(tmp_path / "cut.json")
+    with pytest.raises(TuneFileError, match="cannot read"):
+        tune.load(tmp_path / "missing.json")
+    with pytest.raises(TuneFileError, match="benched for model 'synthetic', not 'other'"):
+        tune.load(path, model="other")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TuneFileError):
+        tune.load(tmp_path / "binary.json")
+
+
+def mul_mat_graph(m, contiguous=True):
+    rng = np.random.default_rng(0)
+    ctx = gg.Context(mem_size=8 << 20)
+    a = ctx.from_numpy(rng.standard_normal((64, 64)).astype(np.float32))
+    if contiguous:
+        b = ctx.from_numpy(rng.standard_normal((m, 64)).astype(np.float32))
+    else:
+        b = gg.transpose(ctx.from_numpy(rng.standard_normal((64, m)).astype(np.float32)))
+    y = gg.mul_mat(a, b)
+    return gg.build_forward(y), y, b.numpy() @ a.numpy().T if contiguous else None
+
+
+def test_plan_uses_tune_data_and_falls_back():
+    data = synthetic_data()
+    graph, y, _ = mul_mat_graph(4)
+    row = graph.plan(1, tune=data).rows[-1]
+    assert (row.reason, row.profile.name) == ("tuned", "cpu")
+    assert row.estimate_us == pytest.approx(41.0)
+    row = graph.plan(3, tune=data).rows[-1]          # thread count not in the data
+    assert row.reason == "fallback" and row.estimate_us is None
+    assert row.profile == graph.nodes[-1].default_profile()
+    row = graph.plan(2).rows[-1]
+    assert row.reason == "fallback"
+
+
+def test_plan_never_chooses_a_profile_the_node_lacks():
+    # the synthetic data says "blas" is fastest at M=64; a transposed (non-contiguous)
+    # operand only has the CPU profile, so the planner must keep it
+    data = synthetic_data()
+    graph, y, _ = mul_mat_graph(64, contiguous=False)
+    node = graph.nodes[-1]
+    assert [p.name for p in node.profiles()] == ["cpu"]
+    row = graph.plan(1, tune=data).rows[-1]
+    assert row.profile.name == "cpu"
+
+
+def test_profiles_set_by_hand_are_kept():
+    data = synthetic_data()
+    graph, y, _ = mul_mat_graph(4)
+    node = graph.nodes[-1]
+    node.profile = node.profile.with_stage("compute", parallel=False)
+    row = graph.plan(1, tune=data).rows[-1]
+    assert row.reason == "user" and not row.profile.compute.parallel
+
+
+def test_bench_measures_every_profile_and_stage(tmp_path):
+    shapes = [(96, 64, gg.F32)]
+    data = bench(shapes, model="tiny", m_values=[1, 4, 16], thread_counts=[1, 2], passes=1)
+    shape = data.shape(96, 64, gg.F32)
+    names = {p.profile.name for p in shape.profiles}
+    expected = {p.name for p in gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)}
+    assert expected <= names
+    for p in shape.profiles:
+        assert set(p.times_us) == {1, 2}
+        for t, per in p.times_us.items():
+            valid = {s for s, f in zip(("init", "compute", "finalize"), p.profile.stages) if f.valid}
+            assert set(per) == valid
+            assert all(len(v) == 3 and all(x >= 0 for x in v) for v in per.values())
+    data.save(tmp_path / "t.json")
+    assert tune.load(tmp_path / "t.json").to_json() == data.to_json()
+    # a tuned plan computes the same numbers
+    graph, y, ref = mul_mat_graph(4)
+    graph.plan(2, tune=data)
+    graph.compute(n_threads=2)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_cli_bench_and_analyze(tmp_path, capsys):
+    out = tmp_path / "t.json"
+    assert tune_main(["--model-shape", "1.1B", "--type", "F32", "--m-max", "1", "--n-threads", "1",
+                      "-o", str(out), "-q"]) == 0
+    data = tune.load(out)
+    assert {s.key[:2] for s in data.shapes} == {s[:2] for s in preset_shapes("1.1B", gg.F32)}
+    capsys.readouterr()
+    assert tune_main(["analyze", str(out), "--plot", str(tmp_path / "t.png")]) == 0
+    text = capsys.readouterr().out
+    assert "# N=2048 K=2048 type=F32 n_threads=1" in text and "M,cpu_us" in text
+    assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert tune_main(["analyze", str(tmp_path / "none.json")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune_main(["--model-shape", "1.1B", "--type", "Q9", "-o", "x"])
+    with pytest.raises(SystemExit):
+        tune_main(["--model-shape", "1.1B", "--m-max", "40", "-o", str(tmp_path / "x")])
+
+
+def test_analyze_reports_crossovers():
+    import io
+    out = io.StringIO()
+    analyze(synthetic_data(), out)
+    assert "# crossover: cpu -> blas between M=16 and M=32" in out.getvalue()
