@@ -8,6 +8,7 @@ TENSOR_STRUCT_SIZE: int
 POLICIES: dict[str, int]
 OP_COUNT: int
 OP_IDS: dict[str, int]
+TYPE_IDS: dict[str, int]
 
 def select_kernels(force_ref: bool) -> str: ...
 def build_features() -> int: ...

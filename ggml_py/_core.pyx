@@ -411,7 +411,29 @@ cdef class CGraph:
             raise KeyboardInterrupt("graph compute aborted")
 
 
-# The C op enum, so ggml_py.types can check its mirror at import.
+# The C enums, so ggml_py.types can check its mirrors at import.
+TYPE_IDS = {
+    "F32": GGML_PY_TYPE_F32,
+    "F16": GGML_PY_TYPE_F16,
+    "Q4_0": GGML_PY_TYPE_Q4_0,
+    "Q4_1": GGML_PY_TYPE_Q4_1,
+    "Q5_0": GGML_PY_TYPE_Q5_0,
+    "Q5_1": GGML_PY_TYPE_Q5_1,
+    "Q8_0": GGML_PY_TYPE_Q8_0,
+    "Q8_1": GGML_PY_TYPE_Q8_1,
+    "Q2_K": GGML_PY_TYPE_Q2_K,
+    "Q3_K": GGML_PY_TYPE_Q3_K,
+    "Q4_K": GGML_PY_TYPE_Q4_K,
+    "Q5_K": GGML_PY_TYPE_Q5_K,
+    "Q6_K": GGML_PY_TYPE_Q6_K,
+    "Q8_K": GGML_PY_TYPE_Q8_K,
+    "I8": GGML_PY_TYPE_I8,
+    "I16": GGML_PY_TYPE_I16,
+    "I32": GGML_PY_TYPE_I32,
+    "I64": GGML_PY_TYPE_I64,
+    "F64": GGML_PY_TYPE_F64,
+    "BF16": GGML_PY_TYPE_BF16,
+}
 OP_COUNT = GGML_PY_OP_COUNT
 OP_IDS = {
     "NONE": GGML_PY_OP_NONE,

@@ -10,6 +10,26 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_MAX_PROFILES
         GGML_PY_N_STAGES
         GGML_PY_TYPE_COUNT
+        GGML_PY_TYPE_F32
+        GGML_PY_TYPE_F16
+        GGML_PY_TYPE_Q4_0
+        GGML_PY_TYPE_Q4_1
+        GGML_PY_TYPE_Q5_0
+        GGML_PY_TYPE_Q5_1
+        GGML_PY_TYPE_Q8_0
+        GGML_PY_TYPE_Q8_1
+        GGML_PY_TYPE_Q2_K
+        GGML_PY_TYPE_Q3_K
+        GGML_PY_TYPE_Q4_K
+        GGML_PY_TYPE_Q5_K
+        GGML_PY_TYPE_Q6_K
+        GGML_PY_TYPE_Q8_K
+        GGML_PY_TYPE_I8
+        GGML_PY_TYPE_I16
+        GGML_PY_TYPE_I32
+        GGML_PY_TYPE_I64
+        GGML_PY_TYPE_F64
+        GGML_PY_TYPE_BF16
         GGML_PY_OP_COUNT
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED

@@ -92,10 +92,12 @@ TYPES_OF_DTYPES = {dt: t for t, dt in NUMPY_DTYPES.items() if t != Type.BF16}
 
 
 def check_against_core(core):
-    """Raise ImportError when a Type differs from the compiled type traits."""
+    """Raise ImportError when Type or Op differs from the C header's enums."""
+    if {t.name: int(t) for t in Type} != core.TYPE_IDS:
+        raise ImportError("ggml_py: Type differs from enum ggml_py_type in the C core")
     for t in Type:
         if core.type_traits_raw(int(t)) is None:
-            raise ImportError(f"ggml_py: Type.{t.name}={int(t)} is not a type in the C core")
+            raise ImportError(f"ggml_py: Type.{t.name}={int(t)} has no type traits in the C core")
     if core.OP_COUNT != OP_COUNT:
         raise ImportError(f"ggml_py: Op has {OP_COUNT} members, the C core {core.OP_COUNT}")
     for op in Op:
