@@ -301,6 +301,11 @@ cdef class ThreadPool:
 
     def close(self):
         """Stop and join the workers; the pool cannot be used afterwards."""
+        self._close()
+
+    cdef void _close(self) noexcept:
+        # C-level, so __dealloc__ can call it: a Python method lookup there can
+        # fail at interpreter shutdown (a half-torn-down subclass instance)
         if self.pool == NULL:
             return
         with nogil:
@@ -314,7 +319,7 @@ cdef class ThreadPool:
         self.threads = NULL
 
     def __dealloc__(self):
-        self.close()
+        self._close()
 
     @property
     def closed(self):
