@@ -376,12 +376,17 @@ cdef class CGraph:
         return ggml_py_graph_work_size(&g, n_threads)
 
     def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
-        """Run every node; raises KeyboardInterrupt (or what a signal handler raised)."""
+        """Run every node.
+
+        Raises KeyboardInterrupt (or what a signal handler raised) when aborted,
+        ValueError naming the op and node when a kernel meets a bad row id.
+        """
         cdef ggml_py_cgraph g
         cdef ggml_py_cplan plan
         cdef ggml_py_pool *cpool = NULL
         cdef list raised = []
         cdef int status
+        cdef int32_t failed_node = -1
         g.n_nodes = self.n_nodes
         g.nodes = self.nodes
         memset(&plan, 0, sizeof(plan))
@@ -393,6 +398,7 @@ cdef class CGraph:
                 raise ValueError("stage_ns must be int64 with n_nodes * 3 entries")
             plan.stage_ns = <int64_t *> (<uintptr_t> stage_ns.ctypes.data)
         plan.lookahead = lookahead
+        plan.failed_node = &failed_node
         if abort_interval_ms >= 0:
             plan.abort_callback = _abort_requested
             plan.abort_data = <void *> raised
@@ -407,6 +413,11 @@ cdef class CGraph:
             if raised:
                 raise raised[0]
             raise KeyboardInterrupt("graph compute aborted")
+        if status != GGML_PY_STATUS_OK:
+            op = _OP_NAMES.get((<TensorBase> self.tensors[failed_node]).t.op, "?")
+            if status == GGML_PY_STATUS_BAD_INDEX:
+                raise ValueError(f"{op}: row id out of range (node {failed_node})")
+            raise RuntimeError(f"{op}: compute failed with status {status} (node {failed_node})")
 
 
 # The C op enum, so ggml_py.types can check its mirror at import.
@@ -444,3 +455,4 @@ OP_IDS = {
     "PERMUTE": GGML_PY_OP_PERMUTE,
     "TRANSPOSE": GGML_PY_OP_TRANSPOSE,
 }
+_OP_NAMES = {v: k.lower() for k, v in OP_IDS.items()}
