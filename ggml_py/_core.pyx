@@ -299,15 +299,17 @@ cdef class ThreadPool:
         for i in range(1, n_threads):
             if pthread_create(&self.threads[i], NULL, ggml_py_pool_worker_main,
                               &self.pool.workers[i]) != 0:
-                self._release()
+                self._close()
                 raise RuntimeError(f"ThreadPool: could not start worker {i}")
             self.n_started += 1
 
     def close(self):
         """Stop and join the workers; the pool cannot be used afterwards."""
-        self._release()
+        self._close()
 
-    cdef void _release(self) noexcept:
+    cdef void _close(self) noexcept:
+        # C-level, so __dealloc__ can call it: a Python method lookup there can
+        # fail at interpreter shutdown (a half-torn-down subclass instance)
         if self.pool == NULL:
             return
         with nogil:
@@ -321,7 +323,7 @@ cdef class ThreadPool:
         self.threads = NULL
 
     def __dealloc__(self):
-        self._release()
+        self._close()
 
     @property
     def closed(self):
@@ -378,12 +380,17 @@ cdef class CGraph:
         return ggml_py_graph_work_size(&g, n_threads)
 
     def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
-        """Run every node; raises KeyboardInterrupt (or what a signal handler raised)."""
+        """Run every node.
+
+        Raises KeyboardInterrupt (or what a signal handler raised) when aborted,
+        ValueError naming the op and node when a kernel meets a bad row id.
+        """
         cdef ggml_py_cgraph g
         cdef ggml_py_cplan plan
         cdef ggml_py_pool *cpool = NULL
         cdef list raised = []
         cdef int status
+        cdef int32_t failed_node = -1
         g.n_nodes = self.n_nodes
         g.nodes = self.nodes
         memset(&plan, 0, sizeof(plan))
@@ -395,6 +402,7 @@ cdef class CGraph:
                 raise ValueError("stage_ns must be int64 with n_nodes * 3 entries")
             plan.stage_ns = <int64_t *> (<uintptr_t> stage_ns.ctypes.data)
         plan.lookahead = lookahead
+        plan.failed_node = &failed_node
         if abort_interval_ms >= 0:
             plan.abort_callback = _abort_requested
             plan.abort_data = <void *> raised
@@ -409,6 +417,11 @@ cdef class CGraph:
             if raised:
                 raise raised[0]
             raise KeyboardInterrupt("graph compute aborted")
+        if status != GGML_PY_STATUS_OK:
+            op = _OP_NAMES.get((<TensorBase> self.tensors[failed_node]).t.op, "?")
+            if status == GGML_PY_STATUS_BAD_INDEX:
+                raise ValueError(f"{op}: row id out of range (node {failed_node})")
+            raise RuntimeError(f"{op}: compute failed with status {status} (node {failed_node})")
 
 
 # The C enums, so ggml_py.types can check its mirrors at import.
@@ -468,3 +481,4 @@ OP_IDS = {
     "PERMUTE": GGML_PY_OP_PERMUTE,
     "TRANSPOSE": GGML_PY_OP_TRANSPOSE,
 }
+_OP_NAMES = {v: k.lower() for k, v in OP_IDS.items()}

@@ -33,6 +33,7 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_OP_COUNT
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED
+        GGML_PY_STATUS_BAD_INDEX
         GGML_PY_OP_NONE
         GGML_PY_OP_DUP
         GGML_PY_OP_CPY
@@ -124,6 +125,7 @@ cdef extern from "ggml_py.h" nogil:
         void *abort_data
         int64_t abort_interval_ns
         int64_t *stage_ns
+        int32_t *failed_node
 
     struct ggml_py_pool
 

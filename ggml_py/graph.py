@@ -226,6 +226,7 @@ class Graph:
 
         profile=True accumulates per-node stage times, read with stats().
         Ctrl-C raises KeyboardInterrupt within a few tens of ms; the pool stays usable.
+        A get_rows/set_rows row id out of range raises ValueError naming the node.
         """
         if pool is None:
             n_threads = n_threads or default_threads()

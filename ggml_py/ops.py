@@ -38,6 +38,16 @@ def _check_type(opname, name, t, allowed):
         raise ValueError(f"{opname}: {name} is {t.type.name}, expected {names}")
 
 
+def _divides(n, d):
+    """d divides n, for broadcasting; a zero-size dimension matches only zero."""
+    return n % d == 0 if d else n == 0
+
+
+def _packed_rows(t):
+    """A row's elements (or blocks) are adjacent."""
+    return t._nb[0] == type_traits(t.type)["type_size"]
+
+
 def _same_context(opname, *tensors):
     if any(t.ctx is not tensors[0].ctx for t in tensors):
         raise ValueError(f"{opname}: tensors belong to different contexts")
@@ -66,6 +76,11 @@ def cpy(a, b):
     for name, t in (("a", a), ("b", b)):
         if not type_traits(t.type)["has_to_float" if name == "a" else "has_from_float"]:
             raise ValueError(f"cpy: cannot copy {'from' if name == 'a' else 'to'} {t.type.name}")
+    # the kernel converts blocks row by row; only float types go element by element
+    quantized = type_traits(a.type)["is_quantized"] or type_traits(b.type)["is_quantized"]
+    if quantized and (a._ne[0] != b._ne[0] or not _packed_rows(a) or not _packed_rows(b)):
+        raise ValueError(f"cpy: a is {a.type.name} {a.shape} but b is {b.type.name} {b.shape}: "
+                         f"a quantized copy needs packed rows of the same length")
     return _new(Op.CPY, (a, b), b.type, b._ne, b.ndim, nb=b._nb, view_of=b)
 
 
@@ -82,7 +97,7 @@ def _binary(op, a, b):
     _same_context(name, a, b)
     _check_type(name, "a", a, (Type.F32,))
     _check_type(name, "b", b, (Type.F32,))
-    if b.ndim > a.ndim or any(na % nb_ for na, nb_ in zip(a._ne, b._ne)):
+    if b.ndim > a.ndim or not all(_divides(na, nb_) for na, nb_ in zip(a._ne, b._ne)):
         raise ValueError(f"{name}: a is {a.shape} but b is {b.shape}: "
                          f"b cannot be broadcast over a (each dimension of b must divide a's)")
     return _new(op, (a, b), Type.F32, a._ne, a.ndim)
@@ -213,11 +228,11 @@ def soft_max(a, mask=None, scale=1.0):
         _same_context("soft_max", a, mask)
         _check_type("soft_max", "mask", mask, (Type.F32, Type.F16))
         m, x = mask._ne, a._ne
-        if m[0] != x[0] or m[1] < x[1] or x[2] % m[2] or x[3] % m[3]:
+        if m[0] != x[0] or m[1] < x[1] or not _divides(x[2], m[2]) or not _divides(x[3], m[3]):
             raise ValueError(f"soft_max: a is {a.shape} but mask is {mask.shape}: mask must have "
                              f"a's row length, at least its rows, and broadcast over the rest")
         if mask._nb[0] != type_traits(mask.type)["type_size"]:
-            raise ValueError(f"soft_max: mask rows must be contiguous")
+            raise ValueError(f"soft_max: mask {mask.shape} rows must be contiguous")
         src = (a, mask)
     return _new(Op.SOFT_MAX, src, Type.F32, a._ne, a.ndim, [_f32_bits(scale)])
 
@@ -234,7 +249,8 @@ def mul_mat(a, b):
     _same_context("mul_mat", a, b)
     if a._ne[0] != b._ne[0]:
         raise ValueError(f"mul_mat: a is {a.shape} but b is {b.shape}: inner dimensions differ")
-    if b._ne[2] % a._ne[2] or b._ne[3] % a._ne[3]:
+    # the kernel divides by a's outer sizes, so an empty one never matches
+    if not all(a._ne[i] and _divides(b._ne[i], a._ne[i]) for i in (2, 3)):
         raise ValueError(f"mul_mat: a is {a.shape} but b is {b.shape}: "
                          f"a's outer dimensions must divide b's")
     _check_type("mul_mat", "b", b, (Type.F32,))
@@ -276,6 +292,9 @@ def set_rows(dst, src, ids):
     _check_type("set_rows", "ids", ids, (Type.I32,))
     if not type_traits(dst.type)["has_from_float"]:
         raise ValueError(f"set_rows: cannot write rows of {dst.type.name}")
+    if not _packed_rows(dst):
+        # rows are written whole by the type's from_float
+        raise ValueError(f"set_rows: dst {dst.shape} must have contiguous rows")
     if src._ne[0] != dst._ne[0] or ids._ne[0] != src._ne[1] or ids.ndim != 1 \
             or src._ne[2] != dst._ne[2] or src._ne[3] != dst._ne[3]:
         raise ValueError(f"set_rows: dst is {dst.shape}, src is {src.shape}, ids is {ids.shape}: "
@@ -303,9 +322,14 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
         raise ValueError(f"rope: mode must be ROPE_NORMAL (0) or ROPE_NEOX (2), got {mode}")
     src = (a, pos)
     if freq_factors is not None:
+        _check_tensor("rope", freq_factors=freq_factors)
+        _same_context("rope", a, freq_factors)
         _check_type("rope", "freq_factors", freq_factors, (Type.F32,))
         if freq_factors._ne[0] < n_dims // 2:
             raise ValueError(f"rope: freq_factors needs n_dims/2 = {n_dims // 2} values")
+        if freq_factors._nb[0] != 4:
+            # the kernel reads the factors as a packed float array
+            raise ValueError(f"rope: freq_factors {freq_factors.shape} must be contiguous")
         src = (a, pos, freq_factors)
     params = [n_dims, mode, _f32_bits(freq_base), _f32_bits(freq_scale)]
     return _new(Op.ROPE, src, Type.F32, a._ne, a.ndim, params)

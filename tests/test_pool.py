@@ -91,11 +91,11 @@ def test_pools_from_many_python_threads(watchdog):
 
 
 def long_single_stage_graph(wait):
-    """One big mul_mat whose COMPUTE runs on the main thread only (~0.3 s)."""
+    """One big mul_mat whose COMPUTE runs on the main thread only (~0.1 s)."""
     rng = np.random.default_rng(1)
     ctx = gg.Context(mem_size=96 << 20)
     a = ctx.from_numpy(rng.standard_normal((2048, 2048)).astype(np.float32))
-    b = ctx.from_numpy(rng.standard_normal((24, 2048)).astype(np.float32))
+    b = ctx.from_numpy(rng.standard_normal((384, 2048)).astype(np.float32))
     y = gg.mul_mat(a, b)
     graph = gg.build_forward(y)
     node = graph.nodes[0]
@@ -103,7 +103,7 @@ def long_single_stage_graph(wait):
     return graph
 
 
-def worker_cores_used(graph, pool, repeats=3):
+def worker_cores_used(graph, pool, min_seconds=0.6):
     """CPU time of every thread but this one / wall time, while computing.
 
     Per-thread times keep the measure honest on a busy machine: the main thread
@@ -115,8 +115,9 @@ def worker_cores_used(graph, pool, repeats=3):
     def others():
         return sum(t.user_time + t.system_time for t in proc.threads() if t.id != me)
 
+    # long enough for the kernel's 10 ms CPU-time ticks to be a small error
     t0, c0 = time.perf_counter(), others()
-    for _ in range(repeats):
+    while time.perf_counter() - t0 < min_seconds:
         graph.compute(pool=pool)
     t1, c1 = time.perf_counter(), others()
     return (c1 - c0) / (t1 - t0)
@@ -135,7 +136,12 @@ def test_without_wait_spinning_workers_burn_a_core():
     graph = long_single_stage_graph(wait=False)
     with gg.ThreadPool(2, policy="spin") as pool:
         idle = worker_cores_used(graph, pool)
-    assert idle > 0.3, f"spin policy should keep the worker busy: {100 * idle:.1f} % of a core"
+        sleeps = pool.stats()["sleeps"]
+    assert sleeps == 0, "without wait, spin-policy workers must never sleep"
+    # A spinning worker yields its core now and then, so on a machine already
+    # busier than its cores it gets little CPU; judge CPU time only when it is free.
+    if os.getloadavg()[0] < psutil.cpu_count() - 0.5:
+        assert idle > 0.3, f"spin policy should keep the worker busy: {100 * idle:.1f} % of a core"
 
 
 def test_spin_then_sleep_stops_spinning_after_the_budget():

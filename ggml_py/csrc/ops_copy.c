@@ -12,6 +12,13 @@ static inline float load_f32(const struct ggml_py_tensor *t, const char *p) {
     }
 }
 
+/* Row ir (rows counted over dims 1..3, outermost slowest) of t. */
+static inline const char *row_ptr(const struct ggml_py_tensor *t, int64_t ir) {
+    const int64_t i1 = ir % t->ne[1], i2 = (ir / t->ne[1]) % t->ne[2];
+    const int64_t i3 = ir / (t->ne[1] * t->ne[2]);
+    return (const char *) t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
 void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     if (params->stage != GGML_PY_STAGE_COMPUTE) return;
     const struct ggml_py_tensor *src0 = dst->src[0];
@@ -28,13 +35,14 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
 
     const bool same_rows = ne00 == ne0 && src0->type == dst->type;
     const bool rows_packed = nb00 == ts->type_size && nb0 == td->type_size;
+    /* With equal row lengths, row ir of dst is row ir of src0, but the outer
+     * shapes may differ (a (4, 3) -> (2, 2, 3) copy), so each side splits ir
+     * into its own indices. */
     if (same_rows && rows_packed) {
         /* same row shape: copy row by row, any outer strides */
         const size_t row = ggml_py_row_size(dst->type, ne0);
         for (int64_t ir = ir0; ir < ir1; ir++) {
-            const int64_t i1 = ir % ne1, i2 = (ir / ne1) % ne2, i3 = ir / (ne1 * ne2);
-            memcpy((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3,
-                   (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03, row);
+            memcpy((char *) row_ptr(dst, ir), row_ptr(src0, ir), row);
         }
         return;
     }
@@ -43,9 +51,8 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
          * pieces of 1024 (a whole number of blocks of every type) */
         float buf[1024];
         for (int64_t ir = ir0; ir < ir1; ir++) {
-            const int64_t i1 = ir % ne1, i2 = (ir / ne1) % ne2, i3 = ir / (ne1 * ne2);
-            const char *s = (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03;
-            char *d = (char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3;
+            const char *s = row_ptr(src0, ir);
+            char *d = (char *) row_ptr(dst, ir);
             for (int64_t i0 = 0; i0 < ne0; i0 += 1024) {
                 const int64_t n = GGML_PY_MIN(1024, ne0 - i0);
                 ts->to_float(s + ggml_py_row_size(src0->type, i0), buf, n);

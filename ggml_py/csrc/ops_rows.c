@@ -21,8 +21,10 @@ void ggml_py_compute_get_rows(const struct ggml_py_compute_params *params, struc
         const char *s = (const char *) src0->data + row * nb01 + i11 * nb02 + i12 * nb03;
         if (nb00 == ggml_py_get_type_traits(src0->type)->type_size) {
             to_float(s, d, ne00);
-        } else {  /* strided f32 rows */
-            for (int64_t i0 = 0; i0 < ne00; i0++) d[i0] = *(const float *) (s + i0 * nb00);
+        } else {
+            /* strided rows (e.g. a transposed view) of any unquantized type:
+             * convert one element at a time (quantized rows are always packed) */
+            for (int64_t i0 = 0; i0 < ne00; i0++) to_float(s + i0 * nb00, &d[i0], 1);
         }
     }
 }
