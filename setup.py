@@ -14,7 +14,7 @@ from setuptools import Extension, setup
 
 
 def compile_args():
-    args = ["-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function",
+    args = ["-std=gnu11", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall", "-Wno-unused-function",
             "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
     if os.environ.get("GGML_PY_SANITIZE") == "thread":
         args += ["-O1", "-g", "-fsanitize=thread"]
@@ -49,7 +49,7 @@ c_sources = sorted(glob.glob(os.path.join("ggml_py", "csrc", "**", "*.c"), recur
 core = Extension(
     "ggml_py._core",
     sources=["ggml_py/_core.pyx"] + c_sources,
-    include_dirs=["include", "ggml_py/csrc", numpy.get_include()],
+    include_dirs=["include", "ggml_py/csrc", "ggml_py/csrc/quants", numpy.get_include()],
     define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
     extra_compile_args=compile_args(),
     extra_link_args=link_args(),
