@@ -7,6 +7,7 @@
 #include "simd.h"
 #include "vec.h"
 #include "ggml_py_quants.h"
+#include "mul_mat.h"
 
 #define QUANT_ROW(t, blck, size, dot_type)                                        \
     .name = #t, .blck_size = blck, .type_size = size, .is_quantized = true,       \
@@ -111,5 +112,6 @@ const char *ggml_py_select_kernels(int force_ref) {
             tt->from_float = simd && k->from_float_simd ? k->from_float_simd : k->from_float_ref;
         }
     }
+    ggml_py_mul_mat_select(!force_ref);
     return force_ref ? "scalar reference" : SIMD_NAME;
 }
