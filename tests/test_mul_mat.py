@@ -102,7 +102,7 @@ def test_default_profile_follows_ggml_rule():
     assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (31, 64))).profile.name == "cpu"
     assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas-split"
     assert gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas"
-    assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas"]
+    assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
     small = ctx.from_numpy(np.ones((16, 64), np.float32), type=gg.Q8_0)
     assert gg.mul_mat(small, ctx.new_tensor(gg.F32, (64, 64))).profile.name == "cpu"
 
@@ -133,7 +133,7 @@ def test_non_contiguous_src1_is_cpu_only(t):
     assert nmse(y.numpy(), ref) <= NMSE_MAX
 
 
-@pytest.mark.parametrize("profile", ["cpu", "blas", "blas-split"])
+@pytest.mark.parametrize("profile", ["cpu", "blas", "blas-split", "blas-mt"])
 def test_batched_broadcast(profile):
     """src0 (2, N, K) broadcast over src1 (4, M, K), as grouped-query attention does."""
     rng = np.random.default_rng(4)

@@ -12,8 +12,10 @@
  *               f32 in the work buffer, then one sgemm per src1 batch.
  *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
  *               COMPUTE (one thread, workers sleep): the sgemms.
- * BLAS needs both sources contiguous; OpenBLAS runs single-threaded (the pool
- * owns the cores).
+ *   blas-mt     as blas-split, but the sgemms run on OpenBLAS's own threads
+ *               (one per core) while the pool's workers sleep.
+ * BLAS needs both sources contiguous; OpenBLAS runs single-threaded except
+ * inside blas-mt (the pool owns the cores).
  */
 #include "impl.h"
 #include "mul_mat.h"
@@ -77,6 +79,10 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
         out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
         n++;
     }
+    out[n] = make_profile(GGML_PY_MUL_MAT_BLAS_MT, "blas-mt");
+    out[n].stages[GGML_PY_STAGE_INIT]    = (struct ggml_py_stage_flags) { .valid = !src0_is_f32(node), .parallel = 1 };
+    out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+    n++;
     return n;
 }
 
@@ -108,6 +114,8 @@ size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_thread
         case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
             return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
         case GGML_PY_MUL_MAT_BLAS_SPLIT:  /* all of src0 */
+        case GGML_PY_MUL_MAT_BLAS_MT:
+            if (node->profile.id == GGML_PY_MUL_MAT_BLAS_MT && src0_is_f32(node)) return 0;
             return sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1] * src0->ne[2] * src0->ne[3]);
         default:
             return 0;
@@ -253,6 +261,15 @@ void ggml_py_compute_mul_mat(const struct ggml_py_compute_params *params, struct
         case GGML_PY_MUL_MAT_BLAS_SPLIT:
             if (params->stage == GGML_PY_STAGE_INIT && !src0_is_f32(dst)) init_blas_split(params, dst);
             if (params->stage == GGML_PY_STAGE_COMPUTE) compute_blas(params, dst, !src0_is_f32(dst));
+            return;
+        case GGML_PY_MUL_MAT_BLAS_MT:
+            if (params->stage == GGML_PY_STAGE_INIT && !src0_is_f32(dst)) init_blas_split(params, dst);
+            if (params->stage == GGML_PY_STAGE_COMPUTE) {
+                /* the pool sleeps (wait flag); lend its cores to OpenBLAS for this call */
+                scipy_openblas_set_num_threads(scipy_openblas_get_num_procs());
+                compute_blas(params, dst, !src0_is_f32(dst));
+                scipy_openblas_set_num_threads(1);
+            }
             return;
 #endif
         default:
