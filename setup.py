@@ -4,6 +4,12 @@ Build switches (environment variables, read only here):
   GGML_PY_NATIVE=0          portable binary (no -march=native)
   GGML_PY_SANITIZE=thread   ThreadSanitizer build (-fsanitize=thread, -O1 -g)
   GGML_PY_CYTHON_DEBUG=1    Cython bounds/wraparound checks back on
+  GGML_PY_BLAS=0            build without OpenBLAS (no BLAS mul_mat profiles)
+
+BLAS is OpenBLAS from the scipy-openblas32 wheel (headers + library, symbols
+prefixed scipy_). The extension finds it at run time through an rpath relative
+to its own location (site-packages/ggml_py -> site-packages/scipy_openblas32/lib)
+and, for in-place builds, the absolute path it was built against.
 """
 import glob
 import os
@@ -14,7 +20,7 @@ from setuptools import Extension, setup
 
 
 def compile_args():
-    args = ["-std=gnu11", "-fno-strict-aliasing", "-Wall", "-Wno-unused-function",
+    args = ["-std=gnu11", "-fno-strict-aliasing", "-ffp-contract=off", "-Wall", "-Wno-unused-function",
             "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
     if os.environ.get("GGML_PY_SANITIZE") == "thread":
         args += ["-O1", "-g", "-fsanitize=thread"]
@@ -32,6 +38,17 @@ def link_args():
     return args
 
 
+def blas_config():
+    """(define_macros, include_dirs, library_dirs, libraries, link_args) for OpenBLAS."""
+    if os.environ.get("GGML_PY_BLAS", "1") == "0":
+        return [], [], [], [], []
+    import scipy_openblas32
+    lib_dir = scipy_openblas32.get_lib_dir()
+    rpaths = ["$ORIGIN/../scipy_openblas32/lib", lib_dir]
+    return ([("GGML_PY_USE_BLAS", "1")], [scipy_openblas32.get_include_dir()], [lib_dir],
+            [scipy_openblas32.get_library()], [f"-Wl,-rpath,{p}" for p in rpaths])
+
+
 def cython_directives():
     debug = os.environ.get("GGML_PY_CYTHON_DEBUG") == "1"
     return {
@@ -46,13 +63,17 @@ def cython_directives():
 
 c_sources = sorted(glob.glob(os.path.join("ggml_py", "csrc", "**", "*.c"), recursive=True))
 
+blas_macros, blas_includes, blas_lib_dirs, blas_libs, blas_link_args = blas_config()
+
 core = Extension(
     "ggml_py._core",
     sources=["ggml_py/_core.pyx"] + c_sources,
-    include_dirs=["include", "ggml_py/csrc", numpy.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    include_dirs=["include", "ggml_py/csrc", "ggml_py/csrc/quants", numpy.get_include()] + blas_includes,
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + blas_macros,
+    library_dirs=blas_lib_dirs,
+    libraries=blas_libs,
     extra_compile_args=compile_args(),
-    extra_link_args=link_args(),
+    extra_link_args=link_args() + blas_link_args,
     depends=glob.glob("include/*.h") + glob.glob("ggml_py/csrc/**/*.h", recursive=True),
 )
 

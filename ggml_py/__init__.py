@@ -17,6 +17,7 @@ check_against_core(_core)
 from ggml_py.system import build_features, kernels, system_info  # noqa: E402
 from ggml_py.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
 from ggml_py.tensor import Context, Tensor, row_bytes, type_traits  # noqa: E402
+from ggml_py.quants import dequantize, quantize  # noqa: E402
 from ggml_py.graph import Graph, Plan, ThreadPool, build_forward, default_threads, shared_pool  # noqa: E402
 from ggml_py.ops import (  # noqa: E402
     ROPE_NEOX, ROPE_NORMAL, add, argmax, concat, cont, cpy, div, dup, gelu, get_rows, mean,

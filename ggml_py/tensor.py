@@ -153,8 +153,9 @@ class Context(_core.Context):
             tensor.numpy()[...] = array
         else:
             from ggml_py.quants import quantize   # the quant module owns conversions
-            tensor.numpy()[...] = quantize(np.asarray(array, np.float32), type).reshape(
-                tensor.numpy().shape)
+            view = tensor.numpy()
+            view[...] = quantize(np.asarray(array, np.float32), type).view(view.dtype).reshape(
+                view.shape)
         return tensor
 
     def from_buffer(self, buffer, type, shape, name=None):

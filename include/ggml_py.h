@@ -136,6 +136,7 @@ enum ggml_py_mul_mat_profile {
     GGML_PY_MUL_MAT_CPU        = 0,  /* INIT: src1 -> vec_dot type; COMPUTE: dots */
     GGML_PY_MUL_MAT_BLAS       = 1,  /* COMPUTE on one thread: dequant + sgemm     */
     GGML_PY_MUL_MAT_BLAS_SPLIT = 2,  /* INIT: parallel dequant; COMPUTE: sgemm     */
+    GGML_PY_MUL_MAT_BLAS_MT    = 3,  /* as BLAS_SPLIT, sgemm on BLAS's own threads */
 };
 
 /* ---- tensors --------------------------------------------------------------- */

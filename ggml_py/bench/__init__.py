@@ -1,19 +1,26 @@
-"""`ggml-bench`: benchmarks that print figures as ratios to yardsticks measured
-in the same run. Each subcommand is a module with add_arguments(parser) and
-run(args)."""
+"""ggml-bench: benchmarks of ggml_py that print figures as ratios to yardsticks
+measured in the same run, one subcommand per module.
+
+    ggml-bench pool
+    ggml-bench mulmat --types q4_0,f16 --m 1,512 --json
+
+Each subcommand module has `add_arguments(parser)` and `run(args) -> int`;
+SUBCOMMANDS maps names to module paths.
+"""
 import argparse
 import importlib
 import sys
 
 SUBCOMMANDS = {
+    "mulmat": ("ggml_py.bench.mulmat", "MUL_MAT per type, shape, batch size, profile and thread count"),
     "pool": ("ggml_py.bench.pool", "per-node dispatch overhead and idle cost of the worker pool"),
 }
 
 
 def main(argv=None):
-    """Entry point of the ggml-bench console script."""
-    parser = argparse.ArgumentParser(prog="ggml-bench", description=__doc__)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    """Parse `ggml-bench <subcommand> [options]` and run the subcommand; returns its exit code."""
+    parser = argparse.ArgumentParser(prog="ggml-bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="subcommand")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
@@ -26,5 +33,5 @@ def main(argv=None):
     try:
         return modules[args.command].run(args) or 0
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("ggml-bench: interrupted", file=sys.stderr)
         return 130

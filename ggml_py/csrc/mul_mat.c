@@ -4,35 +4,95 @@
  * src0: (ne00 = K, ne01 = N, ne02, ne03), any type with a vec_dot
  * src1: (ne10 = K, ne11 = M, ne12, ne13), F32; dst: (N, M, ne12, ne13), F32
  *
- * CPU profile: INIT converts src1 rows to src0's vec_dot type (into the work
- * buffer) unless they can be used as they are; COMPUTE hands out tiles of
- * TILE_N x TILE_M dot products, so a tile of src0 rows stays in cache while it
- * meets several src1 rows.
+ * Profiles (data; the executor reads the stage flags):
+ *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
+ *               buffer; COMPUTE (parallel): tiles of TILE_N x TILE_M dot products,
+ *               through a blocked 4 x 2 kernel where the type has one.
+ *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
+ *               f32 in the work buffer, then one sgemm per src1 batch.
+ *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
+ *               COMPUTE (one thread, workers sleep): the sgemms.
+ *   blas-mt     as blas-split, but the sgemms run on OpenBLAS's own threads
+ *               (one per core) while the pool's workers sleep.
+ * BLAS needs both sources contiguous; OpenBLAS runs single-threaded except
+ * inside blas-mt (the pool owns the cores).
  */
 #include "impl.h"
+#include "mul_mat.h"
+
+#if defined(GGML_PY_USE_BLAS)
+#include <cblas.h>
+#endif
 
 #define TILE_N 16
 #define TILE_M 8
 
-static struct ggml_py_task_profile cpu_profile(void) {
+static ggml_py_gemm_tile_fn (*tile_for_type)(int type) = NULL;
+
+/* Called by ggml_py_select_kernels: blocked SIMD tiles, or vec_dot everywhere. */
+void ggml_py_mul_mat_select(int simd) {
+    tile_for_type = simd ? ggml_py_gemm_tile_avx2 : NULL;
+#if defined(GGML_PY_USE_BLAS)
+    scipy_openblas_set_num_threads(1);
+#endif
+}
+
+static struct ggml_py_task_profile make_profile(int32_t id, const char *name) {
     struct ggml_py_task_profile p;
     memset(&p, 0, sizeof(p));
-    p.id = GGML_PY_MUL_MAT_CPU;
-    strncpy(p.name, "cpu", sizeof(p.name) - 1);
-    p.stages[GGML_PY_STAGE_INIT]    = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
-    p.stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
+    p.id = id;
+    strncpy(p.name, name, sizeof(p.name) - 1);
     return p;
+}
+
+static bool src0_is_f32(const struct ggml_py_tensor *node) {
+    return node->src[0]->type == GGML_PY_TYPE_F32;
+}
+
+/* BLAS reads both sources as packed f32 matrices (src0 after de-quantizing). */
+static bool blas_usable(const struct ggml_py_tensor *node) {
+#if defined(GGML_PY_USE_BLAS)
+    const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
+    return ggml_py_get_type_traits(src0->type)->to_float != NULL &&
+           src1->type == GGML_PY_TYPE_F32 &&
+           ggml_py_is_contiguous(src0) && ggml_py_is_contiguous(src1);
+#else
+    GGML_PY_UNUSED(node);
+    return false;
+#endif
 }
 
 int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
                              struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]) {
-    GGML_PY_UNUSED(node);
-    out[0] = cpu_profile();
-    return 1;
+    int n = 0;
+    out[n] = make_profile(GGML_PY_MUL_MAT_CPU, "cpu");
+    out[n].stages[GGML_PY_STAGE_INIT]    = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
+    out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
+    n++;
+    if (!blas_usable(node)) return n;
+    out[n] = make_profile(GGML_PY_MUL_MAT_BLAS, "blas");
+    out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+    n++;
+    if (!src0_is_f32(node)) {   /* nothing to de-quantize ahead for f32 weights */
+        out[n] = make_profile(GGML_PY_MUL_MAT_BLAS_SPLIT, "blas-split");
+        out[n].stages[GGML_PY_STAGE_INIT]    = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
+        out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+        n++;
+    }
+    out[n] = make_profile(GGML_PY_MUL_MAT_BLAS_MT, "blas-mt");
+    out[n].stages[GGML_PY_STAGE_INIT]    = (struct ggml_py_stage_flags) { .valid = !src0_is_f32(node), .parallel = 1 };
+    out[n].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+    n++;
+    return n;
 }
 
+/* ggml's rule: BLAS once every dimension is at least 32 (and both sources are
+ * contiguous), the CPU kernels otherwise. Quantized weights take blas-split,
+ * the BLAS code path with its de-quantization spread over the threads. */
 int ggml_py_mul_mat_default_profile_index(const struct ggml_py_tensor *node) {
-    GGML_PY_UNUSED(node);
+    const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
+    if (!blas_usable(node)) return 0;
+    if (src0->ne[0] >= 32 && src0->ne[1] >= 32 && src1->ne[1] >= 32) return src0_is_f32(node) ? 1 : 2;
     return 0;
 }
 
@@ -46,13 +106,23 @@ static bool src1_needs_conversion(const struct ggml_py_tensor *node) {
 size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_threads) {
     GGML_PY_UNUSED(n_threads);
     const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
-    if (node->profile.id == GGML_PY_MUL_MAT_CPU && src1_needs_conversion(node)) {
-        const int vec_dot_type = ggml_py_get_type_traits(src0->type)->vec_dot_type;
-        return ggml_py_row_size(vec_dot_type, src1->ne[0]) *
-               (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
+    switch (node->profile.id) {
+        case GGML_PY_MUL_MAT_CPU:
+            if (!src1_needs_conversion(node)) return 0;
+            return ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, src1->ne[0]) *
+                   (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
+        case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
+            return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
+        case GGML_PY_MUL_MAT_BLAS_SPLIT:  /* all of src0 */
+        case GGML_PY_MUL_MAT_BLAS_MT:
+            if (node->profile.id == GGML_PY_MUL_MAT_BLAS_MT && src0_is_f32(node)) return 0;
+            return sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1] * src0->ne[2] * src0->ne[3]);
+        default:
+            return 0;
     }
-    return 0;
 }
+
+/* ---- CPU profile ------------------------------------------------------------- */
 
 static void convert_src1(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src1 = dst->src[1];
@@ -85,40 +155,126 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(src0->type);
     const ggml_py_vec_dot_fn vec_dot = tt->vec_dot;
+    const ggml_py_gemm_tile_fn tile = tile_for_type && ne11 > 1 ? tile_for_type(src0->type) : NULL;
     const bool converted = src1_needs_conversion(dst);
     const size_t row_size = ggml_py_row_size(tt->vec_dot_type, ne10);
     const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;   /* broadcast factors */
 
-    const int64_t n_rows1 = ne11 * ne12 * ne13;          /* every src1 row of every batch */
+    /* work items: (batch, tile of src0 rows, tile of src1 rows), dealt round robin */
     const int64_t tiles_n = (ne01 + TILE_N - 1) / TILE_N;
-    const int64_t tiles_m = (n_rows1 + TILE_M - 1) / TILE_M;
-    for (int64_t tile = params->ith; tile < tiles_n * tiles_m; tile += params->nth) {
-        const int64_t tn = tile % tiles_n, tm = tile / tiles_n;
-        const int64_t m_end = GGML_PY_MIN((tm + 1) * TILE_M, n_rows1);
-        const int64_t n_end = GGML_PY_MIN((tn + 1) * TILE_N, ne01);
-        for (int64_t ir1 = tm * TILE_M; ir1 < m_end; ir1++) {
-            const int64_t i11 = ir1 % ne11, i12 = (ir1 / ne11) % ne12, i13 = ir1 / (ne11 * ne12);
-            const char *y = converted
-                ? (const char *) params->wdata + ir1 * row_size
-                : (const char *) src1->data + i11 * nb11 + i12 * nb12 + i13 * nb13;
-            const char *x = (const char *) src0->data + (i12 / r2) * nb02 + (i13 / r3) * nb03;
-            float *d = (float *) ((char *) dst->data + i11 * nb1 + i12 * nb2 + i13 * nb3);
-            for (int64_t i01 = tn * TILE_N; i01 < n_end; i01++) {
-                vec_dot(ne00, &d[i01], x + i01 * nb01, y);
+    const int64_t tiles_m = (ne11 + TILE_M - 1) / TILE_M;
+    const int64_t n_items = tiles_n * tiles_m * ne12 * ne13;
+    for (int64_t item = params->ith; item < n_items; item += params->nth) {
+        const int64_t tn = item % tiles_n, tm = (item / tiles_n) % tiles_m;
+        const int64_t batch = item / (tiles_n * tiles_m);
+        const int64_t i12 = batch % ne12, i13 = batch / ne12;
+        const char *x = (const char *) src0->data + (i12 / r2) * nb02 + (i13 / r3) * nb03;
+        const char *y = converted ? (const char *) params->wdata + batch * ne11 * row_size
+                                  : (const char *) src1->data + i12 * nb12 + i13 * nb13;
+        const size_t by = converted ? row_size : nb11;
+        char *d = (char *) dst->data + i12 * nb2 + i13 * nb3;
+        const int64_t n0 = tn * TILE_N, n_end = GGML_PY_MIN(n0 + TILE_N, ne01);
+        const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
+        if (tile) {
+            for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
+                const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
+                for (int64_t i01 = n0; i01 < n_end; i01 += GGML_PY_GEMM_R0) {
+                    const int nr0 = (int) GGML_PY_MIN(GGML_PY_GEMM_R0, n_end - i01);
+                    tile(ne00, nr0, nr1, x + i01 * nb01, nb01, y + i11 * by, by,
+                         (float *) (d + i11 * nb1) + i01, (int64_t) (nb1 / sizeof(float)));
+                }
+            }
+            continue;
+        }
+        for (int64_t i11 = m0; i11 < m_end; i11++) {
+            float *drow = (float *) (d + i11 * nb1);
+            for (int64_t i01 = n0; i01 < n_end; i01++) {
+                vec_dot(ne00, &drow[i01], x + i01 * nb01, y + i11 * by);
             }
         }
     }
 }
 
+/* ---- BLAS profiles ------------------------------------------------------------ */
+
+#if defined(GGML_PY_USE_BLAS)
+
+/* De-quantize rows [ir0, ir1) of src0 (rows of all batches counted in order)
+ * into f32 rows; row ir lands at out + (ir - ir_base) * ne00. */
+static void dequantize_src0_rows(const struct ggml_py_tensor *src0, float *out, int64_t ir0, int64_t ir1,
+                                 int64_t ir_base) {
+    const ggml_py_to_float_fn to_float = ggml_py_get_type_traits(src0->type)->to_float;
+    const int64_t ne00 = src0->ne[0], ne01 = src0->ne[1], ne02 = src0->ne[2];
+    for (int64_t ir = ir0; ir < ir1; ir++) {
+        const int64_t i01 = ir % ne01, i02 = (ir / ne01) % ne02, i03 = ir / (ne01 * ne02);
+        const char *s = (const char *) src0->data + i01 * src0->nb[1] + i02 * src0->nb[2] + i03 * src0->nb[3];
+        to_float(s, out + (ir - ir_base) * ne00, ne00);
+    }
+}
+
+static void compute_blas(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst, bool split) {
+    const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
+    GGML_PY_BINARY_LOCALS(src0, src1, dst);
+    const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;
+    const bool f32 = src0->type == GGML_PY_TYPE_F32;
+    int64_t have = -1;   /* the src0 batch now in the work buffer (blas) */
+    for (int64_t i13 = 0; i13 < ne13; i13++) {
+        for (int64_t i12 = 0; i12 < ne12; i12++) {
+            const int64_t i02 = i12 / r2, i03 = i13 / r3, b0 = i03 * ne02 + i02;
+            const float *a;
+            if (f32) {
+                a = (const float *) ((const char *) src0->data + i02 * nb02 + i03 * nb03);
+            } else if (split) {
+                a = (const float *) params->wdata + b0 * ne01 * ne00;
+            } else {
+                if (have != b0) {
+                    dequantize_src0_rows(src0, (float *) params->wdata, b0 * ne01, (b0 + 1) * ne01, b0 * ne01);
+                    have = b0;
+                }
+                a = (const float *) params->wdata;
+            }
+            const float *b = (const float *) ((const char *) src1->data + i12 * nb12 + i13 * nb13);
+            float *c = (float *) ((char *) dst->data + i12 * nb2 + i13 * nb3);
+            /* c (M x N) = b (M x K) * a^T (a: N x K) */
+            scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint) ne11, (blasint) ne01,
+                              (blasint) ne00, 1.0f, b, (blasint) (nb11 / sizeof(float)), a, (blasint) ne00,
+                              0.0f, c, (blasint) (nb1 / sizeof(float)));
+        }
+    }
+}
+
+static void init_blas_split(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *dst) {
+    const struct ggml_py_tensor *src0 = dst->src[0];
+    int64_t ir0, ir1;
+    ggml_py_thread_rows(src0->ne[1] * src0->ne[2] * src0->ne[3], params->ith, params->nth, &ir0, &ir1);
+    dequantize_src0_rows(src0, (float *) params->wdata, ir0, ir1, 0);
+}
+
+#endif /* GGML_PY_USE_BLAS */
+
 void ggml_py_compute_mul_mat(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
-    switch (params->stage) {
-        case GGML_PY_STAGE_INIT:
-            if (src1_needs_conversion(dst)) convert_src1(params, dst);
-            break;
-        case GGML_PY_STAGE_COMPUTE:
-            compute_cpu(params, dst);
-            break;
+    switch (dst->profile.id) {
+#if defined(GGML_PY_USE_BLAS)
+        case GGML_PY_MUL_MAT_BLAS:
+            if (params->stage == GGML_PY_STAGE_COMPUTE) compute_blas(params, dst, false);
+            return;
+        case GGML_PY_MUL_MAT_BLAS_SPLIT:
+            if (params->stage == GGML_PY_STAGE_INIT && !src0_is_f32(dst)) init_blas_split(params, dst);
+            if (params->stage == GGML_PY_STAGE_COMPUTE) compute_blas(params, dst, !src0_is_f32(dst));
+            return;
+        case GGML_PY_MUL_MAT_BLAS_MT:
+            if (params->stage == GGML_PY_STAGE_INIT && !src0_is_f32(dst)) init_blas_split(params, dst);
+            if (params->stage == GGML_PY_STAGE_COMPUTE) {
+                /* the pool sleeps (wait flag); lend its cores to OpenBLAS for this call */
+                scipy_openblas_set_num_threads(scipy_openblas_get_num_procs());
+                compute_blas(params, dst, !src0_is_f32(dst));
+                scipy_openblas_set_num_threads(1);
+            }
+            return;
+#endif
         default:
-            break;
+            if (params->stage == GGML_PY_STAGE_INIT && src1_needs_conversion(dst)) convert_src1(params, dst);
+            if (params->stage == GGML_PY_STAGE_COMPUTE) compute_cpu(params, dst);
+            return;
     }
 }

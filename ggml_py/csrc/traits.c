@@ -1,8 +1,19 @@
 /* traits.c - one row per type: block size, bytes per block, conversions and
- * the dot product every op uses. No op switches over types. */
+ * the dot product every op uses. No op switches over types.
+ *
+ * The table starts on the scalar twins; ggml_py_select_kernels() moves the
+ * slots that have a SIMD version over to it (or back, when forced). */
 #include "impl.h"
 #include "simd.h"
 #include "vec.h"
+#include "ggml_py_quants.h"
+#include "mul_mat.h"
+
+#define QUANT_ROW(t, blck, size, dot_type)                                        \
+    .name = #t, .blck_size = blck, .type_size = size, .is_quantized = true,       \
+    .to_float = ggml_py_dequantize_row_##t,                                       \
+    .from_float = ggml_py_quantize_row_##t##_ref,                                 \
+    .from_float_ref = ggml_py_quantize_row_##t##_ref, .vec_dot_type = dot_type
 
 static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
     [GGML_PY_TYPE_F32] = {
@@ -24,18 +35,18 @@ static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
         .vec_dot = ggml_py_vec_dot_bf16_ref, .vec_dot_type = GGML_PY_TYPE_BF16,
     },
     /* quantized block formats: layouts in include/ggml_py_quants.h */
-    [GGML_PY_TYPE_Q4_0] = { .name = "q4_0", .blck_size = 32,  .type_size = 18,  .is_quantized = true },
-    [GGML_PY_TYPE_Q4_1] = { .name = "q4_1", .blck_size = 32,  .type_size = 20,  .is_quantized = true },
-    [GGML_PY_TYPE_Q5_0] = { .name = "q5_0", .blck_size = 32,  .type_size = 22,  .is_quantized = true },
-    [GGML_PY_TYPE_Q5_1] = { .name = "q5_1", .blck_size = 32,  .type_size = 24,  .is_quantized = true },
-    [GGML_PY_TYPE_Q8_0] = { .name = "q8_0", .blck_size = 32,  .type_size = 34,  .is_quantized = true },
-    [GGML_PY_TYPE_Q8_1] = { .name = "q8_1", .blck_size = 32,  .type_size = 36,  .is_quantized = true },
-    [GGML_PY_TYPE_Q2_K] = { .name = "q2_K", .blck_size = 256, .type_size = 84,  .is_quantized = true },
-    [GGML_PY_TYPE_Q3_K] = { .name = "q3_K", .blck_size = 256, .type_size = 110, .is_quantized = true },
-    [GGML_PY_TYPE_Q4_K] = { .name = "q4_K", .blck_size = 256, .type_size = 144, .is_quantized = true },
-    [GGML_PY_TYPE_Q5_K] = { .name = "q5_K", .blck_size = 256, .type_size = 176, .is_quantized = true },
-    [GGML_PY_TYPE_Q6_K] = { .name = "q6_K", .blck_size = 256, .type_size = 210, .is_quantized = true },
-    [GGML_PY_TYPE_Q8_K] = { .name = "q8_K", .blck_size = 256, .type_size = 292, .is_quantized = true },
+    [GGML_PY_TYPE_Q4_0] = { QUANT_ROW(q4_0, 32, 18, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q4_0_ref },
+    [GGML_PY_TYPE_Q4_1] = { QUANT_ROW(q4_1, 32, 20, GGML_PY_TYPE_Q8_1), .vec_dot = ggml_py_vec_dot_q4_1_ref },
+    [GGML_PY_TYPE_Q5_0] = { QUANT_ROW(q5_0, 32, 22, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q5_0_ref },
+    [GGML_PY_TYPE_Q5_1] = { QUANT_ROW(q5_1, 32, 24, GGML_PY_TYPE_Q8_1), .vec_dot = ggml_py_vec_dot_q5_1_ref },
+    [GGML_PY_TYPE_Q8_0] = { QUANT_ROW(q8_0, 32, 34, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q8_0_ref },
+    [GGML_PY_TYPE_Q8_1] = { QUANT_ROW(q8_1, 32, 36, GGML_PY_TYPE_Q8_1) },
+    [GGML_PY_TYPE_Q2_K] = { QUANT_ROW(q2_K, 256, 84,  GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q2_K_ref },
+    [GGML_PY_TYPE_Q3_K] = { QUANT_ROW(q3_K, 256, 110, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q3_K_ref },
+    [GGML_PY_TYPE_Q4_K] = { QUANT_ROW(q4_K, 256, 144, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q4_K_ref },
+    [GGML_PY_TYPE_Q5_K] = { QUANT_ROW(q5_K, 256, 176, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q5_K_ref },
+    [GGML_PY_TYPE_Q6_K] = { QUANT_ROW(q6_K, 256, 210, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q6_K_ref },
+    [GGML_PY_TYPE_Q8_K] = { QUANT_ROW(q8_K, 256, 292, GGML_PY_TYPE_Q8_K) },
     [GGML_PY_TYPE_I8]  = { .name = "i8",  .blck_size = 1, .type_size = 1 },
     [GGML_PY_TYPE_I16] = { .name = "i16", .blck_size = 1, .type_size = 2 },
     [GGML_PY_TYPE_I32] = { .name = "i32", .blck_size = 1, .type_size = 4 },
@@ -43,25 +54,64 @@ static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
     [GGML_PY_TYPE_F64] = { .name = "f64", .blck_size = 1, .type_size = 8 },
 };
 
+/* Scalar twin and SIMD kernel of each slot that has both. */
+#if defined(GGML_PY_HAVE_AVX2)
+#define SIMD(fn) fn##_avx2
+#define SIMD_NAME "avx2"
+#else
+#define SIMD(fn) NULL
+#define SIMD_NAME "scalar reference"
+#endif
+
+static const struct {
+    int type;
+    struct ggml_py_kernel_pair k;
+} kernel_pairs[] = {
+    { GGML_PY_TYPE_F32,  { NULL, NULL, ggml_py_vec_dot_f32_ref,  SIMD(ggml_py_vec_dot_f32) } },
+    { GGML_PY_TYPE_F16,  { NULL, NULL, ggml_py_vec_dot_f16_ref,  SIMD(ggml_py_vec_dot_f16) } },
+    { GGML_PY_TYPE_Q4_0, { NULL, NULL, ggml_py_vec_dot_q4_0_ref, SIMD(ggml_py_vec_dot_q4_0) } },
+    { GGML_PY_TYPE_Q4_1, { NULL, NULL, ggml_py_vec_dot_q4_1_ref, SIMD(ggml_py_vec_dot_q4_1) } },
+    { GGML_PY_TYPE_Q5_0, { NULL, NULL, ggml_py_vec_dot_q5_0_ref, SIMD(ggml_py_vec_dot_q5_0) } },
+    { GGML_PY_TYPE_Q5_1, { NULL, NULL, ggml_py_vec_dot_q5_1_ref, SIMD(ggml_py_vec_dot_q5_1) } },
+    { GGML_PY_TYPE_Q8_0, { ggml_py_quantize_row_q8_0_ref, SIMD(ggml_py_quantize_row_q8_0),
+                           ggml_py_vec_dot_q8_0_ref, SIMD(ggml_py_vec_dot_q8_0) } },
+    { GGML_PY_TYPE_Q8_1, { ggml_py_quantize_row_q8_1_ref, SIMD(ggml_py_quantize_row_q8_1), NULL, NULL } },
+    { GGML_PY_TYPE_Q2_K, { NULL, NULL, ggml_py_vec_dot_q2_K_ref, SIMD(ggml_py_vec_dot_q2_K) } },
+    { GGML_PY_TYPE_Q3_K, { NULL, NULL, ggml_py_vec_dot_q3_K_ref, SIMD(ggml_py_vec_dot_q3_K) } },
+    { GGML_PY_TYPE_Q4_K, { NULL, NULL, ggml_py_vec_dot_q4_K_ref, SIMD(ggml_py_vec_dot_q4_K) } },
+    { GGML_PY_TYPE_Q5_K, { NULL, NULL, ggml_py_vec_dot_q5_K_ref, SIMD(ggml_py_vec_dot_q5_K) } },
+    { GGML_PY_TYPE_Q6_K, { NULL, NULL, ggml_py_vec_dot_q6_K_ref, SIMD(ggml_py_vec_dot_q6_K) } },
+    { GGML_PY_TYPE_Q8_K, { ggml_py_quantize_row_q8_K_ref, SIMD(ggml_py_quantize_row_q8_K), NULL, NULL } },
+};
+#define N_KERNEL_PAIRS ((int) (sizeof(kernel_pairs) / sizeof(kernel_pairs[0])))
+
 const struct ggml_py_type_traits *ggml_py_get_type_traits(int type) {
     if (type < 0 || type >= GGML_PY_TYPE_COUNT || type_traits[type].name == NULL) return NULL;
     return &type_traits[type];
+}
+
+int ggml_py_get_kernel_pair(int type, struct ggml_py_kernel_pair *out) {
+    if (ggml_py_get_type_traits(type) == NULL) return -1;
+    memset(out, 0, sizeof(*out));
+    for (int i = 0; i < N_KERNEL_PAIRS; i++) {
+        if (kernel_pairs[i].type == type) *out = kernel_pairs[i].k;
+    }
+    return 0;
 }
 
 /* Point the traits at the fastest kernels this build has, or (force_ref) at the
  * scalar twins. Called once at import, before any compute. Returns a short
  * description of what was picked. */
 const char *ggml_py_select_kernels(int force_ref) {
-    if (force_ref) {
-        type_traits[GGML_PY_TYPE_F32].vec_dot = ggml_py_vec_dot_f32_ref;
-        type_traits[GGML_PY_TYPE_F16].vec_dot = ggml_py_vec_dot_f16_ref;
-        return "scalar reference";
+    for (int i = 0; i < N_KERNEL_PAIRS; i++) {
+        const struct ggml_py_kernel_pair *k = &kernel_pairs[i].k;
+        struct ggml_py_type_traits *tt = &type_traits[kernel_pairs[i].type];
+        const int simd = !force_ref;
+        if (k->vec_dot_ref) tt->vec_dot = simd && k->vec_dot_simd ? k->vec_dot_simd : k->vec_dot_ref;
+        if (k->from_float_ref) {
+            tt->from_float = simd && k->from_float_simd ? k->from_float_simd : k->from_float_ref;
+        }
     }
-#if defined(GGML_PY_HAVE_AVX2)
-    type_traits[GGML_PY_TYPE_F32].vec_dot = ggml_py_vec_dot_f32_avx2;
-    type_traits[GGML_PY_TYPE_F16].vec_dot = ggml_py_vec_dot_f16_avx2;
-    return "avx2";
-#else
-    return "scalar reference";
-#endif
+    ggml_py_mul_mat_select(!force_ref);
+    return force_ref ? "scalar reference" : SIMD_NAME;
 }

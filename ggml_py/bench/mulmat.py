@@ -1,0 +1,161 @@
+"""ggml-bench mulmat: MUL_MAT speed per weight type, shape, batch size M,
+profile and thread count, next to the machine's own yardsticks measured in the
+same run: numpy float32 matmul GFLOPS on the same shape and a large-array read
+bandwidth. Every figure is also printed as a fraction of them.
+
+Shapes are weight matrices N x K (numpy order: N rows of K); the activations
+are M x K. Defaults: the four matrix shapes of a 1.1B llama.
+"""
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+
+DEFAULT_SHAPES = "2048x2048,5632x2048,2048x5632,32000x2048"
+DEFAULT_M = "1,8,32,128,512"
+DEFAULT_TYPES = "f16,q4_0,q8_0,q4_K"
+
+
+def add_arguments(parser):
+    """Options of `ggml-bench mulmat`."""
+    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="weights NxK, comma separated")
+    parser.add_argument("--m", default=DEFAULT_M, help="activation rows M, comma separated")
+    parser.add_argument("--types", default=DEFAULT_TYPES, help="weight types (f32, f16, q4_0, ...)")
+    parser.add_argument("--threads", default="1,2", help="thread counts, comma separated")
+    parser.add_argument("--profiles", default="all", help="profile names, or 'all' valid ones")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (median kept)")
+    parser.add_argument("--max-seconds", type=float, default=2.0,
+                        help="stop repeating a case once it has run this long")
+    parser.add_argument("--bandwidth-mib", type=int, default=512, help="size of the read-bandwidth array")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _int_list(text, what):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SystemExit(f"ggml-bench mulmat: --{what} must be integers separated by commas, got {text!r}")
+    if not values or any(v <= 0 for v in values):
+        raise SystemExit(f"ggml-bench mulmat: --{what} needs positive integers, got {text!r}")
+    return values
+
+
+def _shapes(text):
+    shapes = []
+    for item in text.split(","):
+        try:
+            n, k = (int(v) for v in item.lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"ggml-bench mulmat: bad shape {item!r} (expected NxK, e.g. 2048x5632)")
+        if n <= 0 or k <= 0:
+            raise SystemExit(f"ggml-bench mulmat: bad shape {item!r}")
+        shapes.append((n, k))
+    return shapes
+
+
+def _types(text):
+    import ggml_py as gg
+    names = {t.name.lower(): t for t in gg.Type}
+    types = []
+    for name in text.split(","):
+        t = names.get(name.strip().lower())
+        if t is None or not gg.type_traits(t)["has_vec_dot"]:
+            valid = sorted(n for n, t in names.items() if gg.type_traits(t)["has_vec_dot"])
+            raise SystemExit(f"ggml-bench mulmat: unknown weight type {name!r}; one of {', '.join(valid)}")
+        types.append(t)
+    return types
+
+
+def _median_time(fn, repeat, max_seconds):
+    fn()   # warm-up: page in weights, size buffers, wake threads
+    times, start = [], time.perf_counter()
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - start > max_seconds:
+            break
+    return statistics.median(times)
+
+
+def read_bandwidth(mib, repeat=5):
+    """Bytes/s of reading a large float32 array (best of numpy's sum and BLAS sdot)."""
+    a = np.ones(mib * (1 << 20) // 4, np.float32)
+    t_sum = _median_time(lambda: a.sum(), repeat, 5.0)
+    t_dot = _median_time(lambda: np.dot(a, a), repeat, 5.0)   # reads a once (same array)
+    return a.nbytes / min(t_sum, t_dot)
+
+
+def numpy_gflops(n, k, m, repeat, max_seconds):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((n, k), dtype=np.float32)
+    x = rng.standard_normal((m, k), dtype=np.float32)
+    out = np.empty((m, n), np.float32)
+    t = _median_time(lambda: np.matmul(x, w.T, out=out), repeat, max_seconds)
+    return 2.0 * n * k * m / t / 1e9
+
+
+def run(args):
+    """Measure every case and print a table (or JSON); returns an exit code."""
+    import ggml_py as gg
+
+    shapes, m_values = _shapes(args.shapes), _int_list(args.m, "m")
+    threads, types = _int_list(args.threads, "threads"), _types(args.types)
+    wanted = None if args.profiles == "all" else {p.strip() for p in args.profiles.split(",")}
+
+    bandwidth = read_bandwidth(args.bandwidth_mib)
+    rows = []
+    rng = np.random.default_rng(1)
+    for n, k in shapes:
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        for t in types:
+            blck = gg.type_traits(t)["blck_size"]
+            if k % blck:
+                print(f"# skipping {t.name} {n}x{k}: K is not a multiple of {blck}")
+                continue
+            weight_bytes = gg.row_bytes(t, k) * n
+            ctx_w = gg.Context(mem_size=weight_bytes + (1 << 20))
+            a = ctx_w.from_numpy(w, type=t)
+            for m in m_values:
+                np_gflops = numpy_gflops(n, k, m, args.repeat, args.max_seconds)
+                ctx = gg.Context(mem_size=4 * k * m + 4 * n * m + (1 << 20))
+                b = ctx.from_numpy(rng.standard_normal((m, k), dtype=np.float32))
+                # the weights live in their own context; ops need one context, so
+                # view them through a tensor of this one sharing the memory
+                a_here = ctx.from_buffer(a.numpy().reshape(-1), t, (n, k))
+                y = gg.mul_mat(a_here, b)
+                graph = gg.build_forward(y)
+                for profile in y.profiles():
+                    if wanted is not None and profile.name not in wanted:
+                        continue
+                    y.profile = profile
+                    for nt in threads:
+                        sec = _median_time(lambda: graph.compute(n_threads=nt), args.repeat, args.max_seconds)
+                        gflops = 2.0 * n * k * m / sec / 1e9
+                        gbps = weight_bytes / sec / 1e9
+                        rows.append({
+                            "type": t.name, "n": n, "k": k, "m": m, "profile": profile.name,
+                            "threads": nt, "ms": sec * 1e3, "gflops": gflops, "weight_gbps": gbps,
+                            "numpy_gflops": np_gflops, "read_gbps": bandwidth / 1e9,
+                            "frac_numpy": gflops / np_gflops, "frac_bandwidth": gbps * 1e9 / bandwidth,
+                        })
+                        if not args.json:
+                            _print_row(rows[-1], header=len(rows) == 1)
+    if args.json:
+        print(json.dumps({"machine": platform.processor() or platform.machine(),
+                          "system_info": gg.system_info(), "read_gbps": bandwidth / 1e9,
+                          "results": rows}, indent=1))
+    else:
+        print(f"# read bandwidth {bandwidth / 1e9:.1f} GB/s; {gg.system_info()}")
+    return 0
+
+
+def _print_row(r, header):
+    if header:
+        print(f"{'type':<5} {'N x K':>12} {'M':>4} {'profile':<10} {'thr':>3} {'ms':>9} "
+              f"{'GFLOPS':>8} {'GB/s':>6} {'np GFLOPS':>9} {'x numpy':>7} {'x bw':>5}", flush=True)
+    print(f"{r['type']:<5} {str(r['n']) + 'x' + str(r['k']):>12} {r['m']:>4} {r['profile']:<10} "
+          f"{r['threads']:>3} {r['ms']:>9.3f} {r['gflops']:>8.2f} {r['weight_gbps']:>6.2f} "
+          f"{r['numpy_gflops']:>9.2f} {r['frac_numpy']:>7.2f} {r['frac_bandwidth']:>5.2f}", flush=True)

@@ -1,0 +1,23 @@
+/* mul_mat.h - the blocked CPU kernels of MUL_MAT (not a public contract). */
+#ifndef GGML_PY_MUL_MAT_H
+#define GGML_PY_MUL_MAT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A tile of dot products: d[j * ldd + i] = dot(x + i * bx, y + j * by) for
+ * i < nr0 (src0 rows, at most GGML_PY_GEMM_R0) and j < nr1 (src1 rows, at most
+ * GGML_PY_GEMM_R1); x in the weight type, y in its vec_dot type, n elements.
+ * Each result equals the type's vec_dot bit for bit. */
+#define GGML_PY_GEMM_R0 4
+#define GGML_PY_GEMM_R1 2
+typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                                     const char *y, size_t by, float *d, int64_t ldd);
+
+/* The blocked kernel for weights of `type`, or NULL (use vec_dot per pair). */
+ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type);
+
+/* Blocked SIMD tiles on (simd) or vec_dot everywhere; set by ggml_py_select_kernels. */
+void ggml_py_mul_mat_select(int simd);
+
+#endif /* GGML_PY_MUL_MAT_H */

@@ -1,0 +1,365 @@
+/* dot_avx2.c - AVX2 dot products of the quantized types and the AVX2
+ * quantizers of the activation formats (Q8_0, Q8_1, Q8_K).
+ *
+ * Each kernel computes the same exact integer sums as its scalar twin in
+ * dot_ref.c and combines them with the same float operations in the same
+ * order, so results agree bit for bit; the quantizers emit the same bytes as
+ * the reference quantizers (roundf and nearest-even rounding reproduced). */
+#include "quants_impl.h"
+#include "simd.h"
+
+#if defined(GGML_PY_HAVE_AVX2)
+
+#include "quants_avx2.h"
+
+/* ---- legacy types: 8 float lanes, lane k = elements 4k..4k+3 --------------- */
+
+void ggml_py_vec_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q4_0 *x = vx;
+    const ggml_py_block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int64_t ib = 0; ib < n / GGML_PY_QK4_0; ib++) {
+        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        const __m256i qx = ggml_py_nibbles32(x[ib].qs);
+        const __m256i i = _mm256_sub_epi32(ggml_py_dot_u8s8(qx, qy), ggml_py_dot_u8s8(eight, qy));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+    }
+    *s = ggml_py_hsum_ps_avx(acc);
+}
+
+void ggml_py_vec_dot_q4_1_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q4_1 *x = vx;
+    const ggml_py_block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t ib = 0; ib < n / GGML_PY_QK4_1; ib++) {
+        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        const __m256i i = ggml_py_dot_u8s8(ggml_py_nibbles32(x[ib].qs), qy);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+        mins += FP16_TO_FP32(x[ib].m) * FP16_TO_FP32(y[ib].s);
+    }
+    *s = ggml_py_hsum_ps_avx(acc) + mins;
+}
+
+static inline __m256i q5_values(const uint8_t *qs, const uint8_t *qh) {
+    const __m256i hi = _mm256_and_si256(ggml_py_bits32(qh), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(ggml_py_nibbles32(qs), hi);
+}
+
+void ggml_py_vec_dot_q5_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q5_0 *x = vx;
+    const ggml_py_block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i sixteen = _mm256_set1_epi8(16);
+    for (int64_t ib = 0; ib < n / GGML_PY_QK5_0; ib++) {
+        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        const __m256i qx = q5_values(x[ib].qs, x[ib].qh);
+        const __m256i i = _mm256_sub_epi32(ggml_py_dot_u8s8(qx, qy), ggml_py_dot_u8s8(sixteen, qy));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+    }
+    *s = ggml_py_hsum_ps_avx(acc);
+}
+
+void ggml_py_vec_dot_q5_1_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q5_1 *x = vx;
+    const ggml_py_block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float mins = 0.0f;
+    for (int64_t ib = 0; ib < n / GGML_PY_QK5_1; ib++) {
+        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        const __m256i i = ggml_py_dot_u8s8(q5_values(x[ib].qs, x[ib].qh), qy);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+        mins += FP16_TO_FP32(x[ib].m) * FP16_TO_FP32(y[ib].s);
+    }
+    *s = ggml_py_hsum_ps_avx(acc) + mins;
+}
+
+void ggml_py_vec_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q8_0 *x = vx;
+    const ggml_py_block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < n / GGML_PY_QK8_0; ib++) {
+        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *) x[ib].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(ggml_py_dot_s8s8(qx, qy)), acc);
+    }
+    *s = ggml_py_hsum_ps_avx(acc);
+}
+
+/* ---- K-quants: integer sums per super-block, then the scalar float step ---- */
+
+/* Sum of q * y over 32 values whose two halves of 16 have scales sc0, sc1. */
+static inline __m256i scaled_dot32(__m256i p16, int sc0, int sc1) {
+    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short) sc1), _mm_set1_epi16((short) sc0));
+    return _mm256_madd_epi16(p16, scales);
+}
+
+void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q2_K *x = vx;
+    const ggml_py_block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    float sumf = 0;
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
+        int summs = 0;
+        for (int j = 0; j < 16; j++) summs += y[i].bsums[j] * (x[i].scales[j] >> 4);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            const __m256i q2 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
+            for (int k = 0; k < 4; k++) {
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * k), m3);
+                const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
+                const uint8_t *sc = x[i].scales + 8 * c + 2 * k;
+                acc = _mm256_add_epi32(acc, scaled_dot32(_mm256_maddubs_epi16(q, qy), sc[0] & 0xF, sc[1] & 0xF));
+            }
+        }
+        const int isum = ggml_py_hsum_i32_8(acc);
+        const float dall = y[i].d * FP16_TO_FP32(x[i].d);
+        const float dmin = y[i].d * FP16_TO_FP32(x[i].dmin);
+        sumf += dall * (float) isum - dmin * (float) summs;
+    }
+    *s = sumf;
+}
+
+void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q3_K *x = vx;
+    const ggml_py_block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
+    float sumf = 0;
+    int8_t sc[16];
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
+        ggml_py_q3_K_scales(x[i].scales, sc);
+        const __m256i hmask = _mm256_loadu_si256((const __m256i *) x[i].hmask);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++) {
+            const __m256i q2 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
+            for (int k = 0; k < 4; k++) {
+                /* u = low 2 bits | high bit << 2, in 0..7; the value is u - 4 */
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * k), m3);
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hmask, 4 * c + k), one);
+                const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
+                const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, qy), _mm256_maddubs_epi16(four, qy));
+                const int8_t *scj = sc + 8 * c + 2 * k;
+                acc = _mm256_add_epi32(acc, scaled_dot32(p, scj[0], scj[1]));
+            }
+        }
+        const int isum = ggml_py_hsum_i32_8(acc);
+        const float d = FP16_TO_FP32(x[i].d) * y[i].d;
+        sumf += d * (float) isum;
+    }
+    *s = sumf;
+}
+
+/* Q4_K / Q5_K tail: mins and the float step (same as k4_block_sum in dot_ref.c) */
+static inline float k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const uint8_t *mins,
+                              ggml_py_half d16, ggml_py_half dmin16) {
+    int summs = 0;
+    for (int j = 0; j < 8; j++) summs += mins[j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    const int isum = ggml_py_hsum_i32_8(acc);
+    const float d = FP16_TO_FP32(d16) * y->d;
+    const float dmin = FP16_TO_FP32(dmin16) * y->d;
+    return d * (float) isum - dmin * (float) summs;
+}
+
+void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q4_K *x = vx;
+    const ggml_py_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    float sumf = 0;
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
+            const __m256i lo = _mm256_and_si256(q4, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c));
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c + 32));
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+        }
+        sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+    }
+    *s = sumf;
+}
+
+void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q5_K *x = vx;
+    const ggml_py_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    float sumf = 0;
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *) x[i].qh);
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
+            const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
+            const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16(h0, 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
+                                               _mm256_slli_epi16(h1, 4));
+            const __m256i y0 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c));
+            const __m256i y1 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c + 32));
+            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
+            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
+            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+        }
+        sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+    }
+    *s = sumf;
+}
+
+void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
+    const ggml_py_block_q6_K *x = vx;
+    const ggml_py_block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32);
+    float sumf = 0;
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
+        const uint8_t *ql = x[i].ql, *qh = x[i].qh;
+        const int8_t *sc = x[i].scales;
+        const int8_t *q8 = y[i].qs;
+        __m256i acc = _mm256_setzero_si256();
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, q8 += 128) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+            for (int g = 0; g < 4; g++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *) (q8 + 32 * g));
+                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], qy), _mm256_maddubs_epi16(m32, qy));
+                acc = _mm256_add_epi32(acc, scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
+            }
+        }
+        const int isum = ggml_py_hsum_i32_8(acc);
+        const float d = FP16_TO_FP32(x[i].d) * y[i].d;
+        sumf += d * (float) isum;
+    }
+    *s = sumf;
+}
+
+/* ---- activation quantizers -------------------------------------------------- */
+
+static inline float hmax_ps(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* roundf (ties away from zero), exactly: truncate, then step away from zero
+ * when the dropped fraction is at least one half. */
+static inline __m256 roundf_ps(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_sub_ps(v, t);
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 half_or_more = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), frac),
+                                              _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    return _mm256_add_ps(t, _mm256_and_ps(half_or_more, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
+}
+
+/* Four vectors of 8 integral floats -> 32 int8 in order. */
+static inline __m256i pack_i8(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256i i01 = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
+    const __m256i i23 = _mm256_packs_epi32(_mm256_cvtps_epi32(c), _mm256_cvtps_epi32(d));
+    const __m256i i = _mm256_packs_epi16(i01, i23);
+    return _mm256_permutevar8x32_epi32(i, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static inline __m256i quantize_block32(const float *x, float *d_out) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_loadu_ps(x + 8 * j);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+    }
+    const float d = hmax_ps(amax) / 127;
+    const float id = d ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    for (int j = 0; j < 4; j++) v[j] = roundf_ps(_mm256_mul_ps(v[j], vid));
+    *d_out = d;
+    return pack_i8(v[0], v[1], v[2], v[3]);
+}
+
+void ggml_py_quantize_row_q8_0_avx2(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_0; i++, x += GGML_PY_QK8_0) {
+        float d;
+        const __m256i q = quantize_block32(x, &d);
+        y[i].d = FP32_TO_FP16(d);
+        _mm256_storeu_si256((__m256i *) y[i].qs, q);
+    }
+}
+
+void ggml_py_quantize_row_q8_1_avx2(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_1; i++, x += GGML_PY_QK8_1) {
+        float d;
+        const __m256i q = quantize_block32(x, &d);
+        y[i].d = FP32_TO_FP16(d);
+        _mm256_storeu_si256((__m256i *) y[i].qs, q);
+        const int sum = ggml_py_hsum_i32_8(ggml_py_dot_u8s8(_mm256_set1_epi8(1), q));
+        y[i].s = FP32_TO_FP16(sum * d);
+    }
+}
+
+void ggml_py_quantize_row_q8_K_avx2(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_K *y = vy;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / GGML_PY_QK_K; i++, x += GGML_PY_QK_K) {
+        __m256 amax_v = _mm256_setzero_ps();
+        for (int j = 0; j < GGML_PY_QK_K; j += 8) {
+            amax_v = _mm256_max_ps(amax_v, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+        }
+        const float amax = hmax_ps(amax_v);
+        if (!amax) {
+            memset(&y[i], 0, sizeof(y[i]));
+            continue;
+        }
+        /* the first value of largest magnitude gives the sign, as in the reference */
+        float max = 0;
+        for (int j = 0; j < GGML_PY_QK_K; j++) {
+            if (fabsf(x[j]) == amax) {
+                max = x[j];
+                break;
+            }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vis = _mm256_set1_ps(iscale), v127 = _mm256_set1_ps(127.f);
+        for (int j = 0; j < GGML_PY_QK_K; j += 32) {
+            __m256 v[4];
+            for (int k = 0; k < 4; k++) {
+                const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vis);
+                v[k] = _mm256_min_ps(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), v127);
+            }
+            const __m256i q = pack_i8(v[0], v[1], v[2], v[3]);
+            _mm256_storeu_si256((__m256i *) (y[i].qs + j), q);
+            /* int32 lanes 0-3 sum the first 16 values, lanes 4-7 the next 16 */
+            const __m256i s4 = ggml_py_dot_u8s8(_mm256_set1_epi8(1), q);
+            const __m256i s2 = _mm256_hadd_epi32(s4, s4);
+            const __m256i s1 = _mm256_hadd_epi32(s2, s2);
+            y[i].bsums[j / 16] = (int16_t) _mm256_extract_epi32(s1, 0);
+            y[i].bsums[j / 16 + 1] = (int16_t) _mm256_extract_epi32(s1, 4);
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+#endif /* GGML_PY_HAVE_AVX2 */

@@ -1,0 +1,45 @@
+/* quants_avx2.h - AVX2 building blocks of the quant kernels (dot products and
+ * the mul_mat micro-kernels share them). Include only under GGML_PY_HAVE_AVX2. */
+#ifndef GGML_PY_QUANTS_AVX2_H
+#define GGML_PY_QUANTS_AVX2_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+/* 32 nibbles -> 32 bytes in 0..15: low nibbles are bytes 0..15, high 16..31. */
+static inline __m256i ggml_py_nibbles32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *) qs);
+    const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set (bit j -> byte j). */
+static inline __m256i ggml_py_bits32(const uint8_t *x) {
+    uint32_t x32;
+    memcpy(&x32, x, sizeof(x32));
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int) x32), shuf);
+    bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* int32 lane k = sum of ux[e] * sy[e] for e in 4k..4k+3 (ux unsigned). */
+static inline __m256i ggml_py_dot_u8s8(__m256i ux, __m256i sy) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1));
+}
+
+/* The same for two signed vectors (sign moved onto y). */
+static inline __m256i ggml_py_dot_s8s8(__m256i x, __m256i y) {
+    return ggml_py_dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+static inline int ggml_py_hsum_i32_8(__m256i a) {
+    const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    const __m128i s2 = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    const __m128i s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s1);
+}
+
+#endif /* GGML_PY_QUANTS_AVX2_H */

@@ -1,0 +1,62 @@
+/* quants_impl.h - helpers shared by the quant kernels (not a contract). */
+#ifndef GGML_PY_QUANTS_IMPL_H
+#define GGML_PY_QUANTS_IMPL_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "impl.h"
+#include "ggml_py_quants.h"
+
+#define FP16_TO_FP32(h) ggml_py_fp16_to_fp32(h)
+#define FP32_TO_FP16(f) ggml_py_fp32_to_fp16(f)
+
+/* Round to nearest, ties to even, through the float mantissa (ggml's
+ * nearest_int; valid for |f| < 2^22, which every caller guarantees). */
+static inline int ggml_py_nearest_int(float f) {
+    const float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* The legacy dot products accumulate in eight float lanes: lane k holds the
+ * running sum over blocks of d * (integer dot of elements 4k..4k+3). That is
+ * the lane layout of the AVX2 kernels (maddubs + madd), so the scalar twins and
+ * the SIMD kernels agree bit for bit. This is the order the AVX2 horizontal sum
+ * adds the lanes in. */
+static inline float ggml_py_lanes_sum(const float acc[8]) {
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+static inline void ggml_py_lanes_fma(float acc[8], float d, const int8_t *qx, const int8_t *qy) {
+    for (int k = 0; k < 8; k++) {
+        const int s = qx[4 * k] * qy[4 * k] + qx[4 * k + 1] * qy[4 * k + 1] +
+                      qx[4 * k + 2] * qy[4 * k + 2] + qx[4 * k + 3] * qy[4 * k + 3];
+        acc[k] = fmaf(d, (float) s, acc[k]);
+    }
+}
+
+/* 6-bit scale j and min j of a Q4_K / Q5_K block's 12 packed bytes. */
+static inline void ggml_py_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* 16 signed 6-bit scales of a Q3_K block (value - 32 already applied). */
+static inline void ggml_py_q3_K_scales(const uint8_t *packed, int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? packed[j] & 0xF : packed[j - 8] >> 4;
+        const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t) ((lo | (hi << 4)) - 32);
+    }
+}
+
+#endif /* GGML_PY_QUANTS_IMPL_H */

@@ -1,0 +1,194 @@
+/* quants_legacy.c - reference quantizers and de-quantizers of the 32-element
+ * block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1).
+ *
+ * The quantizers are bit-identical to ggml's quantize_row_*_ref: same scale
+ * choice, same float expressions in the same order, same rounding (truncation
+ * after +0.5 / +8.5 / +16.5, or roundf). The build disables floating-point
+ * contraction so no compiler fuses a multiply and an add behind our back. */
+#include "quants_impl.h"
+
+/* The element of largest magnitude, first one on ties (sign kept). */
+static inline float signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
+static inline void min_max(const float *x, int n, float *min, float *max) {
+    *min = FLT_MAX;
+    *max = -FLT_MAX;
+    for (int j = 0; j < n; j++) {
+        if (x[j] < *min) *min = x[j];
+        if (x[j] > *max) *max = x[j];
+    }
+}
+
+void ggml_py_quantize_row_q4_0_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q4_0 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK4_0; i++, x += GGML_PY_QK4_0) {
+        const float d = signed_absmax(x, GGML_PY_QK4_0) / -8;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) (x[j] * id + 8.5f));
+            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) (x[j + 16] * id + 8.5f));
+            y[i].qs[j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+void ggml_py_quantize_row_q4_1_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q4_1 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK4_1; i++, x += GGML_PY_QK4_1) {
+        float min, max;
+        min_max(x, GGML_PY_QK4_1, &min, &max);
+        const float d = (max - min) / 15;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        y[i].m = FP32_TO_FP16(min);
+        for (int j = 0; j < 16; j++) {
+            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) ((x[j] - min) * id + 0.5f));
+            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) ((x[j + 16] - min) * id + 0.5f));
+            y[i].qs[j] = q0 | (q1 << 4);
+        }
+    }
+}
+
+void ggml_py_quantize_row_q5_0_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q5_0 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK5_0; i++, x += GGML_PY_QK5_0) {
+        const float d = signed_absmax(x, GGML_PY_QK5_0) / -16;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            const uint8_t q0 = GGML_PY_MIN(31, (int8_t) (x[j] * id + 16.5f));
+            const uint8_t q1 = GGML_PY_MIN(31, (int8_t) (x[j + 16] * id + 16.5f));
+            y[i].qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
+            qh |= ((q0 & 0x10u) >> 4) << j;
+            qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+        }
+        memcpy(y[i].qh, &qh, sizeof(qh));
+    }
+}
+
+void ggml_py_quantize_row_q5_1_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q5_1 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK5_1; i++, x += GGML_PY_QK5_1) {
+        float min, max;
+        min_max(x, GGML_PY_QK5_1, &min, &max);
+        const float d = (max - min) / 31;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        y[i].m = FP32_TO_FP16(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            const uint8_t q0 = (uint8_t) ((x[j] - min) * id + 0.5f);
+            const uint8_t q1 = (uint8_t) ((x[j + 16] - min) * id + 0.5f);
+            y[i].qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
+            qh |= ((q0 & 0x10u) >> 4) << j;
+            qh |= ((q1 & 0x10u) >> 4) << (j + 16);
+        }
+        memcpy(y[i].qh, &qh, sizeof(qh));
+    }
+}
+
+void ggml_py_quantize_row_q8_0_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_0; i++, x += GGML_PY_QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < GGML_PY_QK8_0; j++) amax = GGML_PY_MAX(amax, fabsf(x[j]));
+        const float d = amax / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        for (int j = 0; j < GGML_PY_QK8_0; j++) y[i].qs[j] = (int8_t) roundf(x[j] * id);
+    }
+}
+
+void ggml_py_quantize_row_q8_1_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_1; i++, x += GGML_PY_QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < GGML_PY_QK8_1; j++) amax = GGML_PY_MAX(amax, fabsf(x[j]));
+        const float d = amax / 127;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = FP32_TO_FP16(d);
+        int sum = 0;
+        for (int j = 0; j < GGML_PY_QK8_1; j++) {
+            y[i].qs[j] = (int8_t) roundf(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].s = FP32_TO_FP16(sum * d);
+    }
+}
+
+void ggml_py_dequantize_row_q4_0(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q4_0 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK4_0; i++, y += GGML_PY_QK4_0) {
+        const float d = FP16_TO_FP32(x[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = ((x[i].qs[j] & 0x0F) - 8) * d;
+            y[j + 16] = ((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+void ggml_py_dequantize_row_q4_1(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q4_1 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK4_1; i++, y += GGML_PY_QK4_1) {
+        const float d = FP16_TO_FP32(x[i].d), m = FP16_TO_FP32(x[i].m);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (x[i].qs[j] & 0x0F) * d + m;
+            y[j + 16] = (x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+void ggml_py_dequantize_row_q5_0(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q5_0 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK5_0; i++, y += GGML_PY_QK5_0) {
+        const float d = FP16_TO_FP32(x[i].d);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof(qh));
+        for (int j = 0; j < 16; j++) {
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            y[j] = (((x[i].qs[j] & 0x0F) | h0) - 16) * d;
+            y[j + 16] = (((x[i].qs[j] >> 4) | h1) - 16) * d;
+        }
+    }
+}
+
+void ggml_py_dequantize_row_q5_1(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q5_1 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK5_1; i++, y += GGML_PY_QK5_1) {
+        const float d = FP16_TO_FP32(x[i].d), m = FP16_TO_FP32(x[i].m);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, sizeof(qh));
+        for (int j = 0; j < 16; j++) {
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            y[j] = ((x[i].qs[j] & 0x0F) | h0) * d + m;
+            y[j + 16] = ((x[i].qs[j] >> 4) | h1) * d + m;
+        }
+    }
+}
+
+void ggml_py_dequantize_row_q8_0(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q8_0 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_0; i++, y += GGML_PY_QK8_0) {
+        const float d = FP16_TO_FP32(x[i].d);
+        for (int j = 0; j < GGML_PY_QK8_0; j++) y[j] = x[i].qs[j] * d;
+    }
+}
+
+void ggml_py_dequantize_row_q8_1(const void *vx, float *y, int64_t n) {
+    const ggml_py_block_q8_1 *x = vx;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_1; i++, y += GGML_PY_QK8_1) {
+        const float d = FP16_TO_FP32(x[i].d);
+        for (int j = 0; j < GGML_PY_QK8_1; j++) y[j] = x[i].qs[j] * d;
+    }
+}

@@ -1,0 +1,149 @@
+"""MUL_MAT for every weight type, batch size and profile, against float64 numpy.
+
+The reference multiplies by the weights as stored (de-quantized), so what is
+measured is the kernel's own error (activation quantization, float sums):
+normalized MSE <= 5e-4, ggml test-backend-ops' bound. Every profile (cpu, blas,
+blas-split) at 1 and 2 threads must meet it and agree with the others.
+"""
+import numpy as np
+import pytest
+from gguf import quants as gq
+
+import ggml_py as gg
+
+pytestmark = pytest.mark.kernels
+
+NMSE_MAX = 5e-4
+WEIGHT_TYPES = [gg.F32, gg.F16, gg.BF16, gg.Q4_0, gg.Q4_1, gg.Q5_0, gg.Q5_1, gg.Q8_0,
+                gg.Q2_K, gg.Q3_K, gg.Q4_K, gg.Q5_K, gg.Q6_K]
+M_VALUES = [1, 2, 7, 32, 512]
+
+
+def stored_weights(w, t):
+    """The float values a tensor of type t holds for w."""
+    if t == gg.F32:
+        return w
+    if t == gg.F16:
+        return w.astype(np.float16).astype(np.float32)
+    if t == gg.BF16:
+        bf = gq.GGMLQuantizationType.BF16
+        return gq.dequantize(gq.quantize(w, bf), bf)
+    return gg.dequantize(gg.quantize(w, t), t, w.shape)
+
+
+def nmse(out, ref):
+    return float(np.mean((out - ref) ** 2) / np.mean(ref ** 2))
+
+
+def shape_for(t, m):
+    blck = gg.type_traits(t)["blck_size"]
+    k = 3 * 256 if blck == 256 else (7 * 32 if blck == 32 else 97)   # odd multiples
+    n = 9 if m == 512 else 37
+    return n, k
+
+
+@pytest.mark.parametrize("m", M_VALUES)
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_mul_mat_all_profiles(t, m):
+    n, k = shape_for(t, m)
+    rng = np.random.default_rng(1000 * int(t) + m)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=16 << 20)
+    a = ctx.from_numpy(w, type=t)
+    b = ctx.from_numpy(x)
+    y = gg.mul_mat(a, b)
+    graph = gg.build_forward(y)
+    ref = x.astype(np.float64) @ stored_weights(w, t).astype(np.float64).T
+    profiles = y.profiles()
+    names = [p.name for p in profiles]
+    assert names[0] == "cpu" and "blas" in names
+    results = {}
+    for p in profiles:
+        y.profile = p
+        for n_threads in (1, 2):
+            graph.compute(n_threads=n_threads)
+            out = y.numpy().copy()
+            assert out.shape == (m, n)
+            err = nmse(out, ref)
+            assert err <= NMSE_MAX, f"{p.name} at {n_threads} threads: nmse {err:.2e}"
+            results[(p.name, n_threads)] = out
+    base = results[("cpu", 1)]
+    for key, out in results.items():
+        assert nmse(out, base) <= NMSE_MAX, key
+        if key[0] == "cpu":   # the CPU kernels do not depend on the thread count
+            np.testing.assert_array_equal(out, base)
+
+
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q6_K, gg.F16], ids=lambda t: t.name)
+def test_blocked_tiles_equal_vec_dot(t):
+    """Rows computed by the 4x2 tiles (M > 1) equal the gemv path (M = 1) bit for bit."""
+    n, k = 13, 512
+    rng = np.random.default_rng(int(t))
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=4 << 20)
+    a = ctx.from_numpy(w, type=t)
+    y1 = gg.mul_mat(a, ctx.from_numpy(x))
+    y5 = gg.mul_mat(a, ctx.from_numpy(np.repeat(x, 5, axis=0)))
+    for y in (y1, y5):
+        y.profile = y.profiles()[0]
+    gg.build_forward(y1, y5).compute(n_threads=2)
+    if t == gg.F16:   # the f16 tile keeps one accumulator, the f16 vec_dot two
+        np.testing.assert_allclose(y5.numpy(), np.repeat(y1.numpy(), 5, axis=0), rtol=1e-5, atol=1e-4)
+    else:
+        np.testing.assert_array_equal(y5.numpy(), np.repeat(y1.numpy(), 5, axis=0))
+
+
+def test_default_profile_follows_ggml_rule():
+    ctx = gg.Context(mem_size=16 << 20)
+    w = ctx.from_numpy(np.ones((64, 64), np.float32), type=gg.Q4_0)
+    wf = ctx.from_numpy(np.ones((64, 64), np.float32))
+    assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (31, 64))).profile.name == "cpu"
+    assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas-split"
+    assert gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas"
+    assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
+    small = ctx.from_numpy(np.ones((16, 64), np.float32), type=gg.Q8_0)
+    assert gg.mul_mat(small, ctx.new_tensor(gg.F32, (64, 64))).profile.name == "cpu"
+
+
+def test_blas_profiles_stage_flags():
+    ctx = gg.Context(mem_size=4 << 20)
+    y = gg.mul_mat(ctx.new_tensor(gg.Q4_K, (32, 256)), ctx.new_tensor(gg.F32, (32, 256)))
+    p = {q.name: q for q in y.profiles()}
+    assert p["cpu"].init.parallel and p["cpu"].compute.parallel
+    assert not p["blas"].init.valid and p["blas"].compute.valid
+    assert not p["blas"].compute.parallel and p["blas"].compute.wait
+    assert p["blas-split"].init.parallel and p["blas-split"].compute.wait
+
+
+@pytest.mark.parametrize("t", [gg.F32, gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
+def test_non_contiguous_src1_is_cpu_only(t):
+    rng = np.random.default_rng(2)
+    k = 256
+    w = rng.standard_normal((33, k)).astype(np.float32)
+    xt = rng.standard_normal((k, 40)).astype(np.float32)   # stored transposed
+    ctx = gg.Context(mem_size=8 << 20)
+    a = ctx.from_numpy(w, type=t)
+    b = gg.transpose(ctx.from_numpy(xt))                    # (40, k), strided rows
+    y = gg.mul_mat(a, b)
+    assert [p.name for p in y.profiles()] == ["cpu"] and y.profile.name == "cpu"
+    gg.build_forward(y).compute(n_threads=2)
+    ref = xt.T.astype(np.float64) @ stored_weights(w, t).astype(np.float64).T
+    assert nmse(y.numpy(), ref) <= NMSE_MAX
+
+
+@pytest.mark.parametrize("profile", ["cpu", "blas", "blas-split", "blas-mt"])
+def test_batched_broadcast(profile):
+    """src0 (2, N, K) broadcast over src1 (4, M, K), as grouped-query attention does."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((2, 35, 64)).astype(np.float32)
+    x = rng.standard_normal((4, 33, 64)).astype(np.float32)
+    ctx = gg.Context(mem_size=8 << 20)
+    a = ctx.from_numpy(w, type=gg.Q8_0)
+    y = gg.mul_mat(a, ctx.from_numpy(x))
+    y.profile = {p.name: p for p in y.profiles()}[profile]
+    gg.build_forward(y).compute(n_threads=2)
+    wd = stored_weights(w.reshape(-1, 64), gg.Q8_0).reshape(w.shape).astype(np.float64)
+    ref = np.stack([x[i].astype(np.float64) @ wd[i // 2].T for i in range(4)])
+    assert nmse(y.numpy(), ref) <= NMSE_MAX
