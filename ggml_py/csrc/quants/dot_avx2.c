@@ -22,9 +22,9 @@ void ggml_py_vec_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *
     for (int64_t ib = 0; ib < n / GGML_PY_QK4_0; ib++) {
         const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
         const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
-        const __m256i qx = ggml_py_nibbles32(x[ib].qs);
-        const __m256i i = _mm256_sub_epi32(ggml_py_dot_u8s8(qx, qy), ggml_py_dot_u8s8(eight, qy));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(i), acc);
+        /* signed nibbles (q - 8): one signed dot product instead of two unsigned */
+        const __m256i qx = _mm256_sub_epi8(ggml_py_nibbles32(x[ib].qs), eight);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(ggml_py_dot_s8s8(qx, qy)), acc);
     }
     *s = ggml_py_hsum_ps_avx(acc);
 }
