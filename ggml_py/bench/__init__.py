@@ -1,18 +1,20 @@
 """`ggml-bench`: benchmarks that print figures as ratios to yardsticks measured
 in the same run. Each subcommand is a module with add_arguments(parser) and
 run(args)."""
-import argparse
 import importlib
 import sys
 
+from ggml_py.cli.common import ArgumentParser
+
 SUBCOMMANDS = {
     "pool": ("ggml_py.bench.pool", "per-node dispatch overhead and idle cost of the worker pool"),
+    "model": ("ggml_py.bench.model", "llama-bench-style prompt (pp) and generation (tg) tokens/s"),
 }
 
 
 def main(argv=None):
     """Entry point of the ggml-bench console script."""
-    parser = argparse.ArgumentParser(prog="ggml-bench", description=__doc__)
+    parser = ArgumentParser(prog="ggml-bench", description=__doc__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
