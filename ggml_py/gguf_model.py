@@ -127,15 +127,15 @@ class GGUFModelFile:
             if required:
                 raise self.error(f"missing tensor {name!r}")
             return None
-        file_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        if file_shape != tuple(shape):
-            raise self.error(f"tensor {name!r} has shape {file_shape}, expected {tuple(shape)}")
         raw = int(t.tensor_type)
         try:
             wtype = Type(raw)
         except ValueError:
             raise self.error(f"tensor {name!r} has type {_gguf_type_name(raw)}, "
                              f"which ggml_py does not support") from None
+        file_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if file_shape != tuple(shape):
+            raise self.error(f"tensor {name!r} has shape {file_shape}, expected {tuple(shape)}")
         data = t.data
         if use == USE_NORM and wtype != Type.F32:
             if wtype not in (Type.F16, Type.BF16):

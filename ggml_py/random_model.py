@@ -117,6 +117,7 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     """Write a llama GGUF to path; returns the float32 weights (before any rounding).
 
     vocab: a dict like builtin_spm_vocab()'s (default: the built-in one).
+    weights: {name: float32 array, or (uint8 block bytes, gguf type) written as is}.
     Matrices are stored as spec.weight_type; norms and rope_freqs stay F32.
     """
     import gguf
@@ -156,7 +157,10 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     writer.add_add_eos_token(False)
 
     for name, array in weights.items():
-        if array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
+        if isinstance(array, tuple):          # (bytes in numpy order, gguf type): written as is
+            data, raw_type = array
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw_type)
+        elif array.ndim == 1 or qtype == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(name, array)
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, array.astype(np.float16))
