@@ -19,6 +19,7 @@ import numpy as np
 from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import build_forward, default_threads, shared_pool
+from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
 from ggml_py.tensor import Context
 from ggml_py.types import Type
 
@@ -216,8 +217,9 @@ class KVCache:
 class ForwardGraph:
     """A built forward pass for T tokens over a K-slot window, with its inputs."""
 
-    def __init__(self, ctx, graph, tokens, positions, slots, mask, logits):
+    def __init__(self, ctx, tokens, positions, slots, mask, logits, graph, buffer_bytes=None):
         self.ctx, self.graph = ctx, graph
+        self.buffer_bytes = buffer_bytes    # the packed intermediates (None: unpacked)
         self.tokens = tokens.numpy()        # int32 (T,)
         self.positions = positions.numpy()  # int32 (T,)
         self.slots = slots.numpy()          # int32 (T,)
@@ -263,34 +265,51 @@ def feed_forward(x, lw):
     return ops.mul_mat(lw.w_down, ops.swiglu(ops.mul_mat(lw.w_gate, x), ops.mul_mat(lw.w_up, x)))
 
 
-def build_forward_graph(c, weights, cache, T, K, all_logits):
-    """The forward pass of T tokens attending to K cache slots, as a ForwardGraph."""
-    ctx = Context(mem_size=_context_bytes(c, cache, T, K))
-    tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
-    positions = ctx.new_tensor(Type.I32, (T,), name="positions")
-    slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
-    mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
-    rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
+def build_forward_graph(c, weights, cache, T, K, all_logits, packed=True):
+    """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
-    x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
-    for il, layer in enumerate(weights.layers):
-        lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()})
-        cache_k, cache_v = cache.layer_tensors(ctx, il)
-        h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
-        x = ops.add(x, attention(c, h, lw, cache_k, cache_v, positions, slots, mask,
-                                 rope_freqs, T, K))
-        h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
-        x = ops.add(x, feed_forward(h, lw))
+    packed: intermediates share one buffer where their lifetimes allow
+    (graph_alloc); otherwise each has its own memory.
+    """
+    def build(ctx):
+        tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
+        positions = ctx.new_tensor(Type.I32, (T,), name="positions")
+        slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
+        mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
 
-    if not all_logits:      # only the last token's logits are needed to sample
-        x = ops.view(x, (1, c.n_embd), offset=(T - 1) * x.strides[0])
-    x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
-    logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (T or 1, V)
-    logits.name = "logits"
-    return ForwardGraph(ctx, build_forward(logits), tokens, positions, slots, mask, logits)
+        x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
+        for il, layer in enumerate(weights.layers):
+            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()})
+            cache_k, cache_v = cache.layer_tensors(ctx, il)
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
+            x = ops.add(x, attention(c, h, lw, cache_k, cache_v, positions, slots, mask,
+                                     rope_freqs, T, K))
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
+            x = ops.add(x, feed_forward(h, lw))
+
+        if not all_logits:      # only the last token's logits are needed to sample
+            x = ops.view(x, (1, c.n_embd), offset=(T - 1) * x.strides[0])
+        x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
+        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (T or 1, V)
+        logits.name = "logits"
+        return ctx, tokens, positions, slots, mask, logits
+
+    if packed:
+        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
+        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
+                            buffer_bytes=built.buffer_bytes)
+    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
+    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
 
 
-def _context_bytes(c, cache, T, K):
+def _leaf_bytes(c, T, K):
+    """Arena bytes of one forward graph besides its results: structs and inputs."""
+    n_tensors = c.n_layer * 48 + 32
+    return n_tensors * STRUCT_BYTES + 4 * T * (K + 3) + 4096
+
+
+def _context_bytes(c, T, K):
     """Arena bytes for one forward graph: every node's data plus tensor structs."""
     f32 = 4
     per_layer = T * (8 * c.n_embd + 5 * c.n_embd_kv + 3 * c.n_ff) * f32
@@ -305,7 +324,8 @@ def _context_bytes(c, cache, T, K):
 class LlamaModel:
     """Weights + KV cache + cached forward graphs; forward(tokens, positions) -> logits."""
 
-    def __init__(self, path, n_ctx=2048, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD):
+    def __init__(self, path, n_ctx=2048, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
+                 packed=True):
         self.file = GGUFModelFile(path)
         self.config = LlamaConfig.from_gguf(self.file)
         self.weights = LlamaWeights.from_gguf(self.file, self.config)
@@ -315,6 +335,7 @@ class LlamaModel:
         self.cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
+        self.packed = packed
         self._graphs = OrderedDict()
 
     def graph(self, T, K, all_logits):
@@ -323,7 +344,7 @@ class LlamaModel:
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = build_forward_graph(self.config, self.weights, self.cache,
-                                                        T, K, all_logits)
+                                                        T, K, all_logits, self.packed)
             while len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)
         else:
