@@ -41,6 +41,34 @@ class Weight:
         return self.data.nbytes
 
 
+def _reader_class():
+    """gguf.GGUFReader, with its per-item read made ~3x cheaper.
+
+    The reader parses every metadata item (32k-128k vocabulary strings) with
+    one numpy slice each; slicing the np.memmap subclass costs most of that
+    time. Reading through a plain ndarray view of the same mapping gives the
+    same arrays, still memory-mapped.
+    """
+    import gguf
+
+    class Reader(gguf.GGUFReader):
+        _itemsizes = {}
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            plain = self.__dict__.get("_plain")
+            if plain is None or plain.base is not self.data:
+                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
+            count = int(count)
+            itemsize = self._itemsizes.get(dtype)
+            if itemsize is None:
+                itemsize = self._itemsizes[dtype] = np.dtype(dtype).itemsize
+            arr = plain[offset:offset + itemsize * count].view(dtype)[:count]
+            order = self.byte_order if override_order is None else override_order
+            return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
+
+    return Reader if hasattr(gguf.GGUFReader, "_get") else gguf.GGUFReader
+
+
 def _gguf_type_name(raw):
     import gguf
     try:
@@ -59,7 +87,6 @@ class GGUFModelFile:
         self.architecture = self.get("general.architecture", type=str)
 
     def _open(self, path):
-        import gguf
         if not os.path.exists(path):
             raise ModelLoadError(f"{path}: no such file")
         if os.path.isdir(path):
@@ -72,7 +99,7 @@ class GGUFModelFile:
         if magic != b"GGUF":
             raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
-            reader = gguf.GGUFReader(path)
+            reader = _reader_class()(path)
         except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
             raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
         size = os.path.getsize(path)
