@@ -107,7 +107,7 @@ def random_weights(spec):
         w[p + "ffn_down.weight"] = matrix(spec.n_embd, spec.n_ff)
     w["output_norm.weight"] = norm(spec.n_embd)
     if not spec.tied_output:
-        w["output.weight"] = matrix(spec.n_vocab, spec.n_embd) * 4.0
+        w["output.weight"] = matrix(spec.n_vocab, spec.n_embd)
     if spec.rope_freqs:
         w["rope_freqs.weight"] = (1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32)
     return w
