@@ -81,40 +81,46 @@ def spm_vocab_from_gguf(path, n_vocab):
             "unk": meta.get("tokenizer.ggml.unknown_token_id", 0)}
 
 
-def random_weights(spec):
-    """{name: float32 array (numpy order)} for a random llama model."""
+def iter_random_weights(spec):
+    """(name, float32 array in numpy order) for each tensor of a random llama model."""
     rng = np.random.default_rng(spec.seed)
     hd = spec.n_embd // spec.n_head
     n_embd_kv = hd * spec.n_head_kv
 
     def matrix(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+        m = rng.standard_normal((rows, cols), dtype=np.float32)
+        m *= np.float32(1.0 / np.sqrt(cols))
+        return m
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    w = {"token_embd.weight": rng.standard_normal((spec.n_vocab, spec.n_embd)).astype(np.float32)}
+    yield "token_embd.weight", rng.standard_normal((spec.n_vocab, spec.n_embd), dtype=np.float32)
     for i in range(spec.n_layer):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = norm(spec.n_embd)
-        w[p + "attn_q.weight"] = matrix(spec.n_embd, spec.n_embd)
-        w[p + "attn_k.weight"] = matrix(n_embd_kv, spec.n_embd)
-        w[p + "attn_v.weight"] = matrix(n_embd_kv, spec.n_embd)
-        w[p + "attn_output.weight"] = matrix(spec.n_embd, spec.n_embd)
-        w[p + "ffn_norm.weight"] = norm(spec.n_embd)
-        w[p + "ffn_gate.weight"] = matrix(spec.n_ff, spec.n_embd)
-        w[p + "ffn_up.weight"] = matrix(spec.n_ff, spec.n_embd)
-        w[p + "ffn_down.weight"] = matrix(spec.n_embd, spec.n_ff)
-    w["output_norm.weight"] = norm(spec.n_embd)
+        yield p + "attn_norm.weight", norm(spec.n_embd)
+        yield p + "attn_q.weight", matrix(spec.n_embd, spec.n_embd)
+        yield p + "attn_k.weight", matrix(n_embd_kv, spec.n_embd)
+        yield p + "attn_v.weight", matrix(n_embd_kv, spec.n_embd)
+        yield p + "attn_output.weight", matrix(spec.n_embd, spec.n_embd)
+        yield p + "ffn_norm.weight", norm(spec.n_embd)
+        yield p + "ffn_gate.weight", matrix(spec.n_ff, spec.n_embd)
+        yield p + "ffn_up.weight", matrix(spec.n_ff, spec.n_embd)
+        yield p + "ffn_down.weight", matrix(spec.n_embd, spec.n_ff)
+    yield "output_norm.weight", norm(spec.n_embd)
     if not spec.tied_output:
-        w["output.weight"] = matrix(spec.n_vocab, spec.n_embd)
+        yield "output.weight", matrix(spec.n_vocab, spec.n_embd)
     if spec.rope_freqs:
-        w["rope_freqs.weight"] = (1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32)
-    return w
+        yield "rope_freqs.weight", (1.0 + rng.uniform(0, 8, hd // 2)).astype(np.float32)
+
+
+def random_weights(spec):
+    """{name: float32 array (numpy order)} for a random llama model."""
+    return dict(iter_random_weights(spec))
 
 
 def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
-    """Write a llama GGUF to path; returns the float32 weights (before any rounding).
+    """Write a llama GGUF to path.
 
     vocab: a dict like builtin_spm_vocab()'s (default: the built-in one).
     weights: {name: float32 array, or (uint8 block bytes, gguf type) written as is}.
@@ -124,7 +130,8 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     vocab = vocab or builtin_spm_vocab(spec.n_vocab)
     if len(vocab["tokens"]) != spec.n_vocab:
         raise ValueError(f"vocabulary has {len(vocab['tokens'])} tokens, spec says {spec.n_vocab}")
-    weights = weights if weights is not None else random_weights(spec)
+    # one float32 tensor at a time: only the converted weights are held until written
+    items = weights.items() if weights is not None else iter_random_weights(spec)
     qtype = gguf.GGMLQuantizationType[spec.weight_type.upper()]
 
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -156,7 +163,7 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
 
-    for name, array in weights.items():
+    for name, array in items:
         if isinstance(array, tuple):          # (bytes in numpy order, gguf type): written as is
             data, raw_type = array
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=raw_type)
@@ -171,4 +178,3 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return weights
