@@ -1,6 +1,4 @@
 """The llama graph against the float64 reference, the KV cache, and GGUF loading."""
-import dataclasses
-import os
 
 import gguf
 import numpy as np
