@@ -4,7 +4,7 @@ Reads top to bottom like llama2.c. Shapes are numpy order and written beside the
 names: T = tokens in the batch, K = cache slots attended to (the window), E =
 n_embd, H = n_head, Hkv = n_head_kv, D = head_dim, F = n_ff, V = n_vocab.
 
-A forward graph is built once per (T, K, all_logits) and cached; a call only
+A forward graph is built once per (T, K, n_out) and cached; a call only
 writes the input tensors (token ids, positions, KV slot ids, attention mask)
 through numpy views and runs the graph. The K window grows in steps of
 `kv_pad` slots, slots past the sequence hidden by the mask, so decoding a long
@@ -224,7 +224,7 @@ class ForwardGraph:
         self.positions = positions.numpy()  # int32 (T,)
         self.slots = slots.numpy()          # int32 (T,)
         self.mask = mask.numpy()            # float32 (T, K)
-        self.logits = logits.numpy()        # float32 (T or 1, V)
+        self.logits = logits.numpy()        # float32 (n_out, V)
 
 
 def _weight(ctx, w):
@@ -265,9 +265,11 @@ def feed_forward(x, lw):
     return ops.mul_mat(lw.w_down, ops.swiglu(ops.mul_mat(lw.w_gate, x), ops.mul_mat(lw.w_up, x)))
 
 
-def build_forward_graph(c, weights, cache, T, K, all_logits, packed=True):
+def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
     """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
+    n_out: logits are computed for the last n_out tokens only (1 to sample the
+    next token, T for all).
     packed: intermediates share one buffer where their lifetimes allow
     (graph_alloc); otherwise each has its own memory.
     """
@@ -288,10 +290,10 @@ def build_forward_graph(c, weights, cache, T, K, all_logits, packed=True):
             h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
             x = ops.add(x, feed_forward(h, lw))
 
-        if not all_logits:      # only the last token's logits are needed to sample
-            x = ops.view(x, (1, c.n_embd), offset=(T - 1) * x.strides[0])
+        if n_out < T:           # the output matrix is the largest: skip unwanted rows
+            x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
         x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
-        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (T or 1, V)
+        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n_out, V)
         logits.name = "logits"
         return ctx, tokens, positions, slots, mask, logits
 
@@ -338,21 +340,22 @@ class LlamaModel:
         self.packed = packed
         self._graphs = OrderedDict()
 
-    def graph(self, T, K, all_logits):
-        """The cached forward graph for (T, K, all_logits), built on first use."""
-        key = (T, K, all_logits)
+    def graph(self, T, K, n_out):
+        """The cached forward graph for (T, K, n_out), built on first use."""
+        key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = build_forward_graph(self.config, self.weights, self.cache,
-                                                        T, K, all_logits, self.packed)
+                                                        T, K, n_out, self.packed)
             while len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(key)
         return g
 
-    def forward(self, tokens, positions, all_logits=True):
-        """Run one batch: tokens, positions int (T,) -> logits (T, V) or (1, V) (last token).
+    def forward(self, tokens, positions, n_out=None):
+        """Run one batch: tokens, positions int (T,) -> logits (n_out, V) of the last
+        n_out tokens (default: all T).
 
         Writes the batch's K/V rows into the cache. The returned array is the
         graph's own output buffer: copy it to keep it past the next call.
@@ -365,7 +368,10 @@ class LlamaModel:
         if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
             raise ValueError(f"forward: token ids must be in 0..{self.config.n_vocab - 1}")
         slots = self.cache.slots_for(positions)
-        g = self.graph(T, self.cache.window(self.kv_pad), all_logits)
+        n_out = T if n_out is None else n_out
+        if not 1 <= n_out <= T:
+            raise ValueError(f"forward: n_out must be in 1..{T}, got {n_out}")
+        g = self.graph(T, self.cache.window(self.kv_pad), n_out)
         g.tokens[:] = tokens
         g.positions[:] = positions
         g.slots[:] = slots

@@ -141,21 +141,20 @@ class Llama:
         logits = None
         for start in range(0, len(tokens), self.n_batch):
             batch = tokens[start:start + self.n_batch]
+            end = start + len(batch)
             positions = np.arange(self.n_tokens, self.n_tokens + len(batch), dtype=np.int32)
-            last_batch = start + len(batch) == len(tokens)
-            want_all = out is not None and start + len(batch) > first_output
+            # rows of this batch whose logits are wanted: from first_output on, or the last
+            lo = max(first_output - start, 0) if out is not None and end > first_output \
+                else len(batch) - 1
             try:
-                logits = self.model.forward(batch, positions, all_logits=want_all)
+                logits = self.model.forward(batch, positions, n_out=len(batch) - lo)
             except BaseException:
                 self.model.cache.truncate(self.n_tokens)   # drop rows a half-run batch wrote
                 raise
             self.tokens.extend(batch)
-            if want_all:
-                lo = max(first_output - start, 0)
-                out[start + lo - first_output:start + len(batch) - first_output] = logits[lo:]
-            if last_batch:
-                return logits[-1]
-        return logits
+            if out is not None and end > first_output:
+                out[start + lo - first_output:end - first_output] = logits
+        return logits[-1]
 
     # ---- generation ---------------------------------------------------------------
 

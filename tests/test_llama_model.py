@@ -65,13 +65,14 @@ def test_batches_equal_one_pass(batch):
     np.testing.assert_allclose(forward_all(model, TOKENS, batch=batch), whole, atol=2e-5, rtol=0)
 
 
-def test_last_token_logits_only():
+@pytest.mark.parametrize("n_out", [1, 4])
+def test_last_rows_only(n_out):
     model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
     all_rows = forward_all(model, TOKENS[:10], batch=10)
     model.cache.clear()
-    last = model.forward(TOKENS[:10], np.arange(10), all_logits=False)
-    assert last.shape == (1, 512)
-    np.testing.assert_allclose(last[0], all_rows[-1], atol=1e-5, rtol=0)
+    last = model.forward(TOKENS[:10], np.arange(10), n_out=n_out)
+    assert last.shape == (n_out, 512)
+    np.testing.assert_allclose(last, all_rows[-n_out:], atol=1e-5, rtol=0)
 
 
 # ---- graphs built once, nothing allocated per call --------------------------------
@@ -80,13 +81,13 @@ def test_graphs_are_cached_and_calls_allocate_nothing():
     model = LlamaModel(model_path("f32"), n_ctx=128, kv_type=Type.F16, n_threads=1, kv_pad=32)
     model.forward(TOKENS[:8], np.arange(8))
     for pos in range(8, 40):                      # crosses the 32-slot window once
-        model.forward(TOKENS[pos:pos + 1], [pos], all_logits=False)
-    assert sorted(model._graphs) == [(1, 32, False), (1, 64, False), (8, 32, True)]
-    graph = model._graphs[(1, 64, False)]
+        model.forward(TOKENS[pos:pos + 1], [pos], n_out=1)
+    assert sorted(model._graphs) == [(1, 32, 1), (1, 64, 1), (8, 32, 8)]
+    graph = model._graphs[(1, 64, 1)]
     used = graph.ctx.used
     for pos in range(40, 48):
-        model.forward(TOKENS[pos:pos + 1], [pos], all_logits=False)
-    assert model._graphs[(1, 64, False)] is graph and graph.ctx.used == used
+        model.forward(TOKENS[pos:pos + 1], [pos], n_out=1)
+    assert model._graphs[(1, 64, 1)] is graph and graph.ctx.used == used
 
 
 def test_kv_window_hides_unused_slots():
