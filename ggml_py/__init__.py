@@ -25,6 +25,10 @@ from ggml_py.ops import (  # noqa: E402
     soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
 )
 
+from ggml_py.gguf_model import ModelLoadError  # noqa: E402
+from ggml_py.sampling import Sampler, SamplingParams  # noqa: E402
+from ggml_py.llm import Llama  # noqa: E402
+
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K

@@ -4,7 +4,9 @@ records a new tensor with its op, sources and parameters. Shapes are numpy order
 Broadcasting follows ggml: for add/sub/mul/div the second operand is repeated
 over the first, each of its (right-aligned) dimensions dividing the first's.
 """
+import contextlib
 import struct
+import threading
 
 from ggml_py import _core
 from ggml_py.tensor import MAX_DIMS, Tensor, ne_of_shape, row_bytes, type_traits
@@ -19,11 +21,38 @@ def _f32_bits(x):
     return struct.unpack("<i", struct.pack("<f", float(x)))[0]
 
 
+_placement = threading.local()
+
+
+@contextlib.contextmanager
+def place_results(placer):
+    """Within the block, each new result that owns its data (not a view) asks
+    placer.place(nbytes) where to live: None (fresh memory of its context) or
+    (tensor, byte offset) inside another tensor's data; placer.created(t) is
+    then told of the result. A graph allocator packs results whose lifetimes
+    do not overlap into one buffer this way (see ggml_py.graph_alloc)."""
+    previous = getattr(_placement, "placer", None)
+    _placement.placer = placer
+    try:
+        yield placer
+    finally:
+        _placement.placer = previous
+
+
 def _new(op, src, type, ne, ndim, params=None, nb=None, view_of=None, view_offset=0):
     """A tensor made by `op` in the context of src[0]."""
     ctx = src[0].ctx
-    return _core.new_tensor(Tensor, ctx, int(type), tuple(ne), nb, ndim, int(op), tuple(src),
-                            params, view_of, view_offset)
+    placer = getattr(_placement, "placer", None)
+    if placer is None or view_of is not None:
+        return _core.new_tensor(Tensor, ctx, int(type), tuple(ne), nb, ndim, int(op), tuple(src),
+                                params, view_of, view_offset)
+    place = placer.place(row_bytes(type, ne[0]) * ne[1] * ne[2] * ne[3])
+    if place is not None:
+        view_of, view_offset = place
+    t = _core.new_tensor(Tensor, ctx, int(type), tuple(ne), nb, ndim, int(op), tuple(src),
+                         params, view_of, view_offset)
+    placer.created(t)
+    return t
 
 
 def _check_tensor(opname, **tensors):

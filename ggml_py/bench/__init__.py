@@ -7,19 +7,21 @@ measured in the same run, one subcommand per module.
 Each subcommand module has `add_arguments(parser)` and `run(args) -> int`;
 SUBCOMMANDS maps names to module paths.
 """
-import argparse
 import importlib
 import sys
+
+from ggml_py.cli.common import ArgumentParser
 
 SUBCOMMANDS = {
     "mulmat": ("ggml_py.bench.mulmat", "MUL_MAT per type, shape, batch size, profile and thread count"),
     "pool": ("ggml_py.bench.pool", "per-node dispatch overhead and idle cost of the worker pool"),
+    "model": ("ggml_py.bench.model", "llama-bench-style prompt (pp) and generation (tg) tokens/s"),
 }
 
 
 def main(argv=None):
     """Parse `ggml-bench <subcommand> [options]` and run the subcommand; returns its exit code."""
-    parser = argparse.ArgumentParser(prog="ggml-bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="ggml-bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="subcommand")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():

@@ -61,6 +61,36 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
         }
         return;
     }
+    if (ne00 == ne0 && ne01 == ne1 && ne02 == ne2 && ne03 == ne3 && ts->blck_size == 1) {
+        /* same shape, strided (e.g. CONT of a permuted view): walk both by
+         * index, no flattening; same type moves bits, no conversion */
+        const size_t es = ts->type_size;
+        const bool same_type = src0->type == dst->type && (es == 2 || es == 4);
+        for (int64_t ir = ir0; ir < ir1; ir++) {
+            const int64_t i1 = ir % ne1, i2 = (ir / ne1) % ne2, i3 = ir / (ne1 * ne2);
+            const char *s = (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03;
+            char *d = (char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3;
+            if (same_type && es == 2) {
+                for (int64_t i0 = 0; i0 < ne0; i0++)
+                    *(uint16_t *) (d + i0 * nb0) = *(const uint16_t *) (s + i0 * nb00);
+            } else if (same_type) {
+                for (int64_t i0 = 0; i0 < ne0; i0++)
+                    *(uint32_t *) (d + i0 * nb0) = *(const uint32_t *) (s + i0 * nb00);
+            } else {
+                for (int64_t i0 = 0; i0 < ne0; i0++) {
+                    const float v = load_f32(src0, s + i0 * nb00);
+                    char *q = d + i0 * nb0;
+                    switch (dst->type) {
+                        case GGML_PY_TYPE_F32:  *(float *) q = v; break;
+                        case GGML_PY_TYPE_F16:  *(ggml_py_fp16_t *) q = ggml_py_fp32_to_fp16(v); break;
+                        case GGML_PY_TYPE_BF16: *(ggml_py_bf16_t *) q = ggml_py_fp32_to_bf16(v); break;
+                        default: break;
+                    }
+                }
+            }
+        }
+        return;
+    }
     /* general case: element k of src goes to element k of dst (float types
      * only; the Python layer keeps quantized tensors on the paths above) */
     for (int64_t ir = ir0; ir < ir1; ir++) {

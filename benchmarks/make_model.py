@@ -1,0 +1,50 @@
+"""Write a llama GGUF with random weights, shaped like a real model, for benchmarks.
+
+    python benchmarks/make_model.py tinyllama-f16.gguf --shape tinyllama --type F16
+    python benchmarks/make_model.py small.gguf --shape 256x4 --type F32
+    ggml-bench model -m tinyllama-f16.gguf -p 512 -n 128 -t 1,2
+
+Shapes: `tinyllama` (TinyLlama 1.1B: 2048 wide, 22 layers, 32 heads, 4 KV heads,
+FFN 5632, 32000 tokens) or `WIDTHxLAYERS` (head size 64, FFN ~2.7x, MHA).
+Types: F32, F16, BF16, or a type the `gguf` package can quantize (Q8_0, Q4_0, ...):
+the quantized types load once the quant kernels are in this build. The vocabulary
+is llama.cpp's SentencePiece test vocabulary (tests/data), so prompts tokenize
+like LLaMA 2's.
+"""
+import argparse
+import os
+import time
+
+from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
+
+VOCAB = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "ggml-vocab-llama-spm.gguf")
+
+
+def spec_for(shape, weight_type, n_vocab):
+    if shape == "tinyllama":
+        return RandomLlamaSpec(n_vocab=n_vocab, n_embd=2048, n_layer=22, n_head=32, n_head_kv=4,
+                               n_ff=5632, n_ctx_train=2048, weight_type=weight_type)
+    width, layers = (int(v) for v in shape.lower().split("x"))
+    n_ff = (int(width * 8 / 3) + 31) // 32 * 32
+    return RandomLlamaSpec(n_vocab=n_vocab, n_embd=width, n_layer=layers, n_head=max(1, width // 64),
+                           n_head_kv=max(1, width // 64), n_ff=n_ff, n_ctx_train=2048,
+                           weight_type=weight_type)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("path")
+    parser.add_argument("--shape", default="tinyllama", help="tinyllama or WIDTHxLAYERS")
+    parser.add_argument("--type", default="F16", help="weight type of the matrices")
+    parser.add_argument("--n-vocab", type=int, default=32000)
+    args = parser.parse_args()
+    spec = spec_for(args.shape, args.type.upper(), args.n_vocab)
+    t0 = time.perf_counter()
+    write_random_llama(args.path, spec, vocab=spm_vocab_from_gguf(VOCAB, args.n_vocab))
+    size = os.path.getsize(args.path)
+    print(f"{args.path}: {spec.n_layer} layers x {spec.n_embd}, {args.type}, "
+          f"{size / 2**20:.1f} MiB in {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

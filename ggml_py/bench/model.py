@@ -1,0 +1,134 @@
+"""ggml-bench model: llama-bench-style prompt processing (pp) and generation (tg) speed.
+
+For each thread count and test, one warm-up run, then -r timed repetitions from
+an empty cache: ppN evaluates N random tokens in batches of -b; tgN generates N
+tokens one at a time (greedy on fixed ids, so sampling costs nothing).
+Reported: tokens per second, mean ± standard deviation over the repetitions.
+"""
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import ggml_py as gg
+from ggml_py.gguf_model import ModelLoadError
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    return values
+
+
+def add_arguments(parser):
+    parser.add_argument("-m", "--model", required=True, metavar="FNAME", help="GGUF model file")
+    parser.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated (default 512)")
+    parser.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma-separated (default 128)")
+    parser.add_argument("-t", "--threads", default=None, help="thread counts, comma-separated "
+                                                               "(default: physical cores)")
+    parser.add_argument("-b", "--batch-size", type=int, default=512, help="batch size (default 512)")
+    parser.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs per test (default 5)")
+    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
+                        help="KV cache type (default f16)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def size_label(n_params):
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n_params >= scale:
+            return f"{n_params / scale:.1f}".rstrip("0").rstrip(".") + unit
+    return str(n_params)
+
+
+def time_prompt(llm, n_prompt, rng):
+    """Seconds to evaluate n_prompt random tokens from an empty cache."""
+    ids = rng.integers(0, llm.n_vocab(), n_prompt).tolist()
+    llm.reset()
+    t0 = time.perf_counter()
+    llm._decode(ids)
+    return time.perf_counter() - t0
+
+
+def time_generation(llm, n_gen, rng):
+    """Seconds to generate n_gen tokens one by one from an empty cache."""
+    token = llm.token_bos() if llm.token_bos() is not None else 0
+    llm.reset()
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        logits = llm._decode([token])
+        token = int(np.argmax(logits))
+    return time.perf_counter() - t0
+
+
+def run_test(llm, kind, n, repetitions):
+    rng = np.random.default_rng(0)
+    timer = time_prompt if kind == "pp" else time_generation
+    timer(llm, n if kind == "pp" else 1, rng)            # warm-up: builds the graphs
+    samples = [n / timer(llm, n, rng) for _ in range(repetitions)]
+    return samples
+
+
+def run(args):
+    try:
+        n_prompts, n_gens = _int_list(args.n_prompt), _int_list(args.n_gen)
+        threads = _int_list(args.threads) if args.threads else [gg.default_threads()]
+        if any(t < 1 for t in threads) or any(n < 0 for n in n_prompts + n_gens):
+            raise ValueError("thread counts must be >= 1 and token counts >= 0")
+        if args.repetitions < 1 or args.batch_size < 1:
+            raise ValueError("repetitions and batch size must be at least 1")
+        n_ctx = max([n for n in n_prompts + n_gens] + [1])
+        llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
+                       kv_type=args.cache_type_k)
+    except (ModelLoadError, ValueError, OSError) as e:
+        print(f"ggml-bench model: error: {e}", file=sys.stderr)
+        return 1
+    f = llm.model.file
+    model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
+    tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]
+    rows = []
+    for n_threads in threads:
+        llm.model.n_threads = n_threads
+        for kind, n in tests:
+            samples = run_test(llm, kind, n, args.repetitions)
+            rows.append({
+                "model_filename": args.model, "model_type": model_name,
+                "model_size": f.weights_nbytes, "model_n_params": f.n_params,
+                "type": f.file_type_name(), "n_threads": n_threads, "n_batch": args.batch_size,
+                "type_kv": args.cache_type_k,
+                "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
+                "test": f"{kind}{n}", "avg_ts": statistics.fmean(samples),
+                "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                "samples_ts": samples,
+            })
+            if not args.json:
+                if len(rows) == 1:
+                    print_header()
+                print_row(rows[-1])
+    if args.json:
+        print(json.dumps({"system_info": gg.system_info(), "results": rows}, indent=1))
+    else:
+        print(f"\n{gg.system_info()}")
+    return 0
+
+
+COLUMNS = (("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("type", 6, "<"),
+           ("threads", 7, ">"), ("test", 13, ">"), ("t/s", 20, ">"))
+
+
+def print_header():
+    print("| " + " | ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS) + " |")
+    print("| " + " | ".join(("-" * (width - 1) + ":") if align == ">" else "-" * width
+                            for name, width, align in COLUMNS) + " |")
+
+
+def print_row(r):
+    size = r["model_size"]
+    size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
+    cells = (r["model_type"], size_text, size_label(r["model_n_params"]), r["type"],
+             str(r["n_threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}")
+    print("| " + " | ".join(f"{c:{align}{width}}" for c, (name, width, align) in zip(cells, COLUMNS))
+          + " |", flush=True)

@@ -1,0 +1,1 @@
+"""Command-line programs: ggml-main (text generation) and ggml-perplexity."""

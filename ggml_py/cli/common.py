@@ -1,0 +1,58 @@
+"""What the command-line programs share: one-line errors, model loading, flags."""
+import argparse
+import sys
+
+from ggml_py.gguf_model import ModelLoadError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def thread_count(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"thread count must be at least 1, got {value}")
+    return value
+
+
+def add_model_arguments(parser, ctx_default):
+    """Flags every program has, with llama.cpp's names."""
+    parser.add_argument("-m", "--model", required=True, metavar="FNAME",
+                        help="model path (a llama-architecture GGUF file)")
+    parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
+                        help="threads (default: physical cores)")
+    parser.add_argument("-c", "--ctx-size", type=int, default=ctx_default, metavar="N",
+                        help=f"context size in tokens (default: {ctx_default}, 0 = from model)")
+    parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
+                        help="most tokens evaluated at once (default: 512)")
+    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
+                        help="KV cache type for K (default: f16)")
+    parser.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default=None,
+                        help="KV cache type for V (default: as K; must equal K)")
+
+
+def kv_type(parser, args):
+    if args.cache_type_v is not None and args.cache_type_v != args.cache_type_k:
+        parser.error("the K and V cache types must be the same (-ctk / -ctv)")
+    return args.cache_type_k
+
+
+def run(prog, main, argv=None):
+    """Run main(argv); a bad model file or input ends in one line and exit 1."""
+    try:
+        return main(argv)
+    except (ModelLoadError, ValueError, OSError) as e:
+        sys.stdout.flush()
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,108 @@
+"""ggml-main: generate text from a prompt, with llama.cpp's `llama-cli` flags.
+
+The prompt and the generated text go to stdout as they are produced; the
+system info, load time and the timings at the end go to stderr. Ctrl-C stops
+generation and still prints the timings (exit status 130).
+"""
+import random
+import sys
+
+import ggml_py as gg
+from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run
+from ggml_py.sampling import SamplingParams
+
+PROG = "ggml-main"
+
+
+def build_parser():
+    p = ArgumentParser(prog=PROG, description="Generate text with a llama-architecture GGUF model.")
+    add_model_arguments(p, ctx_default=2048)
+    p.add_argument("-p", "--prompt", default="", help="prompt to start generation with")
+    p.add_argument("-f", "--file", metavar="FNAME", help="a file holding the prompt (overrides -p)")
+    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
+                   help="tokens to predict (default: -1 = until end of text or full context)")
+    p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
+                   help="RNG seed (default: -1, a random seed)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default: 40, 0 = off)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default: 0.95, 1.0 = off)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default: 0.05, 0.0 = off)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="penalize repeated tokens (default: 1.0 = off)")
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="last n tokens the penalty considers (default: 64, 0 = off, -1 = context)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="never end at an end-of-text token (its logit is set to -inf)")
+    p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens")
+    return p
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cache_type = kv_type(parser, args)
+    prompt = args.prompt
+    if args.file is not None:
+        with open(args.file, encoding="utf-8", errors="replace") as f:
+            prompt = f.read()
+    seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
+
+    llm = gg.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
+                   n_batch=args.batch_size, kv_type=cache_type)
+    c = llm.config
+    log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
+    log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
+        f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab}, "
+        f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
+
+    ids = llm.tokenize(prompt) or [llm.token_bos()]
+    if args.verbose_prompt:
+        log(f"main: prompt: '{prompt}'")
+        log(f"main: number of tokens in prompt = {len(ids)}")
+        for t in ids:
+            log(f"{t:6d} -> '{llm.tokenizer.token_to_piece(t).decode('utf-8', 'replace')}'")
+    repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                            repeat_last_n=repeat_last_n, seed=seed)
+    log(f"sampler params: repeat_last_n = {repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}, "
+        f"top_k = {args.top_k}, top_p = {args.top_p:.3f}, min_p = {args.min_p:.3f}, temp = {args.temp:.3f}")
+    log(f"generate: n_ctx = {llm.n_ctx()}, n_batch = {args.batch_size}, "
+        f"n_predict = {args.n_predict}, seed = {seed}")
+    log("")
+
+    status = 0
+    decoder = llm.tokenizer.decoder(strip_leading_space=False)
+    out = sys.stdout
+    try:
+        out.write("".join(decoder.feed(t) for t in ids))
+        out.flush()
+        for token in llm.generate_tokens(ids, params, max_tokens=args.n_predict,
+                                         ignore_eos=args.ignore_eos):
+            out.write(decoder.feed(token))
+            out.flush()
+        out.write(decoder.flush() + "\n")
+        if llm.n_tokens >= llm.n_ctx():
+            log("main: context full, stopping")
+    except KeyboardInterrupt:
+        out.write(decoder.flush() + "\n")
+        log("main: interrupted")
+        status = 130
+    out.flush()
+    log("")
+    for line in llm.timings.lines():
+        log(f"perf: {line}")
+    return status
+
+
+def cli(argv=None):
+    """Entry point of the ggml-main console script."""
+    return run(PROG, main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

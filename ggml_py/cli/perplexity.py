@@ -1,0 +1,103 @@
+"""ggml-perplexity: perplexity of a text file by llama.cpp's method and printout.
+
+stdout gets `[1]x,[2]y,...` as each chunk finishes, then
+`Final estimate: PPL = X +/- Y`; stderr gets the log lines and a tqdm progress
+bar with the time left. When stdout and stderr are the same terminal, the
+running values show in the bar and the `[i]` line is printed when done (a bar
+and a growing line cannot share one terminal line).
+"""
+import sys
+import time
+
+import ggml_py as gg
+from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run
+
+PROG = "ggml-perplexity"
+
+
+def build_parser():
+    p = ArgumentParser(prog=PROG, description="Perplexity of a text file, llama.cpp's method.")
+    add_model_arguments(p, ctx_default=512)
+    p.add_argument("-f", "--file", required=True, metavar="FNAME", help="text file to score")
+    p.add_argument("--chunks", type=int, default=-1, metavar="N",
+                   help="score at most N chunks (default: -1 = all)")
+    return p
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def main(argv=None):
+    from tqdm import tqdm
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    cache_type = kv_type(parser, args)
+    if args.ctx_size < 4:
+        parser.error(f"argument -c/--ctx-size: must be at least 4, got {args.ctx_size}")
+    with open(args.file, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+
+    n_ctx = args.ctx_size
+    llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=args.threads, n_batch=args.batch_size,
+                   kv_type=cache_type)
+    log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
+    log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
+    log("perplexity: tokenizing the input ..")
+    t0 = time.perf_counter()
+    tokens = llm.tokenize(text, add_bos=True)
+    log(f"perplexity: tokenization took {1e3 * (time.perf_counter() - t0):g} ms")
+    if len(tokens) < 2 * n_ctx:
+        raise ValueError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a "
+                         f"context of {n_ctx}; the data file tokenizes to only {len(tokens)} tokens")
+    n_chunk = len(tokens) // n_ctx if args.chunks < 0 else min(args.chunks, len(tokens) // n_ctx)
+    log(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
+        f"batch_size={min(args.batch_size, n_ctx)}, n_seq=1")
+
+    same_terminal = sys.stdout.isatty() and sys.stderr.isatty()
+    bar = tqdm(total=n_chunk, unit="chunk", file=sys.stderr, leave=False, dynamic_ncols=True,
+               disable=None)
+    values = []
+
+    def on_chunk(i, n, ppl, seconds):
+        if i == 0:
+            log(f"perplexity: {seconds:.2f} seconds per pass - ETA {seconds * n / 60:.2f} minutes")
+        values.append(f"[{i + 1}]{ppl:.4f},")
+        if same_terminal:
+            bar.set_postfix_str(f"PPL {ppl:.4f}", refresh=False)
+        else:
+            sys.stdout.write(values[-1])
+            sys.stdout.flush()
+        bar.update(1)
+
+    status = 0
+    t0 = time.perf_counter()
+    try:
+        result = llm.perplexity(tokens, n_ctx=n_ctx, n_chunks=n_chunk, callback=on_chunk)
+    except KeyboardInterrupt:
+        result, status = None, 130
+    bar.close()
+    if same_terminal:
+        sys.stdout.write("".join(values))
+    sys.stdout.write("\n")
+    if result is None:
+        log("perplexity: interrupted")
+        return status
+    if result.error == result.error:   # not NaN
+        print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}")
+    else:
+        print(f"Final estimate: PPL = {result.ppl:.4f}")
+        log("Unexpected negative standard deviation of log(prob)")
+    seconds, n_eval = time.perf_counter() - t0, n_chunk * n_ctx
+    log(f"perf: eval time = {1e3 * seconds:10.2f} ms / {n_eval} tokens "
+        f"({1e3 * seconds / n_eval:.2f} ms per token, {n_eval / seconds:.2f} tokens per second)")
+    return status
+
+
+def cli(argv=None):
+    """Entry point of the ggml-perplexity console script."""
+    return run(PROG, main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,381 @@
+"""The llama architecture as a ggml_py graph: config, weights, KV cache, blocks, forward.
+
+Reads top to bottom like llama2.c. Shapes are numpy order and written beside the
+names: T = tokens in the batch, K = cache slots attended to (the window), E =
+n_embd, H = n_head, Hkv = n_head_kv, D = head_dim, F = n_ff, V = n_vocab.
+
+A forward graph is built once per (T, K, n_out) and cached; a call only
+writes the input tensors (token ids, positions, KV slot ids, attention mask)
+through numpy views and runs the graph. The K window grows in steps of
+`kv_pad` slots, slots past the sequence hidden by the mask, so decoding a long
+sequence builds only a handful of graphs.
+"""
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggml_py import ops
+from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
+from ggml_py.graph import build_forward, default_threads, shared_pool
+from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
+from ggml_py.tensor import Context
+from ggml_py.types import Type
+
+ARCH = "llama"
+KV_PAD = 256          # the attention window grows in steps of this many slots
+MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
+
+
+# ---- config -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a llama model (from GGUF `llama.*` metadata)."""
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    head_dim: int
+    n_rot: int                    # rotated dimensions of each head (rope.dimension_count)
+    rope_freq_base: float = 10000.0
+    rope_freq_scale: float = 1.0  # 1 / linear scaling factor
+    rms_eps: float = 1e-5
+
+    @property
+    def n_embd_kv(self):
+        """Width of a K or V row of the cache: n_head_kv * head_dim."""
+        return self.n_head_kv * self.head_dim
+
+    @classmethod
+    def from_gguf(cls, f: GGUFModelFile):
+        if f.architecture != ARCH:
+            raise f.error(f"unknown architecture {f.architecture!r} (supported: {ARCH!r})")
+
+        def key(name, default=REQUIRED, type=int):
+            return f.get(f"{ARCH}.{name}", default, type=type)
+
+        n_embd = key("embedding_length")
+        n_head = key("attention.head_count")
+        n_head_kv = key("attention.head_count_kv", n_head)
+        if n_head <= 0 or n_embd % n_head:
+            raise f.error(f"embedding_length {n_embd} is not a multiple of head_count {n_head}")
+        if n_head_kv <= 0 or n_head % n_head_kv:
+            raise f.error(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        head_dim = n_embd // n_head
+        if key("attention.key_length", head_dim) != head_dim or \
+                key("attention.value_length", head_dim) != head_dim:
+            raise f.error("attention key/value length differs from embedding_length / head_count")
+        if key("expert_count", 0) > 0:
+            raise f.error("mixture-of-experts llama models are not supported")
+        n_rot = key("rope.dimension_count", head_dim)
+        if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
+            raise f.error(f"rope.dimension_count {n_rot} must be even and at most {head_dim}")
+
+        freq_scale = 1.0
+        scaling = f.get(f"{ARCH}.rope.scaling.type", "none", type=str)
+        factor = f.get(f"{ARCH}.rope.scaling.factor", 0.0, type=float)
+        if scaling == "linear" and factor > 0:
+            freq_scale = 1.0 / factor
+        elif scaling not in ("none", "linear"):
+            raise f.error(f"rope scaling {scaling!r} is not supported (only linear)")
+        elif f.has(f"{ARCH}.rope.scale_linear"):          # older files
+            freq_scale = 1.0 / f.get(f"{ARCH}.rope.scale_linear", type=float)
+
+        token_embd = f.tensors.get("token_embd.weight")
+        if token_embd is None:
+            raise f.error("missing tensor 'token_embd.weight'")
+        n_vocab = key("vocab_size", int(token_embd.shape[-1]))
+        return cls(
+            n_vocab=n_vocab, n_ctx_train=key("context_length"), n_embd=n_embd,
+            n_layer=key("block_count"), n_head=n_head, n_head_kv=n_head_kv,
+            n_ff=key("feed_forward_length"), head_dim=head_dim, n_rot=n_rot,
+            rope_freq_base=key("rope.freq_base", 10000.0, type=float),
+            rope_freq_scale=freq_scale,
+            rms_eps=key("attention.layer_norm_rms_epsilon", 1e-5, type=float),
+        )
+
+
+# ---- weights ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: object   # (E,)
+    wq: object          # (H*D, E)
+    wk: object          # (Hkv*D, E)
+    wv: object          # (Hkv*D, E)
+    wo: object          # (E, H*D)
+    ffn_norm: object    # (E,)
+    w_gate: object      # (F, E)
+    w_up: object        # (F, E)
+    w_down: object      # (E, F)
+
+
+@dataclass(frozen=True)
+class LlamaWeights:
+    """Every weight as a gguf_model.Weight: memory-mapped bytes, type, shape."""
+    token_embd: object  # (V, E)
+    layers: tuple
+    output_norm: object  # (E,)
+    output: object       # (V, E), token_embd when the file ties them
+    rope_freqs: object   # (n_rot/2,) or None
+
+    @classmethod
+    def from_gguf(cls, f: GGUFModelFile, c: LlamaConfig):
+        E, F, V = c.n_embd, c.n_ff, c.n_vocab
+        Q, KV = c.n_head * c.head_dim, c.n_embd_kv
+        layers = []
+        for i in range(c.n_layer):
+            def w(name, shape, use=USE_MATMUL):
+                return f.weight(f"blk.{i}.{name}.weight", shape, use)
+            layers.append(LayerWeights(
+                attn_norm=w("attn_norm", (E,), USE_NORM),
+                wq=w("attn_q", (Q, E)), wk=w("attn_k", (KV, E)), wv=w("attn_v", (KV, E)),
+                wo=w("attn_output", (E, Q)),
+                ffn_norm=w("ffn_norm", (E,), USE_NORM),
+                w_gate=w("ffn_gate", (F, E)), w_up=w("ffn_up", (F, E)), w_down=w("ffn_down", (E, F)),
+            ))
+        token_embd = f.weight("token_embd.weight", (V, E), USE_ROWS)
+        output = f.weight("output.weight", (V, E), USE_MATMUL, required=False)
+        if output is None:   # tied embeddings
+            output = f.weight("token_embd.weight", (V, E), USE_MATMUL)
+        rope_freqs = f.weight("rope_freqs.weight", (c.n_rot // 2,), USE_NORM, required=False)
+        return cls(token_embd=token_embd, layers=tuple(layers),
+                   output_norm=f.weight("output_norm.weight", (E,), USE_NORM),
+                   output=output, rope_freqs=rope_freqs)
+
+
+# ---- KV cache -----------------------------------------------------------------
+
+class KVCache:
+    """K and V rows of every layer, one row per cache slot: k[l], v[l] (n_ctx, Hkv*D).
+
+    This is the simplest cache: one sequence, slot = position. What the graph
+    needs from a cache is only: layer_tensors() to write and view rows,
+    slots_for() to place new tokens, and fill_mask() to say which slots each
+    token sees, so a paged or int8 cache can take its place.
+    """
+
+    def __init__(self, n_layer, n_ctx, n_embd_kv, type=Type.F16):
+        type = Type(type)
+        if type not in (Type.F16, Type.F32):
+            raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
+        dtype = np.float16 if type == Type.F16 else np.float32
+        self.type, self.n_ctx, self.n_embd_kv = type, n_ctx, n_embd_kv
+        self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+        self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+        self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
+        self.n_past = 0                                  # positions 0..n_past-1 are cached
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def clear(self):
+        self.slot_pos[:] = -1
+        self.n_past = 0
+
+    def truncate(self, n):
+        """Forget positions >= n (keep a prefix to continue from)."""
+        n = max(0, min(n, self.n_past))
+        self.slot_pos[self.slot_pos >= n] = -1
+        self.n_past = n
+
+    def slots_for(self, positions):
+        """Slot ids for new tokens at `positions` (int32 (T,)); marks them used."""
+        if positions.size and (positions.min() < 0 or positions.max() >= self.n_ctx):
+            raise ValueError(f"positions {positions.min()}..{positions.max()} do not fit a "
+                             f"context of {self.n_ctx} tokens")
+        self.slot_pos[positions] = positions
+        self.n_past = max(self.n_past, int(positions.max()) + 1 if positions.size else 0)
+        return positions
+
+    def window(self, kv_pad=KV_PAD):
+        """Slots the next graph must attend to: the used ones, rounded up to kv_pad."""
+        return min(self.n_ctx, -(-max(self.n_past, 1) // kv_pad) * kv_pad)
+
+    def fill_mask(self, mask, positions):
+        """mask (T, K) F32: 0 where token t may see slot s (held position <= its own), else -inf."""
+        n_kv = mask.shape[1]
+        held = self.slot_pos[:n_kv]
+        visible = (held[None, :] >= 0) & (held[None, :] <= positions[:, None])
+        mask[...] = np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def layer_tensors(self, ctx, il):
+        """(k, v) tensors (n_ctx, Hkv*D) over layer il's rows, in ctx (no copy)."""
+        shape = (self.n_ctx, self.n_embd_kv)
+        return (ctx.from_buffer(self.k[il], self.type, shape, name=f"cache_k.{il}"),
+                ctx.from_buffer(self.v[il], self.type, shape, name=f"cache_v.{il}"))
+
+
+# ---- the forward graph ----------------------------------------------------------
+
+class ForwardGraph:
+    """A built forward pass for T tokens over a K-slot window, with its inputs."""
+
+    def __init__(self, ctx, tokens, positions, slots, mask, logits, graph, buffer_bytes=None):
+        self.ctx, self.graph = ctx, graph
+        self.buffer_bytes = buffer_bytes    # the packed intermediates (None: unpacked)
+        self.tokens = tokens.numpy()        # int32 (T,)
+        self.positions = positions.numpy()  # int32 (T,)
+        self.slots = slots.numpy()          # int32 (T,)
+        self.mask = mask.numpy()            # float32 (T, K)
+        self.logits = logits.numpy()        # float32 (n_out, V)
+
+
+def _weight(ctx, w):
+    """A leaf tensor over a weight's mapped bytes (no copy)."""
+    return ctx.from_buffer(w.data, w.type, w.shape, name=w.name)
+
+
+def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T, K):
+    """Self-attention of one layer: x (T, E) -> (T, E); writes this batch's K, V rows."""
+    D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
+    q = ops.reshape(ops.mul_mat(lw.wq, x), (T, H, D))               # (T, H, D)
+    k = ops.reshape(ops.mul_mat(lw.wk, x), (T, Hkv, D))             # (T, Hkv, D)
+    v = ops.mul_mat(lw.wv, x)                                       # (T, Hkv*D)
+    q = ops.rope(q, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
+                 rope_freqs)
+    k = ops.rope(k, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
+                 rope_freqs)
+
+    # write this batch into the cache, then read the window back through views of
+    # the written tensors (so the reads are ordered after the writes)
+    cache_k = ops.set_rows(cache_k, ops.reshape(k, (T, Hkv * D)), slots)   # (n_ctx, Hkv*D)
+    cache_v = ops.set_rows(cache_v, v, slots)
+    es, row = cache_k.strides[-1], cache_k.strides[0]
+    keys = ops.view(cache_k, (Hkv, K, D), (D * es, row, es))        # (Hkv, K, D)
+    values = ops.view(cache_v, (Hkv, K, D), (D * es, row, es))      # (Hkv, K, D)
+    values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
+
+    # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
+    scores = ops.mul_mat(keys, ops.permute(q, (1, 0, 2)))           # (H, T, K)
+    probs = ops.soft_max(scores, mask, 1.0 / math.sqrt(D))          # (H, T, K)
+    out = ops.mul_mat(values, probs)                                # (H, T, D)
+    out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, E)
+    return ops.mul_mat(lw.wo, out)                                  # (T, E)
+
+
+def feed_forward(x, lw):
+    """SwiGLU: w_down(silu(w_gate x) * w_up x), x (T, E) -> (T, E)."""
+    return ops.mul_mat(lw.w_down, ops.swiglu(ops.mul_mat(lw.w_gate, x), ops.mul_mat(lw.w_up, x)))
+
+
+def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
+    """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
+
+    n_out: logits are computed for the last n_out tokens only (1 to sample the
+    next token, T for all).
+    packed: intermediates share one buffer where their lifetimes allow
+    (graph_alloc); otherwise each has its own memory.
+    """
+    def build(ctx):
+        tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
+        positions = ctx.new_tensor(Type.I32, (T,), name="positions")
+        slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
+        mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
+
+        x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
+        for il, layer in enumerate(weights.layers):
+            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()})
+            cache_k, cache_v = cache.layer_tensors(ctx, il)
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
+            x = ops.add(x, attention(c, h, lw, cache_k, cache_v, positions, slots, mask,
+                                     rope_freqs, T, K))
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
+            x = ops.add(x, feed_forward(h, lw))
+
+        if n_out < T:           # the output matrix is the largest: skip unwanted rows
+            x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
+        x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
+        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n_out, V)
+        logits.name = "logits"
+        return ctx, tokens, positions, slots, mask, logits
+
+    if packed:
+        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
+        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
+                            buffer_bytes=built.buffer_bytes)
+    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
+    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
+
+
+def _leaf_bytes(c, T, K):
+    """Arena bytes of one forward graph besides its results: structs and inputs."""
+    n_tensors = c.n_layer * 48 + 32
+    return n_tensors * STRUCT_BYTES + 4 * T * (K + 3) + 4096
+
+
+def _context_bytes(c, T, K):
+    """Arena bytes for one forward graph: every node's data plus tensor structs."""
+    f32 = 4
+    per_layer = T * (8 * c.n_embd + 5 * c.n_embd_kv + 3 * c.n_ff) * f32
+    per_layer += 2 * c.n_head * T * K * f32 + c.n_embd_kv * K * f32
+    per_layer += 48 * 1024                                       # ~40 tensor structs
+    rest = T * (2 * c.n_embd + c.n_vocab) * f32 + T * (K + 3) * f32 + 256 * 1024
+    return c.n_layer * per_layer + rest
+
+
+# ---- the model ------------------------------------------------------------------
+
+class LlamaModel:
+    """Weights + KV cache + cached forward graphs; forward(tokens, positions) -> logits."""
+
+    def __init__(self, path, n_ctx=2048, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
+                 packed=True):
+        self.file = GGUFModelFile(path)
+        self.config = LlamaConfig.from_gguf(self.file)
+        self.weights = LlamaWeights.from_gguf(self.file, self.config)
+        if n_ctx <= 0:
+            n_ctx = self.config.n_ctx_train
+        self.n_ctx = int(n_ctx)
+        self.cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
+        self.n_threads = n_threads or default_threads()
+        self.kv_pad = kv_pad
+        self.packed = packed
+        self._graphs = OrderedDict()
+
+    def graph(self, T, K, n_out):
+        """The cached forward graph for (T, K, n_out), built on first use."""
+        key = (T, K, n_out)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = build_forward_graph(self.config, self.weights, self.cache,
+                                                        T, K, n_out, self.packed)
+            while len(self._graphs) > MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    def forward(self, tokens, positions, n_out=None):
+        """Run one batch: tokens, positions int (T,) -> logits (n_out, V) of the last
+        n_out tokens (default: all T).
+
+        Writes the batch's K/V rows into the cache. The returned array is the
+        graph's own output buffer: copy it to keep it past the next call.
+        """
+        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        positions = np.asarray(positions, np.int32).reshape(-1)
+        T = tokens.size
+        if T == 0 or positions.size != T:
+            raise ValueError(f"forward: {T} tokens and {positions.size} positions")
+        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
+            raise ValueError(f"forward: token ids must be in 0..{self.config.n_vocab - 1}")
+        slots = self.cache.slots_for(positions)
+        n_out = T if n_out is None else n_out
+        if not 1 <= n_out <= T:
+            raise ValueError(f"forward: n_out must be in 1..{T}, got {n_out}")
+        g = self.graph(T, self.cache.window(self.kv_pad), n_out)
+        g.tokens[:] = tokens
+        g.positions[:] = positions
+        g.slots[:] = slots
+        self.cache.fill_mask(g.mask, positions)
+        pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
+        g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
+        return g.logits

@@ -1,0 +1,235 @@
+"""`Llama`: the Python API of a loaded model (names follow llama-cpp-python).
+
+    llm = gg.Llama("model.gguf", n_ctx=2048, n_threads=2)
+    ids = llm.tokenize("ROMEO.")                  # BOS added as the vocabulary asks
+    logits = llm.eval(ids)                        # (len(ids), n_vocab), continues the sequence
+    for piece in llm.generate("ROMEO.", max_tokens=64, temperature=0.8, seed=1):
+        print(piece, end="", flush=True)
+    result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
+"""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ggml_py.llama import KV_PAD, LlamaModel
+from ggml_py.sampling import Sampler, SamplingParams
+from ggml_py.types import Type
+
+KV_TYPES = {"f16": Type.F16, "f32": Type.F32}
+
+
+@dataclass
+class Timings:
+    """Counters like llama.cpp's perf print (seconds, tokens)."""
+    load_s: float = 0.0
+    prompt_s: float = 0.0
+    prompt_tokens: int = 0
+    eval_s: float = 0.0
+    eval_tokens: int = 0
+    sample_s: float = 0.0
+    sample_runs: int = 0
+
+    def lines(self):
+        """llama.cpp-style timing lines."""
+        def rate(label, seconds, n, unit):
+            ms = 1e3 * seconds
+            per = ms / n if n else 0.0
+            tps = n / seconds if seconds > 0 else 0.0
+            return (f"{label} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, "
+                    f"{tps:8.2f} tokens per second)")
+        total = self.load_s + self.prompt_s + self.eval_s + self.sample_s
+        return [
+            rate("   sampling time", self.sample_s, self.sample_runs, "runs"),
+            f"       load time = {1e3 * self.load_s:10.2f} ms",
+            rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
+            rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
+            f"      total time = {1e3 * total:10.2f} ms / "
+            f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
+        ]
+
+
+class Llama:
+    """A llama-architecture GGUF model, ready to tokenize, evaluate and generate.
+
+    n_ctx: KV cache size in tokens (0: the model's training context).
+    n_batch: most tokens evaluated in one graph (longer inputs are split).
+    kv_type: 'f16' (default) or 'f32' cache. n_threads: default physical cores.
+    Raises ModelLoadError (a ValueError) naming the file if it cannot be used.
+    """
+
+    def __init__(self, model_path, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
+                 kv_pad=KV_PAD, verbose=False):
+        t0 = time.perf_counter()
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+        if n_batch < 1:
+            raise ValueError(f"n_batch must be at least 1, got {n_batch}")
+        self.model_path = str(model_path)
+        self.model = LlamaModel(model_path, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type],
+                                n_threads=n_threads, kv_pad=kv_pad)
+        self.tokenizer = self.model.file.tokenizer()
+        self.n_batch = int(n_batch)
+        self.verbose = verbose
+        self.tokens = []          # the sequence whose K/V rows are in the cache
+        self.timings = Timings(load_s=time.perf_counter() - t0)
+
+    # ---- facts ------------------------------------------------------------------
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def n_ctx(self):
+        return self.model.n_ctx
+
+    def n_vocab(self):
+        return self.config.n_vocab
+
+    @property
+    def n_tokens(self):
+        """Tokens evaluated so far in the current sequence."""
+        return len(self.tokens)
+
+    def token_bos(self):
+        return self.tokenizer.bos_id
+
+    def token_eos(self):
+        return self.tokenizer.eos_id
+
+    def n_threads(self):
+        return self.model.n_threads
+
+    # ---- text <-> ids -----------------------------------------------------------
+
+    def tokenize(self, text, add_bos=True, special=False):
+        """Token ids of text (str or UTF-8 bytes); BOS if add_bos and the vocabulary adds it."""
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", "replace")
+        return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def detokenize(self, tokens):
+        """Text of token ids (control tokens such as BOS are not shown)."""
+        return self.tokenizer.detokenize(tokens)
+
+    # ---- evaluation ---------------------------------------------------------------
+
+    def reset(self):
+        """Start a new sequence (the cache is emptied)."""
+        self.tokens = []
+        self.model.cache.clear()
+
+    def eval(self, tokens):
+        """Evaluate tokens after the current sequence; logits (len(tokens), n_vocab), a copy."""
+        tokens = [int(t) for t in tokens]
+        out = np.empty((len(tokens), self.n_vocab()), np.float32)
+        self._decode(tokens, out=out)
+        return out
+
+    def _decode(self, tokens, out=None, first_output=0):
+        """Run tokens through the model in n_batch pieces, appending them to the sequence.
+
+        out: (len(tokens) - first_output, V) receives the logits of tokens from
+        first_output on; without out only the last token's logits are computed,
+        and returned (a view valid until the next call).
+        """
+        if not tokens:
+            raise ValueError("no tokens to evaluate")
+        if self.n_tokens + len(tokens) > self.n_ctx():
+            raise ValueError(f"{self.n_tokens} + {len(tokens)} tokens do not fit the context "
+                             f"of {self.n_ctx()} tokens")
+        logits = None
+        for start in range(0, len(tokens), self.n_batch):
+            batch = tokens[start:start + self.n_batch]
+            end = start + len(batch)
+            positions = np.arange(self.n_tokens, self.n_tokens + len(batch), dtype=np.int32)
+            # rows of this batch whose logits are wanted: from first_output on, or the last
+            lo = max(first_output - start, 0) if out is not None and end > first_output \
+                else len(batch) - 1
+            try:
+                logits = self.model.forward(batch, positions, n_out=len(batch) - lo)
+            except BaseException:
+                self.model.cache.truncate(self.n_tokens)   # drop rows a half-run batch wrote
+                raise
+            self.tokens.extend(batch)
+            if out is not None and end > first_output:
+                out[start + lo - first_output:end - first_output] = logits
+        return logits[-1]
+
+    # ---- generation ---------------------------------------------------------------
+
+    def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                 repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True):
+        """Yield the text pieces generated after prompt (str or token ids), as produced.
+
+        Stops after max_tokens (< 0: until the end of the context), at an
+        end-of-generation token unless ignore_eos, or when the context is full.
+        temperature <= 0 is greedy; same seed, same text.
+        """
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                seed=seed)
+        decoder = self.tokenizer.decoder(strip_leading_space=False)
+        for token in self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos):
+            piece = decoder.feed(token)
+            if piece:
+                yield piece
+        rest = decoder.flush()
+        if rest:
+            yield rest
+
+    def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
+                        add_bos=True):
+        """Yield generated token ids (see generate). Reuses the cached prefix of the prompt."""
+        ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, (str, bytes)) \
+            else [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.n_ctx():
+            raise ValueError(f"the prompt has {len(ids)} tokens, the context {self.n_ctx()}")
+        banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()
+        sampler = Sampler(params, banned=banned)
+        sampler.accept_all(ids)
+
+        keep = self._common_prefix(ids)
+        self.tokens = self.tokens[:keep]
+        self.model.cache.truncate(keep)
+        t0 = time.perf_counter()
+        logits = self._decode(ids[keep:])
+        self.timings.prompt_s += time.perf_counter() - t0
+        self.timings.prompt_tokens += len(ids) - keep
+
+        n = 0
+        while max_tokens < 0 or n < max_tokens:
+            t0 = time.perf_counter()
+            token = sampler.sample(logits)
+            sampler.accept(token)
+            self.timings.sample_s += time.perf_counter() - t0
+            self.timings.sample_runs += 1
+            if self.tokenizer.is_eog(token):
+                return
+            yield token
+            n += 1
+            if self.n_tokens >= self.n_ctx() or (0 <= max_tokens <= n):
+                return
+            t0 = time.perf_counter()
+            logits = self._decode([token])
+            self.timings.eval_s += time.perf_counter() - t0
+            self.timings.eval_tokens += 1
+
+    def _common_prefix(self, ids):
+        """Tokens of the cached sequence reusable for ids (the last id is always re-run)."""
+        n = 0
+        for a, b in zip(self.tokens, ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # ---- perplexity ---------------------------------------------------------------
+
+    def perplexity(self, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
+        """llama.cpp's perplexity of text (see ggml_py.perplexity); a PerplexityResult."""
+        from ggml_py.perplexity import perplexity
+        return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
+                          callback=callback)

@@ -1,0 +1,95 @@
+"""Perplexity by llama.cpp's method (`llama-perplexity`, default mode).
+
+1. Tokenize the whole text once, with BOS if the vocabulary adds one.
+2. Cut it into n_chunk = len(tokens) // n_ctx chunks of n_ctx tokens (the tail
+   is dropped); at least 2 * n_ctx tokens are needed.
+3. Each chunk starts from an empty cache; its first token is replaced by BOS
+   (when the vocabulary adds BOS), and it is evaluated in batches of n_batch.
+4. Only the second half is scored: with first = n_ctx // 2, the logits at
+   positions first .. n_ctx - 2 predict tokens first + 1 .. n_ctx - 1, so every
+   scored token has at least n_ctx / 2 tokens of context.
+5. nll = sum of -log softmax(logits)[next token] (float max, double sums, as
+   llama.cpp), PPL = exp(nll / count) printed after each chunk as `[i]ppl,`.
+6. Final estimate: PPL = exp(mean nll) +/- PPL * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1)).
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PerplexityResult:
+    """ppl and its +/- (llama.cpp's Final estimate), and the running value after each chunk."""
+    ppl: float
+    error: float
+    chunk_ppl: tuple
+    n_ctx: int
+    n_scored: int
+
+    def __float__(self):
+        return self.ppl
+
+
+def token_nll(logits, tokens):
+    """-log p(tokens[i] | logits[i]) for each row, as llama.cpp computes it: (n,) float64."""
+    logits = np.asarray(logits, np.float32)
+    max_logit = logits.max(axis=1, keepdims=True)
+    sum_exp = np.exp(logits - max_logit).sum(axis=1, dtype=np.float64)
+    picked = logits[np.arange(len(tokens)), tokens].astype(np.float64)
+    return -(picked - max_logit[:, 0].astype(np.float64) - np.log(sum_exp))
+
+
+def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
+    """Perplexity of text under llm (a Llama) with chunks of n_ctx tokens.
+
+    text: str, or a list of token ids already tokenized with BOS.
+    callback(i, n_chunk, running_ppl, seconds) is called after each chunk.
+    Raises ValueError if the text is shorter than 2 * n_ctx tokens.
+    """
+    import time
+    tokens = llm.tokenize(text, add_bos=True) if isinstance(text, str) else list(text)
+    if n_ctx < 4:
+        raise ValueError(f"perplexity: n_ctx must be at least 4, got {n_ctx}")
+    if n_ctx > llm.n_ctx():
+        raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context "
+                         f"{llm.n_ctx()} (load it with a larger n_ctx)")
+    if len(tokens) < 2 * n_ctx:
+        raise ValueError(f"perplexity: you need at least {2 * n_ctx} tokens to evaluate "
+                         f"perplexity with a context of {n_ctx}; the text tokenizes to only "
+                         f"{len(tokens)} tokens")
+    n_chunk_max = len(tokens) // n_ctx
+    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
+    add_bos = llm.tokenizer.add_bos
+    first = n_ctx // 2
+    saved_batch = llm.n_batch
+    llm.n_batch = min(n_batch or llm.n_batch, n_ctx)
+    logits = np.empty((n_ctx - first, llm.n_vocab()), np.float32)
+    nll = nll2 = 0.0
+    count = 0
+    running = []
+    try:
+        for i in range(n_chunk):
+            t0 = time.perf_counter()
+            chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
+            if add_bos:
+                chunk = [llm.token_bos()] + chunk[1:]
+            llm.reset()
+            llm._decode(chunk, out=logits, first_output=first)
+            # logits row j (position first + j) predicts token first + j + 1
+            values = token_nll(logits[:-1], np.asarray(tokens[i * n_ctx + first + 1:(i + 1) * n_ctx]))
+            nll += float(values.sum())
+            nll2 += float((values * values).sum())
+            count += len(values)
+            running.append(math.exp(nll / count))
+            if callback is not None:
+                callback(i, n_chunk, running[-1], time.perf_counter() - t0)
+    finally:
+        llm.n_batch = saved_batch
+        llm.reset()
+    mean, mean2 = nll / count, nll2 / count
+    ppl = math.exp(mean)
+    var = mean2 - mean * mean
+    error = ppl * math.sqrt(var / (count - 1)) if var > 0 and count > 1 else float("nan")
+    return PerplexityResult(ppl=ppl, error=error, chunk_ppl=tuple(running), n_ctx=n_ctx,
+                            n_scored=count)

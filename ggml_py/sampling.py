@@ -1,0 +1,127 @@
+"""Choosing the next token from logits, with llama.cpp's semantics and order.
+
+The chain is llama.cpp's default one (with its optional samplers left out):
+repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw. A temperature
+<= 0 means greedy: the highest logit after the penalty. Candidates are kept as
+(ids, logits) arrays sorted by logit, highest first, once top-k has run.
+
+The draw uses a numpy Generator: same seed, same tokens (seed None draws a
+seed from the OS). Its numbers differ from llama.cpp's mt19937, so sampled
+text matches llama.cpp only when greedy.
+"""
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampler settings; defaults are llama.cpp's."""
+    temperature: float = 0.8
+    top_k: int = 40               # <= 0: all tokens
+    top_p: float = 0.95           # >= 1: off
+    min_p: float = 0.05           # <= 0: off
+    repeat_penalty: float = 1.0   # 1: off
+    repeat_last_n: int = 64       # tokens the penalty looks back over (0: off)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self):
+        return self.temperature <= 0
+
+
+def apply_penalties(logits, history, repeat_penalty, frequency_penalty=0.0, presence_penalty=0.0):
+    """Penalise tokens seen in `history` (llama.cpp): a positive logit is divided by
+    repeat_penalty, a negative one multiplied; then count * frequency_penalty and
+    presence_penalty are subtracted. Changes logits (float32 (V,)) in place."""
+    if not len(history):
+        return logits
+    if repeat_penalty == 1.0 and frequency_penalty == 0.0 and presence_penalty == 0.0:
+        return logits
+    ids, counts = np.unique(np.asarray(history, np.int64), return_counts=True)
+    x = logits[ids]
+    x = np.where(x <= 0, x * repeat_penalty, x / repeat_penalty)
+    logits[ids] = x - counts * frequency_penalty - presence_penalty
+    return logits
+
+
+def top_k(ids, logits, k):
+    """The k highest candidates, sorted by logit (all of them, sorted, if k <= 0)."""
+    n = len(logits)
+    if 0 < k < n:
+        part = np.argpartition(-logits, k - 1)[:k]
+        ids, logits = ids[part], logits[part]
+    order = np.argsort(-logits, kind="stable")
+    return ids[order], logits[order]
+
+
+def _softmax(logits):
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    return p / p.sum()
+
+
+def top_p(ids, logits, p, min_keep=1):
+    """Sorted candidates: keep the smallest prefix whose probability reaches p."""
+    if p >= 1.0 or len(logits) <= min_keep:
+        return ids, logits
+    cum = np.cumsum(_softmax(logits))
+    reached = np.nonzero(cum >= p)[0]
+    n = len(logits) if not reached.size else max(int(reached[0]) + 1, min_keep)
+    return ids[:n], logits[:n]
+
+
+def min_p(ids, logits, p, min_keep=1):
+    """Sorted candidates: keep those with probability >= p * the highest one."""
+    if p <= 0.0 or not len(logits):
+        return ids, logits
+    threshold = logits[0] + np.log(np.float32(p))
+    n = max(int(np.count_nonzero(logits >= threshold)), min_keep)
+    return ids[:n], logits[:n]
+
+
+def draw(logits, rng):
+    """Index drawn from softmax(logits) with one uniform number (llama.cpp's dist)."""
+    cum = np.cumsum(np.exp(logits.astype(np.float64) - logits.max()))
+    target = cum[-1] * rng.random()
+    return min(int(np.searchsorted(cum, target, side="left")), len(logits) - 1)
+
+
+class Sampler:
+    """Stateful sampler: remembers recent tokens for the repeat penalty, owns the RNG.
+
+    >>> s = Sampler(SamplingParams(temperature=0.8, seed=1))
+    >>> s.accept_all(prompt_ids); token = s.sample(logits); s.accept(token)
+    """
+
+    def __init__(self, params=SamplingParams(), banned=()):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.history = deque(maxlen=max(0, params.repeat_last_n))
+        self.banned = np.asarray(sorted(banned), np.int64)   # e.g. EOS with --ignore-eos
+
+    def accept(self, token):
+        """Record a token (prompt or generated) for the repeat penalty."""
+        if self.history.maxlen:
+            self.history.append(int(token))
+
+    def accept_all(self, tokens):
+        for t in tokens:
+            self.accept(t)
+
+    def sample(self, logits):
+        """The next token id from logits (V,) (not recorded: call accept)."""
+        p = self.params
+        x = np.array(logits, np.float32).reshape(-1)
+        if self.banned.size:
+            x[self.banned] = -np.inf
+        apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        if p.greedy:
+            return int(np.argmax(x))
+        ids, x = top_k(np.arange(len(x)), x, p.top_k)
+        ids, x = top_p(ids, x, p.top_p)
+        ids, x = min_p(ids, x, p.min_p)
+        x = x / np.float32(p.temperature)
+        return int(ids[draw(x, self.rng)])

@@ -1,0 +1,73 @@
+"""Packing intermediates: same results as unpacked graphs, memory reused safely."""
+import numpy as np
+
+import ggml_py as gg
+from ggml_py import graph_alloc
+from ggml_py.graph_alloc import ALIAS_SOURCE, build_packed, plan_offsets
+
+RNG = np.random.default_rng(0)
+A = RNG.standard_normal((16, 32)).astype(np.float32)
+W = RNG.standard_normal((32, 32)).astype(np.float32)
+
+
+def build(ctx):
+    """A graph with long- and short-lived results, views, and a diamond."""
+    x = ctx.from_numpy(A, name="x")
+    w = ctx.from_numpy(W, name="w")
+    h = gg.mul_mat(w, x)                                  # lives to the end (residual)
+    y = h
+    for _ in range(6):
+        t = gg.silu(gg.mul_mat(w, y))
+        t = gg.reshape(gg.cont(gg.transpose(t)), (16, 32))   # views of a dead-soon result
+        y = gg.add(gg.scale(t, 0.5), y)
+    out = gg.add(gg.rms_norm(y), h)
+    return ctx, x, w, out
+
+
+def test_packed_graph_computes_the_same():
+    ctx, *_, out = build(gg.Context(mem_size=4 << 20))
+    gg.build_forward(out).compute(n_threads=2)
+    packed = build_packed(build, lambda r: [r[-1]], 64 << 10)
+    packed.graph.compute(n_threads=2)
+    np.testing.assert_array_equal(packed.result[-1].numpy(), out.numpy())
+    assert packed.buffer_bytes < packed.unpacked_bytes / 3
+
+
+def test_live_results_never_overlap():
+    ctx = gg.Context(mem_size=1 << 20)
+    recorder = graph_alloc._Recorder(ctx.new_tensor(gg.I8, (64,)))
+    with gg.ops.place_results(recorder):
+        *_, out = build(ctx)
+    nodes = gg.build_forward(out).nodes
+    results = recorder.results
+    offsets, size = plan_offsets(nodes, results, [out])
+    index = {id(t): k for k, (t, _) in enumerate(results)}
+    # lifetime of each result: from its node to the last node reading it (or a view of it)
+    root, life = {}, {}
+    for i, node in enumerate(nodes):
+        if id(node) in index:
+            root[id(node)] = index[id(node)]
+            life[index[id(node)]] = [i, i]
+        elif node.op in ALIAS_SOURCE and id(node.src[ALIAS_SOURCE[node.op]]) in root:
+            root[id(node)] = root[id(node.src[ALIAS_SOURCE[node.op]])]
+        for s in node.src:
+            if s is not None and id(s) in root:
+                life[root[id(s)]][1] = i
+    life[index[id(out)]][1] = len(nodes)
+    for a in life:
+        for b in life:
+            if a < b and life[a][0] <= life[b][1] and life[b][0] <= life[a][1]:
+                ra = (offsets[a], offsets[a] + results[a][1])
+                rb = (offsets[b], offsets[b] + results[b][1])
+                assert ra[1] <= rb[0] or rb[1] <= ra[0], (a, b)
+    assert max(offsets[k] + results[k][1] for k in life) <= size
+
+
+def test_free_list_merges_neighbours():
+    free = []
+    graph_alloc._release(free, 0, 64)
+    graph_alloc._release(free, 128, 64)
+    graph_alloc._release(free, 64, 64)
+    assert free == [(0, 192)]
+    assert graph_alloc._allocate(free, 192, 64) == (0, 192) and free == [(64, 128)]
+    assert graph_alloc._allocate(free, 192, 256) == (64, 320)     # grows the top block

@@ -1,0 +1,162 @@
+"""ggml-main, ggml-perplexity and ggml-bench model, end to end in subprocesses."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from llama_models import DATA, model_path, scratch_path
+
+import ggml_py as gg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+TEXT_FILE = os.path.join(DATA, "ggml-vocab-llama-spm.gguf.inp")
+
+
+def run(module, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=ENV, cwd=ROOT, timeout=timeout)
+
+
+def main(*args):
+    return run("ggml_py.cli.main", *args)
+
+
+def assert_one_line_error(proc, code=None):
+    assert proc.returncode != 0 if code is None else proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0], proc.stderr
+    return lines[0]
+
+
+def test_main_generates_and_prints_timings():
+    proc = main("-m", model_path("f32"), "-p", "Once upon a time", "-n", 12, "-s", 3, "-t", 2,
+                "--temp", 0.7, "--top-k", 20, "--top-p", 0.9, "--min-p", 0.02,
+                "--repeat-penalty", 1.1, "--repeat-last-n", 16, "-c", 128, "-b", 4,
+                "--ignore-eos", "--verbose-prompt")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(" Once upon a time")
+    err = proc.stderr
+    assert "system_info: n_threads = 2" in err and "AVX2 =" in err
+    assert re.search(r"load time = +\d+\.\d+ ms", err)
+    assert re.search(r"prompt eval time = .* / +\d+ tokens .* ms per token, .* tokens per second", err)
+    assert re.search(r"       eval time = .* / +11 runs .* tokens per second", err)
+    assert "     1 -> '<s>'" in err                   # --verbose-prompt
+    again = main("-m", model_path("f32"), "-p", "Once upon a time", "-n", 12, "-s", 3, "-t", 1,
+                 "--temp", 0.7, "--top-k", 20, "--top-p", 0.9, "--min-p", 0.02,
+                 "--repeat-penalty", 1.1, "--repeat-last-n", 16, "-c", 128, "--ignore-eos")
+    assert again.stdout == proc.stdout             # same seed, same text
+
+
+def test_main_greedy_equals_api():
+    prompt_file = scratch_path("prompt.txt")
+    with open(prompt_file, "w") as f:
+        f.write("The cat")
+    proc = main("-m", model_path("f32"), "-f", prompt_file, "-n", 8, "--temp", 0, "-c", 64,
+                "-ctk", "f32", "--ignore-eos")
+    llm = gg.Llama(model_path("f32"), n_ctx=64, kv_type="f32")
+    expected = "".join(llm.generate("The cat", max_tokens=8, temperature=0, ignore_eos=True))
+    assert proc.stdout == " The cat" + expected + "\n"
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-p", "x"], "required: -m/--model"),
+    (["-m", "M", "--temp"], "expected one argument"),
+    (["-m", "M", "-n", "many"], "invalid int value"),
+    (["-m", "M", "-t", "0"], "at least 1"),
+    (["-m", "M", "-ctk", "q4"], "invalid choice"),
+    (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
+])
+def test_main_bad_flags(args, fragment):
+    args = [model_path("f32") if a == "M" else a for a in args]
+    line = assert_one_line_error(main(*args), code=2)
+    assert line.startswith("ggml-main: error:") and fragment in line
+
+
+def test_main_bad_files():
+    truncated = scratch_path("cli-truncated.gguf")
+    data = open(model_path("f32"), "rb").read()
+    with open(truncated, "wb") as f:
+        f.write(data[:len(data) // 3])
+    for path, fragment in [(scratch_path("none.gguf"), "no such file"),
+                           (TEXT_FILE, "not a GGUF file"), (truncated, "truncated")]:
+        line = assert_one_line_error(main("-m", path, "-n", 1), code=1)
+        assert path in line and fragment in line
+    line = assert_one_line_error(main("-m", model_path("f32"), "-f", scratch_path("none.txt")), 1)
+    assert "none.txt" in line
+
+
+def test_main_ctrl_c_stops_and_prints_timings():
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_py.cli.main", "-m", model_path("f32"),
+                             "-p", "Once", "-n", "-1", "-c", "8192", "--ignore-eos", "-s", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
+    try:
+        os.set_blocking(proc.stdout.fileno(), False)
+        received, deadline = b"", time.monotonic() + 60
+        while len(received) < 40 and time.monotonic() < deadline:   # the prompt and some text
+            received += proc.stdout.read() or b""
+            time.sleep(0.05)
+        assert proc.poll() is None, "finished before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    err = err.decode()
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "interrupted" in err
+    assert re.search(r"       eval time = .* tokens per second", err)
+
+
+def test_perplexity_cli_matches_api():
+    proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 128,
+               "-b", 64, "--chunks", 3, "-ctk", "f32")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert re.fullmatch(r"\[1\]\d+\.\d{4},\[2\]\d+\.\d{4},\[3\]\d+\.\d{4},", out[0]), out[0]
+    m = re.fullmatch(r"Final estimate: PPL = (\d+\.\d{4}) \+/- (\d+\.\d{5})", out[1])
+    assert m, out[1]
+    assert "seconds per pass - ETA" in proc.stderr
+    llm = gg.Llama(model_path("f32"), n_ctx=128, kv_type="f32")
+    result = llm.perplexity(open(TEXT_FILE, encoding="utf-8").read(), n_ctx=128, n_chunks=3)
+    assert float(m.group(1)) == pytest.approx(result.ppl, rel=1e-5)
+    assert float(m.group(2)) == pytest.approx(result.error, rel=1e-3)
+
+
+def test_perplexity_cli_errors():
+    short = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 4096)
+    assert short.returncode == 1 and "Traceback" not in short.stderr
+    assert short.stderr.strip().splitlines()[-1].startswith(
+        "ggml-perplexity: error: you need at least 8192 tokens")
+    assert_one_line_error(run("ggml_py.cli.perplexity", "-m", model_path("f32")), code=2)
+    line = assert_one_line_error(run("ggml_py.cli.perplexity", "-m", TEXT_FILE, "-f", TEXT_FILE),
+                                 code=1)
+    assert "not a GGUF file" in line
+
+
+def test_bench_model_table_and_json():
+    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 16, "-n", 4, "-t", "1,2",
+               "-r", 2)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| llama")]
+    assert len(rows) == 4
+    assert re.match(r"\| llama \S+ F32 +\| +\d+\.\d\d MiB \|", rows[0])
+    assert [r.split("|")[5].strip() for r in rows] == ["1", "1", "2", "2"]
+    assert [r.split("|")[6].strip() for r in rows] == ["pp16", "tg4", "pp16", "tg4"]
+    assert all(re.search(r"\d+\.\d\d ± \d+\.\d\d \|$", r) for r in rows)
+    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 8, "-n", 2, "-t", 1,
+               "-r", 1, "--json")
+    results = json.loads(proc.stdout)["results"]
+    assert [r["test"] for r in results] == ["pp8", "tg2"] and results[0]["avg_ts"] > 0
+
+
+def test_bench_model_errors():
+    line = assert_one_line_error(run("ggml_py.bench", "model", "-m", scratch_path("none.gguf")), 1)
+    assert "no such file" in line
+    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
+    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 1)

@@ -1,0 +1,199 @@
+"""The llama graph against the float64 reference, the KV cache, and GGUF loading."""
+
+import gguf
+import numpy as np
+import pytest
+
+from llama_models import SPECS, model_path, scratch_path, vocab
+from llama_reference import ReferenceLlama
+
+from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
+from ggml_py.llama import LlamaConfig, LlamaModel
+from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
+from ggml_py.types import Type
+
+RNG = np.random.default_rng(1234)
+TOKENS = RNG.integers(0, 512, 48).astype(np.int32)
+
+
+def forward_all(model, tokens, batch):
+    """Logits of tokens fed in batches of `batch`, from an empty cache."""
+    model.cache.clear()
+    out = []
+    for start in range(0, len(tokens), batch):
+        chunk = tokens[start:start + batch]
+        out.append(model.forward(chunk, np.arange(start, start + len(chunk))).copy())
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def references():
+    return {kind: ReferenceLlama(model_path(kind)) for kind in SPECS}
+
+
+# ---- logits against the reference ------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["f32", "variant"])
+def test_f32_model_f32_cache_matches_reference(kind, references):
+    model = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2)
+    logits = forward_all(model, TOKENS, batch=48)
+    expected = references[kind].forward(TOKENS)
+    assert np.abs(logits - expected).max() <= 1e-4
+
+
+def test_f16_cache_within_f16_rounding(references):
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F16, n_threads=1)
+    logits = forward_all(model, TOKENS, batch=48)
+    ref = references["f32"]
+    # K, V are stored as f16, and q and the probabilities rounded to f16 to meet them (as ggml)
+    assert np.abs(logits - ref.forward(TOKENS, kv_dtype=np.float16)).max() <= 1e-2
+    assert np.abs(logits - ref.forward(TOKENS)).max() <= 5e-2
+
+
+def test_f16_model_within_f16_rounding(references):
+    # F16 weights multiply activations rounded to F16 (as ggml does): relative error ~1e-3
+    model = LlamaModel(model_path("f16"), n_ctx=64, kv_type=Type.F16, n_threads=2)
+    logits = forward_all(model, TOKENS, batch=48)
+    expected = references["f16"].forward(TOKENS, kv_dtype=np.float16)
+    assert np.abs(logits - expected).max() <= 2e-3 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+def test_batches_equal_one_pass(batch):
+    model = LlamaModel(model_path("variant"), n_ctx=64, kv_type=Type.F32, n_threads=2, kv_pad=16)
+    whole = forward_all(model, TOKENS, batch=len(TOKENS))
+    np.testing.assert_allclose(forward_all(model, TOKENS, batch=batch), whole, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("n_out", [1, 4])
+def test_last_rows_only(n_out):
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    all_rows = forward_all(model, TOKENS[:10], batch=10)
+    model.cache.clear()
+    last = model.forward(TOKENS[:10], np.arange(10), n_out=n_out)
+    assert last.shape == (n_out, 512)
+    np.testing.assert_allclose(last, all_rows[-n_out:], atol=1e-5, rtol=0)
+
+
+# ---- graphs built once, nothing allocated per call --------------------------------
+
+def test_graphs_are_cached_and_calls_allocate_nothing():
+    model = LlamaModel(model_path("f32"), n_ctx=128, kv_type=Type.F16, n_threads=1, kv_pad=32)
+    model.forward(TOKENS[:8], np.arange(8))
+    for pos in range(8, 40):                      # crosses the 32-slot window once
+        model.forward(TOKENS[pos:pos + 1], [pos], n_out=1)
+    assert sorted(model._graphs) == [(1, 32, 1), (1, 64, 1), (8, 32, 8)]
+    graph = model._graphs[(1, 64, 1)]
+    used = graph.ctx.used
+    for pos in range(40, 48):
+        model.forward(TOKENS[pos:pos + 1], [pos], n_out=1)
+    assert model._graphs[(1, 64, 1)] is graph and graph.ctx.used == used
+
+
+def test_kv_window_hides_unused_slots():
+    # a wide window (most slots empty or stale) gives the same logits as a tight one
+    tight = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1, kv_pad=8)
+    wide = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1, kv_pad=64)
+    wide.cache.k[0][:] = 1e4                        # garbage in slots nobody may see
+    np.testing.assert_allclose(forward_all(wide, TOKENS[:12], 3),
+                               forward_all(tight, TOKENS[:12], 3), atol=2e-5, rtol=0)
+
+
+def test_cache_truncate_continues_from_prefix():
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    full = forward_all(model, TOKENS[:16], batch=16)
+    model.cache.truncate(10)
+    again = model.forward(TOKENS[10:16], np.arange(10, 16)).copy()
+    np.testing.assert_allclose(again, full[10:], atol=2e-5, rtol=0)
+
+
+def test_positions_beyond_context_raise():
+    model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
+    with pytest.raises(ValueError, match="context of 16"):
+        model.forward([1, 2], [15, 16])
+    with pytest.raises(ValueError, match="token ids"):
+        model.forward([512], [0])
+
+
+# ---- loading -------------------------------------------------------------------
+
+def test_config_from_metadata():
+    c = LlamaConfig.from_gguf(GGUFModelFile(model_path("variant")))
+    spec = SPECS["variant"]
+    assert (c.n_vocab, c.n_embd, c.n_layer, c.n_head, c.n_head_kv, c.n_ff) == \
+        (512, spec.n_embd, spec.n_layer, spec.n_head, 1, spec.n_ff)
+    assert c.head_dim == c.n_rot == spec.n_embd // spec.n_head
+    assert c.rope_freq_base == 50000.0 and c.rope_freq_scale == 0.5
+    assert c.rms_eps == pytest.approx(1e-5) and c.n_ctx_train == spec.n_ctx_train
+
+
+def test_weights_are_used_in_place():
+    model = LlamaModel(model_path("variant"), n_ctx=16, n_threads=1)
+    mapped = model.file.reader.data
+    w = model.weights
+    for weight in (w.token_embd, w.layers[0].wq, w.layers[1].w_down, w.rope_freqs):
+        assert np.shares_memory(weight.data, mapped)
+    assert w.output.name == "token_embd.weight"          # tied: no output.weight in the file
+    graph = model.graph(1, 16, False)
+    leaf = next(t for t in graph.graph.leafs if t.name == "blk.0.attn_q.weight")
+    start = mapped.ctypes.data
+    assert start <= leaf.data_ptr < start + mapped.nbytes
+
+
+def write_bad_model(name, weights=None, spec=RandomLlamaSpec(n_vocab=512)):
+    path = scratch_path(name)
+    write_random_llama(path, spec, vocab=vocab(), weights=weights)
+    return path
+
+
+def bad_files():
+    """(path, expected message fragment) for each kind of bad file."""
+    spec = RandomLlamaSpec(n_vocab=512)
+    files = []
+    missing = random_weights(spec)
+    del missing["blk.1.ffn_up.weight"]
+    files.append((write_bad_model("missing.gguf", missing), "missing tensor 'blk.1.ffn_up.weight'"))
+    wrong = random_weights(spec)
+    wrong["blk.0.attn_k.weight"] = wrong["blk.0.attn_q.weight"]
+    files.append((write_bad_model("shape.gguf", wrong), "'blk.0.attn_k.weight' has shape (64, 64)"))
+    odd = random_weights(spec)
+    odd["blk.0.attn_v.weight"] = (np.zeros((32, 66), np.uint8),   # one 256-element block a row
+                                  gguf.GGMLQuantizationType.IQ2_XXS)
+    files.append((write_bad_model("iq2.gguf", odd), "IQ2_XXS, which ggml_py does not support"))
+    ints = random_weights(spec)
+    ints["blk.0.attn_q.weight"] = (np.zeros((64, 64), np.int8).view(np.uint8),
+                                   gguf.GGMLQuantizationType.I8)
+    files.append((write_bad_model("i8.gguf", ints), "no dot-product kernel for I8"))
+
+    arch = scratch_path("arch.gguf")
+    writer = gguf.GGUFWriter(arch, "mamba")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    files.append((arch, "unknown architecture 'mamba'"))
+
+    good = open(model_path("f32"), "rb").read()
+    truncated = scratch_path("truncated.gguf")
+    open(truncated, "wb").write(good[: len(good) // 2])
+    files.append((truncated, "truncated"))
+    header_only = scratch_path("header.gguf")
+    open(header_only, "wb").write(good[:100])
+    files.append((header_only, "truncated or corrupt"))
+    magic = scratch_path("magic.gguf")
+    open(magic, "wb").write(b"GGML" + good[4:200])
+    files.append((magic, "not a GGUF file"))
+    files.append((scratch_path("absent.gguf"), "no such file"))
+    return files
+
+
+def test_bad_files_raise_one_clear_error():
+    for path, fragment in bad_files():
+        with pytest.raises(ModelLoadError) as info:
+            LlamaModel(path, n_ctx=16, n_threads=1)
+        message = str(info.value)
+        assert message.startswith(f"{path}: "), message
+        assert fragment in message, message
+        assert "\n" not in message
+        assert isinstance(info.value, ValueError)

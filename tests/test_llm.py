@@ -1,0 +1,155 @@
+"""The Llama API: tokenize, eval, generate, perplexity."""
+import math
+
+import numpy as np
+import pytest
+
+from llama_models import TEXT, model_path
+from llama_reference import ReferenceLlama
+
+import ggml_py as gg
+from ggml_py.perplexity import token_nll
+from ggml_py.sampling import Sampler
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return gg.Llama(model_path("f32"), n_ctx=128, n_threads=2, kv_type="f32")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return ReferenceLlama(model_path("f32"))
+
+
+def test_tokenize_detokenize(llm):
+    ids = llm.tokenize("Hello world")
+    assert ids[0] == llm.token_bos() == 1
+    assert llm.tokenize("Hello world", add_bos=False) == ids[1:]
+    assert llm.tokenize(b"Hello world") == ids
+    assert llm.detokenize(ids[1:]) == "Hello world"
+
+
+def test_eval_matches_reference_and_continues(llm, reference):
+    ids = llm.tokenize("The quick brown fox jumps over the lazy dog")
+    llm.reset()
+    logits = llm.eval(ids)
+    assert logits.shape == (len(ids), llm.n_vocab()) and llm.n_tokens == len(ids)
+    assert np.abs(logits - reference.forward(ids)).max() <= 1e-4
+    llm.reset()
+    first = llm.eval(ids[:4])
+    rest = llm.eval(ids[4:])                  # continues the sequence, like llama-cpp-python
+    np.testing.assert_allclose(np.concatenate([first, rest]), logits, atol=2e-5, rtol=0)
+    llm.reset()
+    assert llm.n_tokens == 0
+
+
+def test_eval_in_small_batches(reference):
+    small = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=3, kv_type="f32")
+    ids = small.tokenize("one two three four five six seven")
+    assert np.abs(small.eval(ids) - reference.forward(ids)).max() <= 1e-4
+
+
+def reference_greedy(reference, ids, n):
+    ids, out = list(ids), []
+    for _ in range(n):
+        logits = reference.forward(ids)[-1]
+        top2 = np.sort(logits)[-2:]
+        assert top2[1] - top2[0] > 1e-3, "a near tie: pick another prompt"
+        out.append(int(np.argmax(logits)))
+        ids.append(out[-1])
+    return out
+
+
+def test_greedy_generation_matches_reference(llm, reference):
+    prompt = llm.tokenize("Once upon a time")
+    params = gg.SamplingParams(temperature=0)
+    tokens = list(llm.generate_tokens(prompt, params, max_tokens=12, ignore_eos=True))
+    assert tokens == reference_greedy(reference, prompt, 12)
+    again = list(llm.generate_tokens(prompt, params, max_tokens=12, ignore_eos=True))
+    assert again == tokens                     # deterministic, reusing the cached prefix
+
+
+def test_generate_text_streams_pieces(llm):
+    pieces = list(llm.generate("Once upon a time", max_tokens=12, temperature=0, ignore_eos=True))
+    tokens = list(llm.generate_tokens("Once upon a time", gg.SamplingParams(temperature=0),
+                                      max_tokens=12, ignore_eos=True))
+    assert len(pieces) > 1 and "".join(pieces) == llm.detokenize(tokens)
+
+
+def test_same_seed_same_text(llm):
+    def text(seed):
+        return "".join(llm.generate("The", max_tokens=16, temperature=1.0, seed=seed,
+                                    ignore_eos=True))
+    assert text(5) == text(5)
+    assert len({text(5), text(6), text(7)}) > 1
+
+
+def test_stops_at_eos_and_max_tokens(llm, monkeypatch):
+    assert len(list(llm.generate_tokens("The", max_tokens=5, ignore_eos=True))) == 5
+    draws = iter([10, 11, llm.token_eos(), 12])
+    monkeypatch.setattr(Sampler, "sample", lambda self, logits: next(draws))
+    assert list(llm.generate_tokens("The", max_tokens=10)) == [10, 11]
+
+
+def test_ignore_eos_bans_end_of_generation(llm):
+    sampler_banned = []
+    original = Sampler.__init__
+
+    def spy(self, params, banned=()):
+        sampler_banned.extend(banned)
+        original(self, params, banned)
+    Sampler.__init__ = spy
+    try:
+        list(llm.generate_tokens("The", max_tokens=1, ignore_eos=True))
+    finally:
+        Sampler.__init__ = original
+    assert llm.token_eos() in sampler_banned
+
+
+def test_generation_stops_when_context_is_full():
+    small = gg.Llama(model_path("f32"), n_ctx=16, n_threads=1)
+    prompt = small.tokenize("Hello")
+    tokens = list(small.generate_tokens(prompt, gg.SamplingParams(temperature=0), max_tokens=-1,
+                                        ignore_eos=True))
+    # every cache slot is used; the last token is sampled from the logits of a full context
+    assert small.n_tokens == 16 and len(prompt) + len(tokens) == 17
+    assert small.timings.prompt_tokens == len(prompt) and small.timings.eval_tokens == len(tokens) - 1
+
+
+def reference_perplexity(reference, tokens, n_ctx, bos):
+    nll = []
+    for i in range(len(tokens) // n_ctx):
+        chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
+        logits = reference.forward([bos] + chunk[1:]).astype(np.float32)
+        first = n_ctx // 2
+        nll.extend(token_nll(logits[first:-1], np.asarray(chunk[first + 1:])))
+    nll = np.array(nll)
+    ppl = math.exp(nll.mean())
+    return ppl, ppl * math.sqrt(nll.var() / (len(nll) - 1))
+
+
+def test_perplexity_matches_reference(llm, reference):
+    tokens = llm.tokenize(TEXT)[:200]
+    seen = []
+    result = llm.perplexity(tokens, n_ctx=64, callback=lambda i, n, ppl, s: seen.append((i, n, ppl)))
+    ppl, err = reference_perplexity(reference, tokens, 64, llm.token_bos())
+    assert result.ppl == pytest.approx(ppl, rel=1e-5)
+    assert result.error == pytest.approx(err, rel=1e-3)
+    assert [(i, n) for i, n, _ in seen] == [(0, 3), (1, 3), (2, 3)]
+    assert seen[-1][2] == result.ppl == float(result)
+    assert result.n_scored == 3 * 31 and len(result.chunk_ppl) == 3
+
+
+def test_perplexity_needs_two_contexts(llm):
+    with pytest.raises(ValueError, match="at least 128 tokens"):
+        llm.perplexity("too short", n_ctx=64)
+    with pytest.raises(ValueError, match="larger than the model's context"):
+        llm.perplexity(TEXT, n_ctx=256)
+
+
+def test_bad_arguments():
+    with pytest.raises(gg.ModelLoadError, match="no such file"):
+        gg.Llama("/nonexistent/model.gguf")
+    with pytest.raises(ValueError, match="kv_type"):
+        gg.Llama(model_path("f32"), kv_type="q8")

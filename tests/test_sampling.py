@@ -1,0 +1,90 @@
+"""Samplers: llama.cpp's semantics on small hand-made logits."""
+import numpy as np
+import pytest
+
+from ggml_py.sampling import (Sampler, SamplingParams, apply_penalties, draw, min_p, top_k,
+                              top_p)
+
+LOGITS = np.array([1.0, 3.0, -2.0, 2.0, 0.5], np.float32)
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative():
+    x = LOGITS.copy()
+    apply_penalties(x, [1, 2, 2], repeat_penalty=2.0)
+    np.testing.assert_allclose(x, [1.0, 1.5, -4.0, 2.0, 0.5])
+
+
+def test_frequency_and_presence_penalties():
+    x = LOGITS.copy()
+    apply_penalties(x, [3, 3, 0], repeat_penalty=1.0, frequency_penalty=0.5, presence_penalty=0.25)
+    np.testing.assert_allclose(x, [1.0 - 0.75, 3.0, -2.0, 2.0 - 1.25, 0.5])
+
+
+def test_top_k_keeps_k_highest_sorted():
+    ids, x = top_k(np.arange(5), LOGITS, 3)
+    assert ids.tolist() == [1, 3, 0] and x.tolist() == [3.0, 2.0, 1.0]
+    ids, _ = top_k(np.arange(5), LOGITS, 0)            # 0: all, sorted
+    assert ids.tolist() == [1, 3, 0, 4, 2]
+
+
+def test_top_p_keeps_smallest_prefix_reaching_p():
+    ids, x = top_k(np.arange(5), LOGITS, 0)
+    p = np.exp(x) / np.exp(x).sum()                    # 0.61, 0.22, 0.08, ...
+    assert top_p(ids, x, p[0] - 1e-3)[0].tolist() == [1]
+    assert top_p(ids, x, p[0] + 1e-3)[0].tolist() == [1, 3]
+    assert top_p(ids, x, 1.0)[0].tolist() == ids.tolist()
+
+
+def test_min_p_keeps_tokens_near_the_best():
+    ids, x = top_k(np.arange(5), LOGITS, 0)
+    # p_i >= 0.3 * p_max  <=>  logit_i >= 3 + log(0.3) = 1.796
+    assert min_p(ids, x, 0.3)[0].tolist() == [1, 3]
+    assert min_p(ids, x, 0.0)[0].tolist() == ids.tolist()
+    assert min_p(ids, x, 1.0)[0].tolist() == [1]
+
+
+def test_draw_follows_the_distribution():
+    rng = np.random.default_rng(0)
+    x = np.log(np.array([0.7, 0.2, 0.1], np.float32))
+    counts = np.bincount([draw(x, rng) for _ in range(4000)], minlength=3) / 4000
+    np.testing.assert_allclose(counts, [0.7, 0.2, 0.1], atol=0.03)
+
+
+def test_greedy_is_argmax_after_penalty():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=2.0))
+    assert s.sample(LOGITS) == 1
+    s.accept(1)                                        # 3.0 -> 1.5: now token 3 (2.0) wins
+    assert s.sample(LOGITS) == 3
+
+
+def test_repeat_window_is_the_last_n_tokens():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=10.0, repeat_last_n=2))
+    s.accept_all([1, 3, 0])                            # token 1 has left the window
+    assert list(s.history) == [3, 0]
+    assert s.sample(LOGITS) == 1
+
+
+def test_banned_tokens_never_drawn():
+    s = Sampler(SamplingParams(temperature=0), banned=[1])
+    assert s.sample(LOGITS) == 3
+
+
+def test_low_temperature_sharpens():
+    logits = np.array([1.0, 0.9, 0.8], np.float32)
+    cold = Sampler(SamplingParams(temperature=0.01, top_k=0, top_p=1.0, min_p=0.0, seed=1))
+    assert {cold.sample(logits) for _ in range(50)} == {0}
+    hot = Sampler(SamplingParams(temperature=5.0, top_k=0, top_p=1.0, min_p=0.0, seed=1))
+    assert {hot.sample(logits) for _ in range(200)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_same_seed_same_tokens(seed):
+    logits = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    params = SamplingParams(temperature=1.0, top_k=100, top_p=0.9, min_p=0.01, seed=seed)
+    runs = [[Sampler(params).sample(logits) for _ in range(1)] for _ in range(2)]
+    a, b = Sampler(params), Sampler(params)
+    assert [a.sample(logits) for _ in range(30)] == [b.sample(logits) for _ in range(30)]
+    assert runs[0] == runs[1]
+    other = Sampler(SamplingParams(temperature=1.0, top_k=100, top_p=0.9, min_p=0.01, seed=seed + 1))
+    a = Sampler(params)
+    assert [a.sample(logits) for _ in range(30)] != [other.sample(logits) for _ in range(30)]
