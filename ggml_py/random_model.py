@@ -32,7 +32,7 @@ class RandomLlamaSpec:
     rope_freqs: bool = False              # write a rope_freqs.weight tensor (Llama 3.1 style)
     rms_eps: float = 1e-5
     tied_output: bool = False             # no output.weight: the embeddings are reused
-    weight_type: str = "F32"              # F32, F16, BF16 or a type gguf.quants can write
+    weight_type: str = "F32"              # F32, F16, BF16 or any quantized type of ggml_py
     seed: int = 0
 
 
@@ -171,8 +171,9 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
             writer.add_tensor(name, array)
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, array.astype(np.float16))
-        else:
-            data = gguf.quants.quantize(array, qtype)
+        else:   # our own reference quantizers (every type, K-quants included)
+            from ggml_py.quants import quantize
+            data = quantize(np.ascontiguousarray(array, np.float32), int(qtype))
             writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -7,7 +7,8 @@
  * A parallel stage is published by bumping `generation` (seq_cst); workers spin
  * on it for a bounded time, then sleep on a condition variable. Sleeping and
  * waking use a Dekker-style pair (n_sleeping / generation, both seq_cst) so a
- * wake-up can never be lost.
+ * wake-up can never be lost. The main thread waits for the workers' shares the
+ * same way: it spins, then sleeps on `done` (main_sleeping / n_pending).
  */
 #ifndef GGML_PY_POOL_H
 #define GGML_PY_POOL_H
@@ -42,6 +43,7 @@ struct ggml_py_pool {
     int32_t n_threads;            /* including the main thread                */
     int32_t policy;               /* enum ggml_py_wait_policy                 */
     int64_t spin_ns;              /* spin budget before sleeping              */
+    int32_t oversubscribed;       /* more threads than cores: spinners yield  */
 
     /* the published task: written by main before `generation` is bumped */
     ggml_py_task_fn task_fn;
@@ -53,11 +55,13 @@ struct ggml_py_pool {
     _Alignas(GGML_PY_CACHE_LINE) atomic_int n_pending;   /* workers still busy */
     _Alignas(GGML_PY_CACHE_LINE) atomic_int wait_now;    /* sleep at once      */
     _Alignas(GGML_PY_CACHE_LINE) atomic_int n_sleeping;
+    atomic_int main_sleeping;     /* main waits on `done` for the last worker */
     atomic_llong n_sleeps;        /* statistics: times a worker went to sleep */
     atomic_llong n_wakeups;       /* statistics: broadcasts sent by main      */
 
     pthread_mutex_t mutex;
-    pthread_cond_t  cond;
+    pthread_cond_t  cond;         /* workers sleep here between tasks         */
+    pthread_cond_t  done;         /* main sleeps here until the last share ends */
 
     struct ggml_py_worker workers[GGML_PY_MAX_THREADS];
 };
