@@ -338,7 +338,14 @@ class LlamaModel:
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
+        self.tune = None           # TuneData: MUL_MAT profiles from measurements
         self._graphs = OrderedDict()
+
+    def set_tune(self, data):
+        """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
+        self.tune = data
+        for g in self._graphs.values():
+            g.graph.plan(self.n_threads, tune=data)
 
     def graph(self, T, K, n_out):
         """The cached forward graph for (T, K, n_out), built on first use."""
@@ -347,6 +354,7 @@ class LlamaModel:
         if g is None:
             g = self._graphs[key] = build_forward_graph(self.config, self.weights, self.cache,
                                                         T, K, n_out, self.packed)
+            g.graph.plan(self.n_threads, tune=self.tune)
             while len(self._graphs) > MAX_GRAPHS:
                 self._graphs.popitem(last=False)
         else:

@@ -7,6 +7,7 @@
         print(piece, end="", flush=True)
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
+import os
 import time
 from dataclasses import dataclass
 
@@ -99,6 +100,16 @@ class Llama:
 
     def n_threads(self):
         return self.model.n_threads
+
+    def set_tune(self, data):
+        """Schedule MUL_MAT profiles with tune data: a TuneData, a tune-file path
+        (checked against this CPU, build and model), or None for ggml's rule."""
+        if isinstance(data, (str, os.PathLike)):
+            from ggml_py import tune
+            from ggml_py.tune_bench import model_shapes
+            name, shapes = model_shapes(self.model.file)
+            data = tune.load(data, model=name, shapes=shapes)
+        self.model.set_tune(data)
 
     # ---- text <-> ids -----------------------------------------------------------
 

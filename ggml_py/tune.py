@@ -143,11 +143,12 @@ class TuneData:
             f.write("\n")
 
 
-def load(path, model=None, check_system=True):
+def load(path, model=None, check_system=True, shapes=None):
     """Read a tune file; raises TuneFileError saying why it cannot be used.
 
     model: when given, the file must have been benched for this model name.
     check_system: the file must come from this CPU, build and ggml_py version.
+    shapes: when given, (N, K, type) triples the file must all cover.
     """
     try:
         with open(path) as f:
@@ -157,11 +158,17 @@ def load(path, model=None, check_system=True):
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TuneFileError(f"{path}: not a tune file (corrupt or truncated JSON: {exc})") from None
     try:
-        return _from_json(obj, path, model, check_system)
+        data = _from_json(obj, path, model, check_system)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         if isinstance(exc, TuneFileError):
             raise
         raise TuneFileError(f"{path}: malformed tune file ({type(exc).__name__}: {exc})") from None
+    missing = [s for s in (shapes or ()) if data.shape(*s) is None]
+    if missing:
+        n, k, t = missing[0]
+        raise TuneFileError(f"{path}: has no times for {len(missing)} of the model's matrix shapes "
+                            f"(e.g. N={n} K={k} {Type(t).name}); bench again with ggml-tune")
+    return data
 
 
 def _from_json(obj, path, model, check_system):

@@ -41,26 +41,30 @@ def preset_shapes(preset, type):
     return sorted({(n, k, gg.Type(type)) for n, k in pairs})
 
 
-def model_shapes(path):
-    """(model name, distinct (N, K, type)) of a GGUF model's matrix products."""
-    from gguf import GGUFReader
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:   # the reader raises many kinds on a bad file
-        raise ValueError(f"{path}: cannot read GGUF ({exc})") from None
-    field = reader.get_field("general.name")
-    name = str(field.contents()) if field is not None else str(path)
-    names = {t.name for t in reader.tensors}
+def model_shapes(model):
+    """(model name, distinct (N, K, type)) of a GGUF model's matrix products.
+
+    model: a path, or an open GGUFModelFile.
+    """
+    from ggml_py.gguf_model import GGUFModelFile
+    f = model if isinstance(model, GGUFModelFile) else GGUFModelFile(model)
     shapes = set()
-    for t in reader.tensors:
+    for t in f.reader.tensors:
         base = t.name.rsplit(".", 1)[0].split(".")[-1]
-        is_output = t.name == "output.weight" or (t.name == "token_embd.weight" and "output.weight" not in names)
+        is_output = t.name == "output.weight" or (t.name == "token_embd.weight"
+                                                  and not f.has_tensor("output.weight"))
         if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
             k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
             shapes.add((n, k, gg.Type(int(t.tensor_type))))
     if not shapes:
-        raise ValueError(f"{path}: no llama matrix products found")
-    return name, sorted(shapes)
+        raise ValueError(f"{f.path}: no llama matrix products found")
+    return model_name(f), sorted(shapes)
+
+
+def model_name(f):
+    """The name a tune file records for a GGUFModelFile: general.name, else the file name."""
+    import os
+    return str(f.get("general.name", default=None) or os.path.basename(f.path))
 
 
 def random_weight(ctx, rng, rows, k, type):

@@ -25,6 +25,11 @@ SPECS = {
     # GQA with one KV head, tied output, Llama 3.1-style rope_freqs, linear rope scaling
     "variant": RandomLlamaSpec(n_vocab=N_VOCAB, n_head_kv=1, tied_output=True, rope_freqs=True,
                                rope_scale_linear=2.0, rope_freq_base=50000.0, seed=2),
+    # quantized matrices (activations meet them as Q8_0 / Q8_K, as in ggml)
+    "q8_0": RandomLlamaSpec(n_vocab=N_VOCAB, weight_type="Q8_0", seed=3),
+    "q4_0": RandomLlamaSpec(n_vocab=N_VOCAB, weight_type="Q4_0", seed=4),
+    "q4_k": RandomLlamaSpec(n_vocab=N_VOCAB, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                            weight_type="Q4_K", seed=5),
 }
 
 

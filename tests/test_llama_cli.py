@@ -160,3 +160,41 @@ def test_bench_model_errors():
     assert "no such file" in line
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 1)
+
+
+# ---- --tune / --tune-file -----------------------------------------------------------
+
+def test_tune_bench_save_then_schedule_with_the_file(tmp_path):
+    tune_file = tmp_path / "tiny.tune.json"
+    proc = main("-m", model_path("q4_0"), "-t", 2, "-b", 8, "--tune", "--tune-file", tune_file)
+    assert proc.returncode == 0, proc.stderr
+    assert "tune: saved" in proc.stderr and proc.stdout == ""       # bench, save, exit
+    data = json.loads(tune_file.read_text())
+    assert data["format"] == "ggml_py-mulmat-tune" and data["thread_counts"] == [2]
+    assert data["m_values"] == [1, 2, 4, 8]
+
+    args = ("-m", model_path("q4_0"), "-p", "Once upon a time", "-n", 8, "-t", 2, "--temp", 0,
+            "-c", 64)
+    tuned, plain = main(*args, "--tune-file", tune_file), main(*args)
+    assert tuned.returncode == 0 and plain.returncode == 0, tuned.stderr + plain.stderr
+    assert f"tune: scheduling MUL_MAT profiles with {tune_file}" in tuned.stderr
+    assert tuned.stdout == plain.stdout      # profiles change speed, not the greedy text
+
+    # a tune file for other shapes, or a corrupt one, is refused and the run falls back
+    other = main("-m", model_path("q8_0"), "-p", "Hi", "-n", 2, "-t", 2, "--tune-file", tune_file)
+    assert other.returncode == 0 and "has no times for" in other.stderr
+    assert "using the fallback rule" in other.stderr
+    (tmp_path / "bad.json").write_text('{"format": "ggml_py-mulmat-tune", "vers')
+    bad = main("-m", model_path("q4_0"), "-p", "Hi", "-n", 2, "--tune-file", tmp_path / "bad.json")
+    assert bad.returncode == 0 and "truncated" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_perplexity_with_tune_at_start_up():
+    args = ("-m", model_path("q4_0"), "-f", TEXT_FILE, "-c", 32, "-b", 32, "--chunks", 2, "-t", 2)
+    tuned = run("ggml_py.cli.perplexity", *args, "--tune")
+    plain = run("ggml_py.cli.perplexity", *args)
+    assert tuned.returncode == 0, tuned.stderr
+    assert "tune: benched" in tuned.stderr
+    final = [re.search(r"Final estimate: PPL = ([\d.]+)", p.stdout).group(1) for p in (tuned, plain)]
+    # profiles differ only by rounding (Q8 activations vs f32 sgemm): PPL within 1 %
+    assert abs(float(final[0]) - float(final[1])) <= 1e-2 * float(final[1])

@@ -10,7 +10,7 @@ from llama_reference import ReferenceLlama
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
 from ggml_py.llama import LlamaConfig, LlamaModel
 from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
-from ggml_py.types import Type
+from ggml_py.types import Op, Type
 
 RNG = np.random.default_rng(1234)
 TOKENS = RNG.integers(0, 512, 48).astype(np.int32)
@@ -56,6 +56,23 @@ def test_f16_model_within_f16_rounding(references):
     logits = forward_all(model, TOKENS, batch=48)
     expected = references["f16"].forward(TOKENS, kv_dtype=np.float16)
     assert np.abs(logits - expected).max() <= 2e-3 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
+def test_quantized_models_within_activation_quantization(kind, references):
+    # The reference uses the stored (de-quantized) weights, so only the kernels'
+    # own error shows: none for the BLAS path (prefill: f32 sgemm), and the
+    # rounding of activations to Q8_0 / Q8_K for the dot products (decode).
+    model = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2)
+    expected = references[kind].forward(TOKENS)
+    scale = np.abs(expected).max()
+    prefill = forward_all(model, TOKENS, batch=48)
+    assert [n.profile.name for n in model.graph(48, 64, 48).graph.nodes
+            if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["blas-split"]
+    assert np.abs(prefill - expected).max() <= 1e-5 * scale
+    decode = forward_all(model, TOKENS, batch=1)
+    assert np.abs(decode - expected).max() <= 3e-2 * scale
+    assert (decode.argmax(1) == expected.argmax(1)).mean() >= 0.9
 
 
 @pytest.mark.parametrize("batch", [1, 5, 16])

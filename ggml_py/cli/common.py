@@ -40,6 +40,44 @@ def add_model_arguments(parser, ctx_default):
                         help="KV cache type for K (default: f16)")
     parser.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default=None,
                         help="KV cache type for V (default: as K; must equal K)")
+    parser.add_argument("--tune", action="store_true",
+                        help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
+                             "profiles with the results (with --tune-file: bench, save, exit)")
+    parser.add_argument("--tune-file", metavar="FNAME",
+                        help="load MUL_MAT tune data (ggml-tune) to schedule with; with --tune, "
+                             "write it there and exit")
+
+
+def setup_tune(llm, args, log):
+    """Apply --tune / --tune-file to a loaded Llama. Returns True when the program
+    should exit now (--tune with --tune-file: bench, save, done).
+
+    A tune file that cannot be used (corrupt, another CPU, model or version) is
+    reported in one line and the run goes on with ggml's fallback rule.
+    """
+    import time
+
+    from ggml_py import tune
+    from ggml_py.tune_bench import bench, model_shapes
+    if args.tune:
+        name, shapes = model_shapes(llm.model.file)
+        m_values = [2 ** i for i in range(max(args.batch_size - 1, 1).bit_length() + 1)]
+        start = time.perf_counter()
+        data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
+        log(f"tune: benched {len(shapes)} shapes x {len(m_values)} M at {llm.n_threads()} threads "
+            f"in {time.perf_counter() - start:.1f} s")
+        if args.tune_file:
+            data.save(args.tune_file)
+            log(f"tune: saved {args.tune_file}")
+            return True
+        llm.set_tune(data)
+    elif args.tune_file:
+        try:
+            llm.set_tune(args.tune_file)
+            log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
+        except tune.TuneFileError as exc:
+            log(f"tune: {exc}; using the fallback rule")
+    return False
 
 
 def kv_type(parser, args):

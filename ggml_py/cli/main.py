@@ -8,7 +8,7 @@ import random
 import sys
 
 import ggml_py as gg
-from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run
+from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run, setup_tune
 from ggml_py.sampling import SamplingParams
 
 PROG = "ggml-main"
@@ -58,6 +58,8 @@ def main(argv=None):
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
         f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab}, "
         f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
+    if setup_tune(llm, args, log):
+        return 0
 
     ids = llm.tokenize(prompt) or [llm.token_bos()]
     if args.verbose_prompt:

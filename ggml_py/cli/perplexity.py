@@ -10,7 +10,7 @@ import sys
 import time
 
 import ggml_py as gg
-from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run
+from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run, setup_tune
 
 PROG = "ggml-perplexity"
 
@@ -43,6 +43,8 @@ def main(argv=None):
                    kv_type=cache_type)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
+    if setup_tune(llm, args, log):
+        return 0
     log("perplexity: tokenizing the input ..")
     t0 = time.perf_counter()
     tokens = llm.tokenize(text, add_bos=True)
