@@ -203,7 +203,15 @@ class GGUFModelFile:
         return sum(int(t.n_elements) for t in self.reader.tensors)
 
     def file_type_name(self):
-        """The most common weight type of 2-D tensors (e.g. 'F16', 'Q4_0'), like llama.cpp's ftype."""
+        """The file type, like llama.cpp's ftype ('Q4_K_M', 'F16', ...): general.file_type
+        when the file records it, else the weight type holding most bytes."""
+        import gguf
+        ftype = self.get("general.file_type", default=None)
+        if ftype is not None:
+            try:
+                return gguf.LlamaFileType(int(ftype)).name.replace("MOSTLY_", "").replace("ALL_", "")
+            except ValueError:
+                pass
         counts = {}
         for t in self.reader.tensors:
             if len(t.shape) >= 2:
