@@ -149,9 +149,12 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     if spec.rope_scale_linear > 0:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(spec.rope_scale_linear)
-    writer.add_file_type(int(gguf.LlamaFileType.ALL_F32) if qtype == gguf.GGMLQuantizationType.F32
-                         else int(gguf.LlamaFileType.MOSTLY_F16)
-                         if qtype == gguf.GGMLQuantizationType.F16 else 0)
+    # llama.cpp's ftype of a file whose matrices are all `qtype` (MOSTLY_<type>)
+    ftype = "ALL_F32" if qtype == gguf.GGMLQuantizationType.F32 else f"MOSTLY_{qtype.name}"
+    if qtype.name in ("Q3_K", "Q4_K", "Q5_K"):
+        ftype += "_S"    # single-type K files are llama.cpp's _S flavours' base type
+    writer.add_file_type(int(gguf.LlamaFileType[ftype]) if ftype in gguf.LlamaFileType.__members__
+                         else int(gguf.LlamaFileType.GUESSED))
     writer.add_tokenizer_model(vocab["model"])
     writer.add_tokenizer_pre("default")
     writer.add_token_list(vocab["tokens"])

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from ggml_py.bench.mulmat import read_bandwidth
+
 import ggml_py as gg
 from ggml_py.gguf_model import ModelLoadError
 
@@ -108,11 +110,37 @@ def run(args):
                 if len(rows) == 1:
                     print_header()
                 print_row(rows[-1])
+    bandwidth = read_bandwidth(512)
+    per_token = bytes_per_token(f)
+    for r in rows:
+        if r["n_gen"]:
+            r["roofline_ts"] = bandwidth / per_token
+            r["roofline_fraction"] = r["avg_ts"] / r["roofline_ts"]
     if args.json:
-        print(json.dumps({"system_info": gg.system_info(), "results": rows}, indent=1))
+        print(json.dumps({"system_info": gg.system_info(), "read_bandwidth": bandwidth,
+                          "weight_bytes_per_token": per_token, "results": rows}, indent=1))
     else:
+        print(f"\ndecode roofline: {per_token / 2**20:.1f} MiB of weights per token / "
+              f"{bandwidth / 1e9:.1f} GB/s read bandwidth (measured now) = "
+              f"{bandwidth / per_token:.2f} t/s")
+        for r in rows:
+            if r["n_gen"]:
+                print(f"  {r['test']} at {r['n_threads']} threads: {100 * r['roofline_fraction']:.0f} % "
+                      f"of the roofline")
         print(f"\n{gg.system_info()}")
     return 0
+
+
+def bytes_per_token(f):
+    """Weight bytes one decoded token reads: every matrix, plus one embedding row."""
+    total = 0
+    tied = not f.has_tensor("output.weight")
+    for t in f.reader.tensors:
+        if t.name == "token_embd.weight" and not tied:
+            total += int(t.n_bytes) // int(t.shape[1])
+        elif len(t.shape) >= 2:
+            total += int(t.n_bytes)
+    return total
 
 
 COLUMNS = (("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("type", 6, "<"),

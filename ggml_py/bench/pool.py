@@ -54,13 +54,16 @@ def thread_cpu_seconds(exclude_id):
     return sum(t.user_time + t.system_time for t in psutil.Process().threads() if t.id != exclude_id)
 
 
+MIN_SECONDS = 0.5   # CPU times tick every 10 ms: measure long enough to make that small
+
+
 def measure_dispatch(graph, pool, repeats):
     """(median µs per node, cores used by the whole process while dispatching)."""
     graph.compute(pool=pool)
     proc = psutil.Process()
     walls = []
     c0, t0 = sum(proc.cpu_times()[:2]), time.perf_counter()
-    for _ in range(repeats):
+    while len(walls) < repeats or time.perf_counter() - t0 < MIN_SECONDS:
         start = time.perf_counter()
         graph.compute(pool=pool)
         walls.append(time.perf_counter() - start)
@@ -68,12 +71,12 @@ def measure_dispatch(graph, pool, repeats):
     return 1e6 * statistics.median(walls) / len(graph.nodes), cores
 
 
-def measure_idle_cost(graph, pool, repeats=3):
+def measure_idle_cost(graph, pool):
     """Share of a core the workers use while the main thread runs a wait stage."""
     graph.compute(pool=pool)
     me = threading.get_native_id()
     c0, t0 = thread_cpu_seconds(me), time.perf_counter()
-    for _ in range(repeats):
+    while time.perf_counter() - t0 < MIN_SECONDS:
         graph.compute(pool=pool)
     return (thread_cpu_seconds(me) - c0) / (time.perf_counter() - t0)
 
@@ -94,8 +97,8 @@ def run(args):
                          indent=1))
         return 0
     print(gg.system_info())
-    print(f"dispatch: chain of {args.nodes} one-element ops, median of {args.repeats} computes;"
-          f" idle: workers' CPU during a single-thread wait stage")
+    print(f"dispatch: chain of {args.nodes} one-element ops, median of >= {args.repeats} computes "
+          f"over >= {MIN_SECONDS} s; idle: workers' CPU during a single-thread wait stage")
     print(f"{'threads':>7} {'policy':<16} {'us/node':>8} {'cores used':>10} {'idle cost':>10}")
     for r in rows:
         print(f"{r['threads']:>7} {r['policy']:<16} {r['us_per_node']:>8.2f} "
