@@ -210,7 +210,7 @@ class Graph:
                                 t._work_size(n_threads), reason, estimate))
         return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))
 
-    def _work_buffer(self, n_threads):
+    def _work_buffer(self, n_threads, page_in=False):
         # Sized by a C pass over the nodes; reallocated only when a plan needs more.
         size = self._cgraph.work_size(n_threads)
         if size == 0:
@@ -219,7 +219,15 @@ class Graph:
             raw = np.empty(size + WORK_ALIGN, np.uint8)
             start = (-raw.ctypes.data) % WORK_ALIGN
             self._work = raw[start:start + size]
+            if page_in:
+                self._work[:] = 0
         return self._work
+
+    def reserve(self, n_threads):
+        """Allocate (and page in) the work buffer the current profiles need at
+        n_threads, so that no later compute pays for it; returns its size."""
+        work = self._work_buffer(n_threads, page_in=True)
+        return 0 if work is None else work.nbytes
 
     def compute(self, n_threads=None, pool=None, profile=False):
         """Run the graph. pool: a ThreadPool (else a cached one for n_threads).

@@ -16,10 +16,11 @@ import numpy as np
 
 import ggml_py as gg
 from ggml_py.profiles import STAGES
+from ggml_py.tensor import type_traits
 from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData
 
 DEFAULT_M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-FLOP_BUDGET = 4e8         # flops above which a measurement is sampled on row slices
+FLOP_BUDGET = 2e8         # flops above which a measurement is sampled on row slices
 MIN_SAMPLE_ROWS = 256
 
 MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -67,10 +68,20 @@ def model_name(f):
     return str(f.get("general.name", default=None) or os.path.basename(f.path))
 
 
-def random_weight(ctx, rng, rows, k, type):
-    """A (rows, k) weight of `type` filled with quantized random values."""
-    x = rng.standard_normal((rows, k)).astype(np.float32) * 0.1
-    return ctx.from_numpy(x, type=type)
+def random_weight(ctx, rng, rows, k, type, distinct_rows=256):
+    """A (rows, k) weight of `type`: a few hundred random rows, quantized once and
+    repeated (kernel times do not depend on the values, and quantizing every
+    row of a large matrix would cost more than benching it)."""
+    seed_rows = min(rows, distinct_rows)
+    x = rng.standard_normal((seed_rows, k)).astype(np.float32) * 0.1
+    weight = ctx.new_tensor(type, (rows, k))
+    blocks = gg.quantize(x, type) if type_traits(type)["is_quantized"] else x.astype(
+        weight.numpy().dtype)
+    data = weight.numpy()
+    for start in range(0, rows, seed_rows):
+        n = min(seed_rows, rows - start)
+        data[start:start + n] = blocks[:n]
+    return weight
 
 
 def row_counts(n, k, m):
@@ -96,21 +107,26 @@ class ShapeBench:
         self.acts = self.ctx.from_numpy(rng.standard_normal((m_max, k)).astype(np.float32))
         self.graphs = {}
 
-    def graph(self, rows, m):
-        """The graph of (first `rows` rows of the weight) x (first m activation rows)."""
+    def graph(self, rows, m, max_threads=1):
+        """The graph of (first `rows` rows of the weight) x (first m activation rows),
+        its work buffer reserved (allocated and paged in) for every profile."""
         key = (rows, m)
         if key not in self.graphs:
             w = gg.view(self.weight, (rows, self.k)) if rows != self.max_rows else self.weight
             b = gg.view(self.acts, (m, self.k))
-            self.graphs[key] = gg.build_forward(gg.mul_mat(w, b))
+            graph = gg.build_forward(gg.mul_mat(w, b))
+            node = graph.nodes[-1]
+            for profile in node.profiles():
+                node.profile = profile
+                graph.reserve(max_threads)
+            self.graphs[key] = graph
         return self.graphs[key]
 
 
 def time_stages(graph, profile, pool, passes):
-    """{stage: median µs} of the graph's only node under `profile`."""
+    """{stage: median µs} of the graph's mul_mat under `profile` (work buffer reserved)."""
     node = graph.nodes[-1]   # the mul_mat (views of the operands come first)
     node.profile = profile
-    graph.compute(pool=pool)   # warm-up: work buffer, caches, page-in
     samples = {s: [] for s in STAGES}
     for _ in range(passes):
         graph.reset_stats()
@@ -155,13 +171,15 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
 def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
     """ShapeTimes of one (N, K, type)."""
     sb = ShapeBench(n, k, type, m_values, rng)
-    profiles = sb.graph(sb.rows[m_values[0]][-1], m_values[0]).nodes[-1].profiles()
+    max_threads = max(pools)
+    profiles = sb.graph(sb.rows[m_values[0]][-1], m_values[0], max_threads).nodes[-1].profiles()
     shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in profiles])
     for m in m_values:
         rows = sb.rows[m]
         for pt in shape.profiles:
             for t, pool in pools.items():
-                times = [time_stages(sb.graph(r, m), pt.profile, pool, passes) for r in rows]
+                times = [time_stages(sb.graph(r, m, max_threads), pt.profile, pool, passes)
+                         for r in rows]
                 per_stage = pt.times_us.setdefault(t, {})
                 for s, v in extend_to_rows(n, rows, times).items():
                     per_stage.setdefault(s, []).append(v)

@@ -163,6 +163,8 @@ struct ggml_py_compute_params {
     void   *wdata;
     int32_t *error;   /* a kernel that meets bad data (e.g. a row id out of
                          range) stores an enum ggml_py_status here */
+    int32_t n_threads;  /* threads of the compute (a single-thread stage whose
+                           workers sleep may lend them to a threaded library) */
 };
 
 /* ---- type traits ----------------------------------------------------------- */

@@ -10,6 +10,7 @@ struct stage_task {
     const struct ggml_py_cplan *plan;
     int stage;
     int32_t *error;
+    int32_t n_threads;
 };
 
 static void run_stage_share(void *arg, int ith, int nth) {
@@ -21,6 +22,7 @@ static void run_stage_share(void *arg, int ith, int nth) {
         .wsize = task->plan->work_size,
         .wdata = task->plan->work_data,
         .error = task->error,
+        .n_threads = task->n_threads,
     };
     ggml_py_compute_forward(&params, task->node);
 }
@@ -66,7 +68,8 @@ int ggml_py_graph_compute(const struct ggml_py_cgraph *graph, const struct ggml_
             const struct ggml_py_stage_flags f = node->profile.stages[s];
             if (!f.valid) continue;
             const int64_t t_start = plan->stage_ns ? ggml_py_time_ns() : 0;
-            struct stage_task task = { .node = node, .plan = plan, .stage = s, .error = &error };
+            struct stage_task task = { .node = node, .plan = plan, .stage = s, .error = &error,
+                                       .n_threads = n_threads };
 
             if (f.parallel && n_threads > 1) {
                 const int sleep_after = !parallel_stage_follows(graph, i, s, plan->lookahead);

@@ -265,8 +265,8 @@ void ggml_py_compute_mul_mat(const struct ggml_py_compute_params *params, struct
         case GGML_PY_MUL_MAT_BLAS_MT:
             if (params->stage == GGML_PY_STAGE_INIT && !src0_is_f32(dst)) init_blas_split(params, dst);
             if (params->stage == GGML_PY_STAGE_COMPUTE) {
-                /* the pool sleeps (wait flag); lend its cores to OpenBLAS for this call */
-                scipy_openblas_set_num_threads(scipy_openblas_get_num_procs());
+                /* the pool sleeps (wait flag); lend its threads to OpenBLAS for this call */
+                scipy_openblas_set_num_threads(params->n_threads > 0 ? params->n_threads : 1);
                 compute_blas(params, dst, !src0_is_f32(dst));
                 scipy_openblas_set_num_threads(1);
             }
