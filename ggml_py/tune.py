@@ -11,7 +11,7 @@ A tune file is JSON, self-contained and versioned (see docs/tune.md):
                  "profiles": [{"id": 0, "name": "cpu", "stages": [[1,1,0],[1,1,0],[0,0,0]],
                                "times_us": {"1": {"init": [...], "compute": [...]}, ...}}]}]}
 
-Times are medians over passes, in microseconds, one per M of m_values.
+Times are the fastest of the passes, in microseconds, one per M of m_values.
 """
 import json
 import math

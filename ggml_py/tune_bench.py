@@ -10,7 +10,7 @@ slices of the weight, r and 2r rows, and each stage's time is extended along
 the straight line through them to all N rows. Small products (memory-bound,
 where the weight's size matters) are always measured whole.
 """
-import statistics
+import time
 
 import numpy as np
 
@@ -123,18 +123,30 @@ class ShapeBench:
         return self.graphs[key]
 
 
+MIN_CASE_SECONDS = 0.004  # cheap cases repeat until they have run this long ...
+MAX_RUNS = 16             # ... up to this many times
+
+
 def time_stages(graph, profile, pool, passes):
-    """{stage: median µs} of the graph's mul_mat under `profile` (work buffer reserved)."""
+    """{stage: µs} of the graph's mul_mat under `profile` (work buffer reserved).
+
+    Each stage keeps its fastest run: other work on the machine only ever adds
+    time. At least `passes` runs; cheap cases run more (up to MAX_RUNS, for
+    MIN_CASE_SECONDS), so one interruption cannot mislead a choice.
+    """
     node = graph.nodes[-1]   # the mul_mat (views of the operands come first)
     node.profile = profile
     samples = {s: [] for s in STAGES}
-    for _ in range(passes):
+    start = time.perf_counter()
+    runs = 0
+    while runs < passes or (runs < MAX_RUNS and time.perf_counter() - start < MIN_CASE_SECONDS):
         graph.reset_stats()
         graph.compute(pool=pool, profile=True)
         row = graph.stats()[-1]
         for s, v in zip(STAGES, (row.init_us, row.compute_us, row.finalize_us)):
             samples[s].append(v)
-    return {s: statistics.median(v) for s, v in samples.items() if profile.stages[STAGES.index(s)].valid}
+        runs += 1
+    return {s: min(v) for s, v in samples.items() if profile.stages[STAGES.index(s)].valid}
 
 
 def extend_to_rows(n, rows, times):
@@ -185,4 +197,18 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
                     per_stage.setdefault(s, []).append(v)
         if bar is not None:
             bar.update(1)
+    for pt in shape.profiles:
+        for per_stage in pt.times_us.values():
+            for s, values in per_stage.items():
+                per_stage[s] = monotone_in_m(values)
     return shape
+
+
+def monotone_in_m(values):
+    """Each stage's time cannot fall as M grows, and other work on the machine
+    only adds time: a time above a later (larger-M) one was inflated, so every
+    entry becomes the least of itself and all that follow."""
+    out = [float(v) for v in values]
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out

@@ -27,6 +27,11 @@ def test_extend_to_rows_is_a_straight_line_per_stage():
     assert extend_to_rows(64, [64], [{"compute": 3.0}]) == {"compute": 3.0}
 
 
+def test_times_made_monotone_in_m():
+    from ggml_py.tune_bench import monotone_in_m
+    assert monotone_in_m([1.0, 5.0, 2.0, 3.0, 2.5, 9.0]) == [1.0, 2.0, 2.0, 2.5, 2.5, 9.0]
+
+
 def test_row_counts_sample_only_large_products():
     assert row_counts(2048, 2048, 1) == [2048]
     r1, r2 = row_counts(32000, 2048, 512)
