@@ -53,19 +53,23 @@ class Timings:
 class Llama:
     """A llama-architecture GGUF model, ready to tokenize, evaluate and generate.
 
+    model_path: a llama GGUF file (default: the bundled Shakespeare model).
     n_ctx: KV cache size in tokens (0: the model's training context).
     n_batch: most tokens evaluated in one graph (longer inputs are split).
     kv_type: 'f16' (default) or 'f32' cache. n_threads: default physical cores.
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used.
     """
 
-    def __init__(self, model_path, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
+    def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, verbose=False):
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be at least 1, got {n_batch}")
+        if model_path is None:
+            from ggml_py.bundled import default_model_path
+            model_path = default_model_path()
         self.model_path = str(model_path)
         self.model = LlamaModel(model_path, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type],
                                 n_threads=n_threads, kv_pad=kv_pad)

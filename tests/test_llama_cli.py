@@ -66,7 +66,6 @@ def test_main_greedy_equals_api():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["-p", "x"], "required: -m/--model"),
     (["-m", "M", "--temp"], "expected one argument"),
     (["-m", "M", "-n", "many"], "invalid int value"),
     (["-m", "M", "-t", "0"], "at least 1"),

@@ -15,6 +15,7 @@ import numpy as np
 from ggml_py.bench.mulmat import read_bandwidth
 
 import ggml_py as gg
+from ggml_py.bundled import default_model_path
 from ggml_py.gguf_model import ModelLoadError
 
 
@@ -27,7 +28,8 @@ def _int_list(text):
 
 
 def add_arguments(parser):
-    parser.add_argument("-m", "--model", required=True, metavar="FNAME", help="GGUF model file")
+    parser.add_argument("-m", "--model", default=None, metavar="FNAME",
+                        help="GGUF model file (default: the bundled Shakespeare model)")
     parser.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated (default 512)")
     parser.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma-separated (default 128)")
     parser.add_argument("-t", "--threads", default=None, help="thread counts, comma-separated "
@@ -83,6 +85,7 @@ def run(args):
         if args.repetitions < 1 or args.batch_size < 1:
             raise ValueError("repetitions and batch size must be at least 1")
         n_ctx = max([n for n in n_prompts + n_gens] + [1])
+        args.model = args.model or default_model_path()
         llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
                        kv_type=args.cache_type_k)
     except (ModelLoadError, ValueError, OSError) as e:

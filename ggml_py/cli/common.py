@@ -28,8 +28,9 @@ def thread_count(text):
 
 def add_model_arguments(parser, ctx_default):
     """Flags every program has, with llama.cpp's names."""
-    parser.add_argument("-m", "--model", required=True, metavar="FNAME",
-                        help="model path (a llama-architecture GGUF file)")
+    parser.add_argument("-m", "--model", default=None, metavar="FNAME",
+                        help="model path (a llama-architecture GGUF file; default: the bundled "
+                             "Shakespeare model)")
     parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                         help="threads (default: physical cores)")
     parser.add_argument("-c", "--ctx-size", type=int, default=ctx_default, metavar="N",

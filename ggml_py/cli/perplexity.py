@@ -10,6 +10,7 @@ import sys
 import time
 
 import ggml_py as gg
+from ggml_py.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run, setup_tune
 
 PROG = "ggml-perplexity"
@@ -18,7 +19,8 @@ PROG = "ggml-perplexity"
 def build_parser():
     p = ArgumentParser(prog=PROG, description="Perplexity of a text file, llama.cpp's method.")
     add_model_arguments(p, ctx_default=512)
-    p.add_argument("-f", "--file", required=True, metavar="FNAME", help="text file to score")
+    p.add_argument("-f", "--file", default=None, metavar="FNAME",
+                   help="text file to score (default: the bundled held-out Shakespeare text)")
     p.add_argument("--chunks", type=int, default=-1, metavar="N",
                    help="score at most N chunks (default: -1 = all)")
     return p
@@ -32,6 +34,8 @@ def main(argv=None):
     from tqdm import tqdm
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.model = args.model or default_model_path()
+    args.file = args.file or default_text_path()
     cache_type = kv_type(parser, args)
     if args.ctx_size < 4:
         parser.error(f"argument -c/--ctx-size: must be at least 4, got {args.ctx_size}")
