@@ -527,8 +527,11 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
 
 
 def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: str = "f16",
-            log=print) -> Path:
-    """Convert an HF-style llama checkpoint directory to a GGUF file; returns its path."""
+            log=print, vocab_only: bool = False) -> Path:
+    """Convert an HF-style llama checkpoint directory to a GGUF file; returns its path.
+
+    ``vocab_only`` writes the metadata and tokenizer without tensors (no weights needed).
+    """
     model_dir = Path(model_dir)
     if outtype not in OUTTYPES:
         raise ConvertError(f"unknown --outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
@@ -536,7 +539,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         raise ConvertError(f"{model_dir}: not a directory")
     params = read_config(model_dir)
     vocab = read_vocab(model_dir, params)
-    tensors = map_tensors(read_weights(model_dir), params)
+    tensors = {} if vocab_only else map_tensors(read_weights(model_dir), params)
     out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
     log(f"{model_dir}: llama, {params.n_layer} layers, {params.n_embd} wide, vocab {params.n_vocab}, "
         f"rope pairs {'adjacent (kept)' if params.adjacent_rope else 'half (q/k permuted)'}")
@@ -558,9 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outfile", help="output path (default: MODEL/<name>-<outtype>.gguf)")
     parser.add_argument("--outtype", default="f16", type=str.lower,
                         help="f32, f16 (default) or bf16; 1-D tensors stay f32")
+    parser.add_argument("--vocab-only", action="store_true",
+                        help="write the metadata and tokenizer only (no tensors)")
     args = parser.parse_args(argv)
     try:
-        convert(args.model, args.outfile, args.outtype)
+        convert(args.model, args.outfile, args.outtype, vocab_only=args.vocab_only)
     except ConvertError as e:
         print(f"ggml-convert: error: {e}", file=sys.stderr)
         return 1
