@@ -417,11 +417,13 @@ def vocab_from_tokenizer_json(path: Path, tok_cfg: dict) -> Vocab:
 
     spm_style = bool(bpe.get("byte_fallback")) or "<0x0A>" in vocab
     if spm_style:
+        # llama.cpp's SPM tokenizer merges the bigram whose result scores highest,
+        # HF's BPE the pair with the lowest merge rank: score = -(first rank making it).
         scores = [0.0] * n
-        for rank, merge in enumerate(merges):
-            merged = merge.replace(" ", "", 1)
+        for rank in range(len(merges) - 1, -1, -1):
+            merged = merges[rank].replace(" ", "", 1)
             if merged in vocab:
-                scores[vocab[merged]] = max(scores[vocab[merged]] or -float(rank), -float(rank))
+                scores[vocab[merged]] = -float(rank)
         for i, text in enumerate(tokens):
             if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
                 types[i] = 6
@@ -430,9 +432,14 @@ def vocab_from_tokenizer_json(path: Path, tok_cfg: dict) -> Vocab:
         eos = special("eos_token") if special("eos_token") is not None else vocab.get("</s>")
         if unk is not None:
             types[unk] = 2
+        # The "▁" prefix is a Prepend normalizer, or a Metaspace pre-tokenizer
+        # that prepends (HF's two spellings of SentencePiece's add_dummy_prefix).
+        spec = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer")])
+        prefix = ('"Prepend"' in spec or '"prepend_scheme": "first"' in spec
+                  or '"prepend_scheme": "always"' in spec or '"add_prefix_space": true' in spec)
         return Vocab("llama", tokens, scores, types, None, bos, eos, unk, special("pad_token"),
                      bool(tok_cfg.get("add_bos_token", True)), bool(tok_cfg.get("add_eos_token", False)),
-                     True)
+                     prefix)
     return Vocab("gpt2", tokens, None, types, merges, special("bos_token"), special("eos_token"),
                  special("unk_token"), special("pad_token"),
                  bool(tok_cfg.get("add_bos_token", False)), bool(tok_cfg.get("add_eos_token", False)),

@@ -376,3 +376,59 @@ def test_example_entry_point_no_traceback(tmp_path):
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("ggml-convert: error: ")
+
+
+# ----------------------------------------------------------------------------- tokenizer.json
+
+def _tokenizer_json_checkpoint(tmp_path, tokenizer: dict, tok_cfg: dict | None = None) -> Path:
+    d, _ = make_checkpoint(tmp_path)
+    (d / "tokenizer.model").unlink()
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
+    if tok_cfg is not None:
+        (d / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    return d
+
+
+def test_tokenizer_json_sentencepiece_style(tmp_path):
+    pieces = spm_pieces()
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces) if p not in ("<s>", "</s>")}
+    merges = ["a b", "▁ a", "▁ ab", "▁ b", "ab c", "▁ c"]
+    tj = {"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                             {"type": "Replace"}]},
+          "added_tokens": [{"id": 1, "content": "<s>", "special": True},
+                           {"id": 2, "content": "</s>", "special": True}],
+          "model": {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": merges}}
+    d = _tokenizer_json_checkpoint(tmp_path, tj, {"bos_token": "<s>", "eos_token": "</s>",
+                                                  "unk_token": "<unk>", "add_bos_token": True})
+    out = cv.convert(d, tmp_path / "t.gguf", "f32", log=lambda *a: None)
+    _, f, _ = read(out)
+    assert f["tokenizer.ggml.model"] == "llama"
+    assert f["tokenizer.ggml.tokens"][:N_TOKENS] == [p for p, _, _ in pieces]
+    assert f["tokenizer.ggml.token_type"][:N_TOKENS] == [k for _, _, k in pieces]
+    scores = f["tokenizer.ggml.scores"]
+    assert [scores[vocab[m.replace(" ", "")]] for m in merges] == [0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
+    assert f["tokenizer.ggml.add_space_prefix"] is True
+    tok = Tokenizer.from_gguf(str(out))
+    assert tok.tokenize("ab abc", add_special=False) == [vocab["▁ab"], vocab["▁ab"], vocab["c"]]
+
+
+def test_tokenizer_json_byte_level_bpe(tmp_path):
+    tj = {"added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": True}],
+          "pre_tokenizer": {"type": "ByteLevel"},
+          "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, "merges": [["a", "b"]]}}
+    d = _tokenizer_json_checkpoint(tmp_path, tj, {"eos_token": "<|endoftext|>"})
+    out = cv.convert(d, tmp_path / "t.gguf", "f32", log=lambda *a: None)
+    _, f, _ = read(out)
+    assert f["tokenizer.ggml.model"] == "gpt2"
+    assert f["tokenizer.ggml.tokens"][:5] == ["a", "b", "ab", "Ġ", "<|endoftext|>"]
+    assert f["tokenizer.ggml.token_type"][:5] == [1, 1, 1, 1, 3]
+    assert f["tokenizer.ggml.merges"] == ["a b"]
+    assert f["tokenizer.ggml.eos_token_id"] == 4
+    assert "tokenizer.ggml.scores" not in f
+
+
+def test_error_bad_tokenizer_json(tmp_path, capsys):
+    d = _tokenizer_json_checkpoint(tmp_path, {"model": {"type": "Unigram", "vocab": []}})
+    assert "not supported" in _error(capsys, [str(d)])
+    (d / "tokenizer.json").write_text("[]")
+    assert "tokenizer.json" in _error(capsys, [str(d)])
