@@ -71,8 +71,8 @@ def gguf_forward(path: Path, tokens: list[int]) -> np.ndarray:
     return x @ out.T
 
 
-def torch_forward(ckpt: Path, tokens: list[int]) -> np.ndarray:
-    import torch
+def load_torch_model(ckpt: Path):
+    """training/train.py's model with a checkpoint directory's weights, in eval mode."""
     from safetensors.torch import load_file
 
     from train import Llama, ModelConfig
@@ -85,8 +85,14 @@ def torch_forward(ckpt: Path, tokens: list[int]) -> np.ndarray:
     model = Llama(cfg)
     model.load_state_dict(load_file(str(ckpt / "model.safetensors")))
     model.eval()
+    return model
+
+
+def torch_forward(ckpt: Path, tokens: list[int]) -> np.ndarray:
+    import torch
+
     with torch.no_grad():
-        return model(torch.tensor([tokens])).double().numpy()[0]
+        return load_torch_model(ckpt)(torch.tensor([tokens])).double().numpy()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
