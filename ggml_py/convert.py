@@ -1,0 +1,583 @@
+"""ggml-convert: a Hugging Face-style llama checkpoint directory -> GGUF.
+
+    ggml-convert MODEL_DIR [--outfile OUT.gguf] [--outtype f32|f16|bf16]
+
+The directory holds ``config.json`` (a ``LlamaForCausalLM`` config), the weights
+(``*.safetensors``, or ``pytorch_model.bin`` which needs PyTorch) and the
+tokenizer (``tokenizer.model`` from SentencePiece, or ``tokenizer.json``).
+Tensors and metadata get llama.cpp's names, so llama.cpp and ggml_py load the
+result alike.
+
+RoPE pairing. Hugging Face's llama rotates the two *halves* of each head
+(``x[i]`` with ``x[i + d/2]``); llama.cpp's "normal" rope rotates *adjacent*
+pairs (``x[2i]`` with ``x[2i+1]``). A standard HF checkpoint therefore has its
+q and k rows permuted back per head (row ``2i`` <- ``i``, ``2i+1`` <- ``i+d/2``),
+as llama.cpp's converter does. A checkpoint whose ``config.json`` says
+``"rope_pairing": "adjacent"`` (the ones ``training/train.py`` writes) is already
+in llama.cpp's order and is written unchanged.
+
+Neither ``safetensors`` nor ``sentencepiece`` is needed: both formats are read
+here with numpy and a small protobuf reader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+
+class ConvertError(Exception):
+    """A bad input; ``main`` prints it as one line and exits non-zero."""
+
+
+OUTTYPES = ("f32", "f16", "bf16")
+
+
+# ----------------------------------------------------------------------------- config
+
+@dataclass(frozen=True)
+class LlamaParams:
+    n_vocab: int
+    n_embd: int
+    n_ff: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ctx: int
+    rms_eps: float
+    rope_theta: float
+    rope_dim: int
+    tied: bool
+    adjacent_rope: bool
+    rope_scaling_linear: float | None
+    bos_id: int | None
+    eos_id: int | None
+
+
+def read_config(model_dir: Path) -> LlamaParams:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ConvertError(f"{model_dir}: no config.json")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    archs = cfg.get("architectures") or []
+    if "LlamaForCausalLM" not in archs and cfg.get("model_type") != "llama":
+        found = ", ".join(archs) or cfg.get("model_type") or "none given"
+        raise ConvertError(f"{path}: not a llama model (architectures: {found}); "
+                           "only LlamaForCausalLM is supported")
+    try:
+        n_embd, n_head = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+        params = dict(
+            n_vocab=int(cfg["vocab_size"]), n_embd=n_embd, n_ff=int(cfg["intermediate_size"]),
+            n_layer=int(cfg["num_hidden_layers"]), n_head=n_head,
+            n_head_kv=int(cfg.get("num_key_value_heads") or n_head),
+            n_ctx=int(cfg.get("max_position_embeddings", 2048)),
+            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", 10000.0)),
+            rope_dim=int(cfg.get("head_dim") or n_embd // n_head),
+        )
+    except KeyError as e:
+        raise ConvertError(f"{path}: missing key {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ConvertError(f"{path}: bad value ({e})") from None
+    if params["rope_dim"] * n_head != n_embd or params["rope_dim"] % 2 or n_head % params["n_head_kv"]:
+        raise ConvertError(f"{path}: inconsistent heads (hidden_size {n_embd}, heads {n_head}, "
+                           f"kv heads {params['n_head_kv']}, head_dim {params['rope_dim']})")
+    pairing = cfg.get("rope_pairing", "half")
+    if pairing not in ("half", "adjacent"):
+        raise ConvertError(f"{path}: rope_pairing must be 'half' or 'adjacent', not {pairing!r}")
+    scaling, linear = cfg.get("rope_scaling"), None
+    if scaling:
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind != "linear":
+            raise ConvertError(f"{path}: rope_scaling type {kind!r} is not supported (only 'linear')")
+        linear = float(scaling["factor"])
+    eos = cfg.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return LlamaParams(**params, tied=bool(cfg.get("tie_word_embeddings", False)),
+                       adjacent_rope=pairing == "adjacent", rope_scaling_linear=linear,
+                       bos_id=cfg.get("bos_token_id"), eos_id=eos)
+
+
+# ----------------------------------------------------------------------------- weights
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+              "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+              "BOOL": np.bool_}
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (name, float32 array) from a .safetensors file (memory-mapped).
+
+    The format is an 8-byte little-endian header length, a JSON header
+    ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` and the raw
+    little-endian bytes; BF16 is widened to F32 by a 16-bit shift.
+    """
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            (n_header,) = struct.unpack("<Q", f.read(8) or b"\0" * 8)
+            if n_header <= 0 or 8 + n_header > size:
+                raise ConvertError(f"{path}: not a safetensors file (bad header length)")
+            header = json.loads(f.read(n_header))
+    except (json.JSONDecodeError, UnicodeDecodeError, struct.error):
+        raise ConvertError(f"{path}: not a safetensors file (bad header)") from None
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n_header)
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _ST_DTYPES[info["dtype"]]
+            begin, end = info["data_offsets"]
+            shape = tuple(int(n) for n in info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise ConvertError(f"{path}: tensor {name!r}: bad entry {info!r}") from None
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - begin != count * np.dtype(dtype).itemsize or end > len(data):
+            raise ConvertError(f"{path}: tensor {name!r}: data size does not match its shape")
+        array = data[begin:end].view(dtype).reshape(shape)
+        if info["dtype"] == "BF16":
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        yield name, np.asarray(array, dtype=np.float32)
+
+
+def read_pytorch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """Yield (name, float32 array) from a pytorch_model.bin (needs PyTorch)."""
+    try:
+        import torch
+    except ImportError:
+        raise ConvertError(f"{path}: reading pytorch_model.bin needs PyTorch "
+                           "(pip install torch), or convert the checkpoint to safetensors") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad file
+        raise ConvertError(f"{path}: cannot load ({type(e).__name__}: {e})") from None
+    for name, tensor in state.items():
+        yield name, tensor.detach().to(torch.float32).numpy()
+
+
+def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
+    files = sorted(model_dir.glob("*.safetensors"))
+    if files:
+        return {k: v for f in files for k, v in read_safetensors(f)}
+    bins = sorted(model_dir.glob("pytorch_model*.bin"))
+    if bins:
+        return {k: v for f in bins for k, v in read_pytorch_bin(f)}
+    raise ConvertError(f"{model_dir}: no weights (*.safetensors or pytorch_model.bin)")
+
+
+def permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF half-rotation rows -> llama.cpp adjacent pairs, per head.
+
+    w (n_head * head_dim, n_embd): within a head, row 2i <- row i and
+    row 2i+1 <- row i + head_dim/2.
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+
+
+def gguf_name(hf_name: str, n_layer: int) -> str | None:
+    """llama.cpp's tensor name for an HF name; None for tensors that are dropped."""
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    if hf_name.endswith("rotary_emb.inv_freq"):
+        return None                                   # recomputed from rope_theta
+    parts = hf_name.split(".", 3)                     # model, layers, N, rest
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[2].isdigit():
+        if int(parts[2]) < n_layer and parts[3] in _LAYER_NAMES:
+            return f"blk.{parts[2]}.{_LAYER_NAMES[parts[3]]}"
+    raise ConvertError(f"unexpected tensor {hf_name!r} for a {n_layer}-layer llama")
+
+
+def expected_shapes(p: LlamaParams) -> dict[str, tuple[int, ...]]:
+    """GGUF name -> numpy shape (rows, cols) of every llama tensor, in file order."""
+    hd = p.rope_dim
+    shapes = {"token_embd.weight": (p.n_vocab, p.n_embd)}
+    for i in range(p.n_layer):
+        shapes.update({
+            f"blk.{i}.attn_norm.weight": (p.n_embd,),
+            f"blk.{i}.attn_q.weight": (p.n_head * hd, p.n_embd),
+            f"blk.{i}.attn_k.weight": (p.n_head_kv * hd, p.n_embd),
+            f"blk.{i}.attn_v.weight": (p.n_head_kv * hd, p.n_embd),
+            f"blk.{i}.attn_output.weight": (p.n_embd, p.n_head * hd),
+            f"blk.{i}.ffn_norm.weight": (p.n_embd,),
+            f"blk.{i}.ffn_gate.weight": (p.n_ff, p.n_embd),
+            f"blk.{i}.ffn_up.weight": (p.n_ff, p.n_embd),
+            f"blk.{i}.ffn_down.weight": (p.n_embd, p.n_ff),
+        })
+    shapes["output_norm.weight"] = (p.n_embd,)
+    if not p.tied:
+        shapes["output.weight"] = (p.n_vocab, p.n_embd)
+    return shapes
+
+
+def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.ndarray]:
+    """HF tensors -> {gguf name: float32 array} in llama.cpp's order and layout."""
+    out: dict[str, np.ndarray] = {}
+    for hf_name, array in weights.items():
+        name = gguf_name(hf_name, p.n_layer)
+        if name is None or (name == "output.weight" and p.tied):
+            continue
+        if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = p.n_head if name.endswith("attn_q.weight") else p.n_head_kv
+            array = permute_rope_rows(array, heads)
+        out[name] = array
+    shapes = expected_shapes(p)
+    for name, shape in shapes.items():
+        if name not in out:
+            raise ConvertError(f"missing tensor {name} (HF name of the checkpoint not found)")
+        if out[name].shape != shape:
+            raise ConvertError(f"tensor {name}: shape {out[name].shape}, expected {shape}")
+    return {name: out[name] for name in shapes}
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+@dataclass
+class Vocab:
+    model: str                  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+    tokens: list[str]
+    scores: list[float] | None
+    types: list[int]
+    merges: list[str] | None
+    bos_id: int | None
+    eos_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool | None
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _proto_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """Yield (field number, value) of a protobuf message; value is int or bytes."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = int.from_bytes(buf[pos:pos + 8], "little"), pos + 8
+        elif wire == 2:
+            n, pos = _varint(buf, pos)
+            value, pos = buf[pos:pos + n], pos + n
+        elif wire == 5:
+            value, pos = int.from_bytes(buf[pos:pos + 4], "little"), pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > len(buf):
+            raise ValueError("truncated message")
+        yield field, value
+
+
+def _int32(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def read_sentencepiece_model(path: Path) -> dict:
+    """Parse the fields of a SentencePiece ``ModelProto`` that GGUF needs.
+
+    ModelProto: pieces = 1 (piece 1, score 2, type 3), trainer_spec = 2
+    (model_type 3, byte_fallback 35, unk/bos/eos/pad id 40-43), normalizer_spec = 3
+    (add_dummy_prefix 3). proto2 defaults apply to absent fields.
+    """
+    buf = path.read_bytes()
+    model = {"pieces": [], "scores": [], "types": [], "model_type": 1, "byte_fallback": False,
+             "unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": -1, "add_dummy_prefix": True}
+    try:
+        for field, value in _proto_fields(buf):
+            if field == 1:
+                piece, score, kind = "", 0.0, 1
+                for f, v in _proto_fields(value):
+                    if f == 1:
+                        piece = v.decode("utf-8")
+                    elif f == 2:
+                        score = struct.unpack("<f", v.to_bytes(4, "little"))[0]
+                    elif f == 3:
+                        kind = v
+                model["pieces"].append(piece)
+                model["scores"].append(score)
+                model["types"].append(kind)
+            elif field == 2:
+                names = {3: "model_type", 35: "byte_fallback", 40: "unk_id", 41: "bos_id",
+                         42: "eos_id", 43: "pad_id"}
+                for f, v in _proto_fields(value):
+                    if f in names:
+                        model[names[f]] = bool(v) if f == 35 else _int32(v)
+            elif field == 3:
+                for f, v in _proto_fields(value):
+                    if f == 3:
+                        model["add_dummy_prefix"] = bool(v)
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as e:
+        raise ConvertError(f"{path}: not a SentencePiece model ({e})") from None
+    if not model["pieces"]:
+        raise ConvertError(f"{path}: not a SentencePiece model (no pieces)")
+    return model
+
+
+def _tokenizer_config(model_dir: Path) -> dict:
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+
+
+def vocab_from_sentencepiece(path: Path, tok_cfg: dict) -> Vocab:
+    m = read_sentencepiece_model(path)
+    if m["model_type"] not in (1, 2):
+        raise ConvertError(f"{path}: SentencePiece model type {m['model_type']} (only unigram/BPE)")
+
+    def opt_id(i: int) -> int | None:
+        return i if 0 <= i < len(m["pieces"]) else None
+
+    # SentencePiece piece types (NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4,
+    # UNUSED 5, BYTE 6) are numbered like GGUF's token types.
+    return Vocab("llama", m["pieces"], m["scores"], m["types"], None,
+                 opt_id(m["bos_id"]), opt_id(m["eos_id"]), opt_id(m["unk_id"]), opt_id(m["pad_id"]),
+                 bool(tok_cfg.get("add_bos_token", True)), bool(tok_cfg.get("add_eos_token", False)),
+                 m["add_dummy_prefix"])
+
+
+def vocab_from_tokenizer_json(path: Path, tok_cfg: dict) -> Vocab:
+    """A Hugging Face ``tokenizer.json`` with a BPE model.
+
+    Byte-fallback BPE (llama/SentencePiece style) becomes a ``llama`` vocabulary
+    whose scores rank merges (a token made by merge r scores -r); byte-level BPE
+    becomes a ``gpt2`` vocabulary with its merges.
+    """
+    try:
+        tj = json.loads(path.read_text(encoding="utf-8"))
+        bpe = tj["model"]
+        vocab: dict[str, int] = bpe["vocab"]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges", [])]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ConvertError(f"{path}: not a tokenizer.json with a model vocabulary ({e})") from None
+    if bpe.get("type", "BPE") != "BPE":
+        raise ConvertError(f"{path}: tokenizer model {bpe.get('type')!r} is not supported (only BPE)")
+    added = {t["content"]: t for t in tj.get("added_tokens", [])}
+    n = max([*vocab.values(), *(t["id"] for t in added.values())]) + 1
+    tokens = [f"[PAD{i}]" for i in range(n)]
+    types = [5] * n                                   # UNUSED until seen
+    for text, i in vocab.items():
+        tokens[i], types[i] = text, 1
+    for text, t in added.items():
+        tokens[t["id"]], types[t["id"]] = text, 3 if t.get("special") else 4
+
+    def special(key: str) -> int | None:
+        value = tok_cfg.get(key)
+        text = value.get("content") if isinstance(value, dict) else value
+        return vocab.get(text, added.get(text, {}).get("id")) if text else None
+
+    spm_style = bool(bpe.get("byte_fallback")) or "<0x0A>" in vocab
+    if spm_style:
+        # llama.cpp's SPM tokenizer merges the bigram whose result scores highest,
+        # HF's BPE the pair with the lowest merge rank: score = -(first rank making it).
+        scores = [0.0] * n
+        for rank in range(len(merges) - 1, -1, -1):
+            merged = merges[rank].replace(" ", "", 1)
+            if merged in vocab:
+                scores[vocab[merged]] = -float(rank)
+        for i, text in enumerate(tokens):
+            if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                types[i] = 6
+        unk = special("unk_token") if special("unk_token") is not None else vocab.get("<unk>")
+        bos = special("bos_token") if special("bos_token") is not None else vocab.get("<s>")
+        eos = special("eos_token") if special("eos_token") is not None else vocab.get("</s>")
+        if unk is not None:
+            types[unk] = 2
+        # The "▁" prefix is a Prepend normalizer, or a Metaspace pre-tokenizer
+        # that prepends (HF's two spellings of SentencePiece's add_dummy_prefix).
+        spec = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer")])
+        prefix = ('"Prepend"' in spec or '"prepend_scheme": "first"' in spec
+                  or '"prepend_scheme": "always"' in spec or '"add_prefix_space": true' in spec)
+        return Vocab("llama", tokens, scores, types, None, bos, eos, unk, special("pad_token"),
+                     bool(tok_cfg.get("add_bos_token", True)), bool(tok_cfg.get("add_eos_token", False)),
+                     prefix)
+    return Vocab("gpt2", tokens, None, types, merges, special("bos_token"), special("eos_token"),
+                 special("unk_token"), special("pad_token"),
+                 bool(tok_cfg.get("add_bos_token", False)), bool(tok_cfg.get("add_eos_token", False)),
+                 None)
+
+
+def read_vocab(model_dir: Path, p: LlamaParams) -> Vocab:
+    tok_cfg = _tokenizer_config(model_dir)
+    if (model_dir / "tokenizer.model").is_file():
+        vocab = vocab_from_sentencepiece(model_dir / "tokenizer.model", tok_cfg)
+    elif (model_dir / "tokenizer.json").is_file():
+        vocab = vocab_from_tokenizer_json(model_dir / "tokenizer.json", tok_cfg)
+    else:
+        raise ConvertError(f"{model_dir}: no tokenizer (tokenizer.model or tokenizer.json)")
+    if len(vocab.tokens) > p.n_vocab:
+        raise ConvertError(f"tokenizer has {len(vocab.tokens)} tokens, config.json vocab_size is {p.n_vocab}")
+    for i in range(len(vocab.tokens), p.n_vocab):     # pad to the embedding rows, as llama.cpp does
+        vocab.tokens.append(f"[PAD{i}]")
+        vocab.types.append(5)
+        if vocab.scores is not None:
+            vocab.scores.append(-1000.0)
+    return vocab
+
+
+# ----------------------------------------------------------------------------- writer
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), round to nearest even, NaN kept quiet, like ggml."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = ((u.astype(np.uint64) + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 64).astype(np.uint16), rounded)
+
+
+def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab: Vocab,
+               outtype: str, name: str, log=print) -> None:
+    import gguf
+
+    file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                 "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_file_type(file_type)
+    w.add_vocab_size(p.n_vocab)
+    w.add_context_length(p.n_ctx)
+    w.add_embedding_length(p.n_embd)
+    w.add_block_count(p.n_layer)
+    w.add_feed_forward_length(p.n_ff)
+    w.add_head_count(p.n_head)
+    w.add_head_count_kv(p.n_head_kv)
+    w.add_rope_freq_base(p.rope_theta)
+    w.add_layer_norm_rms_eps(p.rms_eps)
+    w.add_rope_dimension_count(p.rope_dim)
+    if p.rope_scaling_linear is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(p.rope_scaling_linear)
+
+    w.add_tokenizer_model(vocab.model)
+    w.add_tokenizer_pre("default")
+    w.add_token_list(vocab.tokens)
+    if vocab.scores is not None:
+        w.add_token_scores(vocab.scores)
+    w.add_token_types(vocab.types)
+    if vocab.merges is not None:
+        w.add_token_merges(vocab.merges)
+    for value, add in ((vocab.bos_id, w.add_bos_token_id), (vocab.eos_id, w.add_eos_token_id),
+                       (vocab.unk_id, w.add_unk_token_id), (vocab.pad_id, w.add_pad_token_id)):
+        if value is not None:
+            add(value)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(vocab.add_eos)
+    if vocab.add_space_prefix is not None:
+        w.add_add_space_prefix(vocab.add_space_prefix)
+
+    for tname, array in tensors.items():
+        # 1-D tensors (norms) stay F32 in every output type, as in llama.cpp.
+        if outtype == "f16" and array.ndim > 1:
+            w.add_tensor(tname, array.astype(np.float16))
+            kind = "F16"
+        elif outtype == "bf16" and array.ndim > 1:
+            w.add_tensor(tname, _to_bf16(array), raw_shape=array.shape,
+                         raw_dtype=gguf.GGMLQuantizationType.BF16)
+            kind = "BF16"
+        else:
+            w.add_tensor(tname, np.ascontiguousarray(array, dtype=np.float32))
+            kind = "F32"
+        log(f"  {tname:<28} {str(list(array.shape)):<14} {kind}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: str = "f16",
+            log=print, vocab_only: bool = False) -> Path:
+    """Convert an HF-style llama checkpoint directory to a GGUF file; returns its path.
+
+    ``vocab_only`` writes the metadata and tokenizer without tensors (no weights needed).
+    """
+    model_dir = Path(model_dir)
+    if outtype not in OUTTYPES:
+        raise ConvertError(f"unknown --outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
+    if not model_dir.is_dir():
+        raise ConvertError(f"{model_dir}: not a directory")
+    params = read_config(model_dir)
+    vocab = read_vocab(model_dir, params)
+    tensors = {} if vocab_only else map_tensors(read_weights(model_dir), params)
+    out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
+    log(f"{model_dir}: llama, {params.n_layer} layers, {params.n_embd} wide, vocab {params.n_vocab}, "
+        f"rope pairs {'adjacent (kept)' if params.adjacent_rope else 'half (q/k permuted)'}")
+    try:
+        write_gguf(out, params, tensors, vocab, outtype, model_dir.resolve().name, log)
+    except OSError as e:
+        raise ConvertError(f"{out}: cannot write ({e.strerror or e})") from None
+    n_params = sum(a.size for a in tensors.values())
+    log(f"wrote {out}: {len(tensors)} tensors, {n_params:,} parameters, "
+        f"{out.stat().st_size / 1e6:.2f} MB ({outtype.upper()})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ggml-convert",
+        description="Convert a Hugging Face-style llama checkpoint directory to GGUF.")
+    parser.add_argument("model", help="directory with config.json, weights and tokenizer")
+    parser.add_argument("--outfile", help="output path (default: MODEL/<name>-<outtype>.gguf)")
+    parser.add_argument("--outtype", default="f16", type=str.lower,
+                        help="f32, f16 (default) or bf16; 1-D tensors stay f32")
+    parser.add_argument("--vocab-only", action="store_true",
+                        help="write the metadata and tokenizer only (no tensors)")
+    args = parser.parse_args(argv)
+    try:
+        convert(args.model, args.outfile, args.outtype, vocab_only=args.vocab_only)
+    except ConvertError as e:
+        print(f"ggml-convert: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

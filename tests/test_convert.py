@@ -1,0 +1,434 @@
+"""ggml-convert: a tiny synthetic HF llama checkpoint -> GGUF, read back with gguf's reader."""
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from ggml_py import convert as cv  # noqa: E402
+from ggml_py.tokenizer import Tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER, N_FF = 16, 4, 2, 2, 24
+HEAD_DIM = N_EMBD // N_HEAD
+WORDS = ["▁", "a", "b", "c", "ab", "▁a", "▁ab", "▁b", "abc", "▁c"]
+N_TOKENS = 3 + 256 + len(WORDS)
+N_VOCAB = N_TOKENS + 2                       # padded by the converter
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(num: int, value) -> bytes:
+    if isinstance(value, bytes):
+        return _varint(num << 3 | 2) + _varint(len(value)) + value
+    if isinstance(value, float):
+        return _varint(num << 3 | 5) + struct.pack("<f", value)
+    return _varint(num << 3) + _varint(value)
+
+
+def spm_pieces() -> list[tuple[str, float, int]]:
+    pieces = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)]
+    pieces += [(f"<0x{b:02X}>", 0.0, 6) for b in range(256)]
+    pieces += [(w, -float(i), 1) for i, w in enumerate(WORDS)]
+    return pieces
+
+
+def write_spm_model(path: Path, add_dummy_prefix: bool | None) -> None:
+    """A SentencePiece ModelProto (BPE, byte fallback) written by hand."""
+    body = b"".join(_field(1, _field(1, p.encode()) + _field(2, s) + _field(3, t))
+                    for p, s, t in spm_pieces())
+    body += _field(2, _field(3, 2) + _field(4, N_TOKENS) + _field(35, 1) + _field(43, -1))
+    norm = _field(1, b"identity") + _field(4, 0)
+    if add_dummy_prefix is not None:
+        norm += _field(3, int(add_dummy_prefix))
+    body += _field(3, norm)
+    path.write_bytes(body)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtypes: dict[str, str]) -> None:
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, array in tensors.items():
+        kind = dtypes.get(name, "F32")
+        if kind == "BF16":
+            raw = (np.ascontiguousarray(array, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        elif kind == "F16":
+            raw = array.astype("<f2").tobytes()
+        else:
+            raw = array.astype("<f4").tobytes()
+        header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def hf_tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
+    def mat(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    t = {"model.embed_tokens.weight": mat(N_VOCAB, N_EMBD)}
+    for i in range(N_LAYER):
+        p = f"model.layers.{i}."
+        t.update({
+            p + "input_layernorm.weight": mat(N_EMBD),
+            p + "self_attn.q_proj.weight": mat(N_HEAD * HEAD_DIM, N_EMBD),
+            p + "self_attn.k_proj.weight": mat(N_HEAD_KV * HEAD_DIM, N_EMBD),
+            p + "self_attn.v_proj.weight": mat(N_HEAD_KV * HEAD_DIM, N_EMBD),
+            p + "self_attn.o_proj.weight": mat(N_EMBD, N_HEAD * HEAD_DIM),
+            p + "post_attention_layernorm.weight": mat(N_EMBD),
+            p + "mlp.gate_proj.weight": mat(N_FF, N_EMBD),
+            p + "mlp.up_proj.weight": mat(N_FF, N_EMBD),
+            p + "mlp.down_proj.weight": mat(N_EMBD, N_FF),
+            p + "self_attn.rotary_emb.inv_freq": mat(HEAD_DIM // 2),
+        })
+    t["model.norm.weight"] = mat(N_EMBD)
+    if not tied:
+        t["lm_head.weight"] = mat(N_VOCAB, N_EMBD)
+    return t
+
+
+def make_checkpoint(root: Path, *, tied=True, adjacent=True, add_dummy_prefix=False,
+                    dtypes=None, seed=0) -> tuple[Path, dict[str, np.ndarray]]:
+    d = root / "tiny-llama"
+    d.mkdir()
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": N_EMBD, "intermediate_size": N_FF, "num_hidden_layers": N_LAYER,
+        "num_attention_heads": N_HEAD, "num_key_value_heads": N_HEAD_KV,
+        "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500.0,
+        "vocab_size": N_VOCAB, "tie_word_embeddings": tied, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    if adjacent:
+        config["rope_pairing"] = "adjacent"
+    (d / "config.json").write_text(json.dumps(config))
+    tensors = hf_tensors(np.random.default_rng(seed), tied)
+    write_safetensors(d / "model.safetensors", tensors, dtypes or {})
+    write_spm_model(d / "tokenizer.model", add_dummy_prefix)
+    return d, tensors
+
+
+def read(path: Path):
+    reader = gguf.GGUFReader(str(path))
+    fields = {name: f.contents() for name, f in reader.fields.items()}
+    tensors = {t.name: t for t in reader.tensors}
+    return reader, fields, tensors
+
+
+# ----------------------------------------------------------------------------- round trip
+
+def test_f32_round_trip_metadata_tensors_and_vocab(tmp_path):
+    d, hf = make_checkpoint(tmp_path)
+    out = cv.convert(d, tmp_path / "tiny.gguf", "f32", log=lambda *a: None)
+    _, f, t = read(out)
+
+    assert f["general.architecture"] == "llama"
+    assert f["general.file_type"] == 0
+    assert f["llama.context_length"] == 64
+    assert f["llama.embedding_length"] == N_EMBD
+    assert f["llama.block_count"] == N_LAYER
+    assert f["llama.feed_forward_length"] == N_FF
+    assert f["llama.attention.head_count"] == N_HEAD
+    assert f["llama.attention.head_count_kv"] == N_HEAD_KV
+    assert f["llama.rope.freq_base"] == pytest.approx(500.0)
+    assert f["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-5)
+    assert f["llama.rope.dimension_count"] == HEAD_DIM
+
+    pieces = spm_pieces()
+    assert f["tokenizer.ggml.model"] == "llama"
+    assert f["tokenizer.ggml.tokens"] == [p for p, _, _ in pieces] + ["[PAD%d]" % i for i in (N_TOKENS, N_TOKENS + 1)]
+    assert f["tokenizer.ggml.scores"][:N_TOKENS] == pytest.approx([s for _, s, _ in pieces])
+    assert f["tokenizer.ggml.token_type"] == [k for _, _, k in pieces] + [5, 5]
+    assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"],
+            f["tokenizer.ggml.unknown_token_id"]) == (1, 2, 0)
+    assert f["tokenizer.ggml.add_bos_token"] is True
+    assert f["tokenizer.ggml.add_eos_token"] is False
+    assert f["tokenizer.ggml.add_space_prefix"] is False
+    assert "tokenizer.ggml.padding_token_id" not in f
+
+    expected = ["token_embd.weight"]
+    for i in range(N_LAYER):
+        expected += [f"blk.{i}.{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v",
+                     "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
+    expected.append("output_norm.weight")
+    assert list(t) == expected                       # tied: no output.weight
+    assert list(t["blk.0.attn_k.weight"].shape) == [N_EMBD, N_HEAD_KV * HEAD_DIM]   # ne order
+    assert t["blk.1.ffn_down.weight"].data.shape == (N_EMBD, N_FF)
+    # adjacent-pair checkpoint: q and k are written unchanged
+    np.testing.assert_array_equal(t["blk.1.attn_q.weight"].data, hf["model.layers.1.self_attn.q_proj.weight"])
+    np.testing.assert_array_equal(t["blk.0.attn_k.weight"].data, hf["model.layers.0.self_attn.k_proj.weight"])
+    np.testing.assert_array_equal(t["token_embd.weight"].data, hf["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(t["output_norm.weight"].data, hf["model.norm.weight"])
+    for tensor in t.values():
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.F32
+
+
+@pytest.mark.parametrize("outtype, qtype", [("f16", "F16"), ("bf16", "BF16")])
+def test_half_outtypes_keep_norms_f32(tmp_path, outtype, qtype):
+    d, hf = make_checkpoint(tmp_path, tied=False,
+                            dtypes={"model.layers.0.mlp.up_proj.weight": "BF16",
+                                    "model.layers.1.mlp.up_proj.weight": "F16"})
+    out = cv.convert(d, tmp_path / "tiny.gguf", outtype, log=lambda *a: None)
+    _, f, t = read(out)
+    assert f["general.file_type"] == {"f16": 1, "bf16": 32}[outtype]
+    assert "output.weight" in t
+    for name, tensor in t.items():
+        want = "F32" if name.endswith("norm.weight") else qtype
+        assert tensor.tensor_type == gguf.GGMLQuantizationType[want], name
+    w = hf["model.layers.0.mlp.gate_proj.weight"]
+    got = t["blk.0.ffn_gate.weight"].data
+    if outtype == "f16":
+        np.testing.assert_array_equal(got, w.astype(np.float16))
+    else:
+        got = (got.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(got, w, rtol=2 ** -8)
+        np.testing.assert_array_equal(got, gguf.quants.dequantize(
+            gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16), gguf.GGMLQuantizationType.BF16))
+    # a BF16 source tensor arrives as its exact value
+    src = hf["model.layers.0.mlp.up_proj.weight"]
+    src_bf16 = ((src.view(np.uint32) >> 16) << 16).view(np.float32)
+    up = t["blk.0.ffn_up.weight"].data
+    up = up.astype(np.float32) if outtype == "f16" else (up.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    np.testing.assert_allclose(up, src_bf16, rtol=2 ** -8 if outtype == "bf16" else 1e-3)
+
+
+def _rope_half(x, pos, theta):
+    """HF rotate_half RoPE on x (n_head, head_dim)."""
+    d = x.shape[-1]
+    ang = pos * theta ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(np.concatenate([ang, ang])), np.sin(np.concatenate([ang, ang]))
+    rot = np.concatenate([-x[..., d // 2:], x[..., :d // 2]], axis=-1)
+    return x * cos + rot * sin
+
+
+def _rope_adjacent(x, pos, theta):
+    """llama.cpp "normal" RoPE on x (n_head, head_dim): adjacent pairs."""
+    d = x.shape[-1]
+    ang = pos * theta ** (-np.arange(0, d, 2) / d)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    return np.stack([x0 * np.cos(ang) - x1 * np.sin(ang), x0 * np.sin(ang) + x1 * np.cos(ang)], -1).reshape(x.shape)
+
+
+def test_hf_checkpoint_gets_rope_permutation_same_attention_scores(tmp_path):
+    d, hf = make_checkpoint(tmp_path, adjacent=False)
+    out = cv.convert(d, tmp_path / "tiny.gguf", "f32", log=lambda *a: None)
+    _, _, t = read(out)
+    rng = np.random.default_rng(1)
+    x_q, x_k = rng.standard_normal(N_EMBD), rng.standard_normal(N_EMBD)
+    group = N_HEAD // N_HEAD_KV
+    for i in range(N_LAYER):
+        wq_hf, wk_hf = hf[f"model.layers.{i}.self_attn.q_proj.weight"], hf[f"model.layers.{i}.self_attn.k_proj.weight"]
+        wq, wk = t[f"blk.{i}.attn_q.weight"].data, t[f"blk.{i}.attn_k.weight"].data
+        assert not np.array_equal(wq, wq_hf)
+        q_hf = _rope_half((wq_hf @ x_q).reshape(N_HEAD, HEAD_DIM), 7, 500.0)
+        k_hf = _rope_half((wk_hf @ x_k).reshape(N_HEAD_KV, HEAD_DIM), 3, 500.0)
+        q = _rope_adjacent((wq @ x_q).reshape(N_HEAD, HEAD_DIM), 7, 500.0)
+        k = _rope_adjacent((wk @ x_k).reshape(N_HEAD_KV, HEAD_DIM), 3, 500.0)
+        scores_hf = np.einsum("hd,hd->h", q_hf, np.repeat(k_hf, group, axis=0))
+        scores = np.einsum("hd,hd->h", q, np.repeat(k, group, axis=0))
+        np.testing.assert_allclose(scores, scores_hf, rtol=1e-4, atol=1e-4)
+        # v is never permuted
+        np.testing.assert_array_equal(t[f"blk.{i}.attn_v.weight"].data, hf[f"model.layers.{i}.self_attn.v_proj.weight"])
+
+
+@pytest.mark.parametrize("add_dummy_prefix", [False, None])
+def test_ggml_py_tokenizer_reads_converted_vocab(tmp_path, add_dummy_prefix):
+    d, _ = make_checkpoint(tmp_path, add_dummy_prefix=add_dummy_prefix)
+    out = cv.convert(d, tmp_path / "tiny.gguf", "f32", log=lambda *a: None)
+    tok = Tokenizer.from_gguf(str(out))
+    ids = {p: i for i, (p, _, _) in enumerate(spm_pieces())}
+    got = tok.tokenize("ab abc\nz")
+    body = ["ab", "▁ab", "c", "<0x0A>", "<0x7A>"]
+    prefix = [] if add_dummy_prefix is False else ["▁"]   # proto2 default: prefix on
+    if prefix:
+        body = ["▁ab", "▁ab", "c", "<0x0A>", "<0x7A>"]
+    assert got == [1] + [ids[p] for p in body]
+    assert tok.detokenize(got[1:]) == "ab abc\nz"       # the prefix space is removed again
+
+
+def test_handwritten_model_matches_sentencepiece(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    path = tmp_path / "t.model"
+    write_spm_model(path, add_dummy_prefix=False)
+    sp = spm.SentencePieceProcessor(model_file=str(path))
+    m = cv.read_sentencepiece_model(path)
+    assert m["pieces"] == [sp.id_to_piece(i) for i in range(sp.vocab_size())]
+    assert m["scores"] == pytest.approx([sp.get_score(i) for i in range(sp.vocab_size())])
+    assert (m["bos_id"], m["eos_id"], m["unk_id"], m["pad_id"]) == (sp.bos_id(), sp.eos_id(), sp.unk_id(), sp.pad_id())
+    assert sp.encode("ab abc", out_type=str) == ["ab", "▁ab", "c"]
+
+
+def test_pytorch_bin_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch")
+    d, hf = make_checkpoint(tmp_path)
+    (d / "model.safetensors").unlink()
+    torch.save({k: torch.from_numpy(v) for k, v in hf.items()}, d / "pytorch_model.bin")
+    out = cv.convert(d, tmp_path / "tiny.gguf", "f32", log=lambda *a: None)
+    _, _, t = read(out)
+    np.testing.assert_array_equal(t["blk.0.ffn_up.weight"].data, hf["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_default_outfile_and_cli(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    assert cv.main([str(d), "--outtype", "F16"]) == 0
+    assert (d / "tiny-llama-f16.gguf").is_file()
+    assert "wrote" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- bad inputs
+
+def _error(capsys, argv):
+    rc = cv.main(argv)
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert rc != 0
+    assert len(lines) == 1 and lines[0].startswith("ggml-convert: error: "), captured.err
+    return lines[0]
+
+
+def test_error_missing_directory(tmp_path, capsys):
+    assert "not a directory" in _error(capsys, [str(tmp_path / "nope")])
+
+
+def test_error_missing_config(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "config.json").unlink()
+    assert "no config.json" in _error(capsys, [str(d)])
+
+
+def test_error_not_llama(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    assert "not a llama model" in _error(capsys, [str(d)])
+
+
+def test_error_bad_json_and_missing_key(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "config.json").write_text("{not json")
+    assert "not valid JSON" in _error(capsys, [str(d)])
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    assert "missing key" in _error(capsys, [str(d)])
+
+
+def test_error_unknown_outtype(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    assert "unknown --outtype 'q9_9'" in _error(capsys, [str(d), "--outtype", "q9_9"])
+
+
+def test_error_missing_weights_and_tokenizer(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "tokenizer.model").unlink()
+    assert "no tokenizer" in _error(capsys, [str(d)])
+    write_spm_model(d / "tokenizer.model", False)
+    (d / "model.safetensors").unlink()
+    assert "no weights" in _error(capsys, [str(d)])
+
+
+def test_error_missing_or_misshapen_tensor(tmp_path, capsys):
+    d, hf = make_checkpoint(tmp_path)
+    del hf["model.layers.1.mlp.up_proj.weight"]
+    write_safetensors(d / "model.safetensors", hf, {})
+    assert "missing tensor blk.1.ffn_up.weight" in _error(capsys, [str(d)])
+    hf["model.layers.1.mlp.up_proj.weight"] = np.zeros((N_FF, N_EMBD + 1), np.float32)
+    write_safetensors(d / "model.safetensors", hf, {})
+    assert "shape" in _error(capsys, [str(d)])
+    hf["model.layers.1.mlp.up_proj.weight"] = np.zeros((N_FF, N_EMBD), np.float32)
+    hf["model.extra.weight"] = np.zeros(3, np.float32)
+    write_safetensors(d / "model.safetensors", hf, {})
+    assert "unexpected tensor 'model.extra.weight'" in _error(capsys, [str(d)])
+
+
+def test_error_corrupt_files(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "model.safetensors").write_bytes(b"\xff" * 64)
+    assert "not a safetensors file" in _error(capsys, [str(d)])
+    (d / "tokenizer.model").write_bytes(b"\x0f\x00garbage")
+    assert "not a SentencePiece model" in _error(capsys, [str(d)])
+
+
+def test_example_entry_point_no_traceback(tmp_path):
+    import os
+
+    import ggml_py
+    env = dict(os.environ, PYTHONPATH=str(Path(ggml_py.__file__).resolve().parent.parent))
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "convert.py"), str(tmp_path / "nope")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("ggml-convert: error: ")
+
+
+# ----------------------------------------------------------------------------- tokenizer.json
+
+def _tokenizer_json_checkpoint(tmp_path, tokenizer: dict, tok_cfg: dict | None = None) -> Path:
+    d, _ = make_checkpoint(tmp_path)
+    (d / "tokenizer.model").unlink()
+    (d / "tokenizer.json").write_text(json.dumps(tokenizer))
+    if tok_cfg is not None:
+        (d / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    return d
+
+
+def test_tokenizer_json_sentencepiece_style(tmp_path):
+    pieces = spm_pieces()
+    vocab = {p: i for i, (p, _, _) in enumerate(pieces) if p not in ("<s>", "</s>")}
+    merges = ["a b", "▁ a", "▁ ab", "▁ b", "ab c", "▁ c"]
+    tj = {"normalizer": {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                                             {"type": "Replace"}]},
+          "added_tokens": [{"id": 1, "content": "<s>", "special": True},
+                           {"id": 2, "content": "</s>", "special": True}],
+          "model": {"type": "BPE", "byte_fallback": True, "vocab": vocab, "merges": merges}}
+    d = _tokenizer_json_checkpoint(tmp_path, tj, {"bos_token": "<s>", "eos_token": "</s>",
+                                                  "unk_token": "<unk>", "add_bos_token": True})
+    out = cv.convert(d, tmp_path / "t.gguf", "f32", log=lambda *a: None)
+    _, f, _ = read(out)
+    assert f["tokenizer.ggml.model"] == "llama"
+    assert f["tokenizer.ggml.tokens"][:N_TOKENS] == [p for p, _, _ in pieces]
+    assert f["tokenizer.ggml.token_type"][:N_TOKENS] == [k for _, _, k in pieces]
+    scores = f["tokenizer.ggml.scores"]
+    assert [scores[vocab[m.replace(" ", "")]] for m in merges] == [0.0, -1.0, -2.0, -3.0, -4.0, -5.0]
+    assert f["tokenizer.ggml.add_space_prefix"] is True
+    tok = Tokenizer.from_gguf(str(out))
+    assert tok.tokenize("ab abc", add_special=False) == [vocab["▁ab"], vocab["▁ab"], vocab["c"]]
+
+
+def test_tokenizer_json_byte_level_bpe(tmp_path):
+    tj = {"added_tokens": [{"id": 4, "content": "<|endoftext|>", "special": True}],
+          "pre_tokenizer": {"type": "ByteLevel"},
+          "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, "merges": [["a", "b"]]}}
+    d = _tokenizer_json_checkpoint(tmp_path, tj, {"eos_token": "<|endoftext|>"})
+    out = cv.convert(d, tmp_path / "t.gguf", "f32", log=lambda *a: None)
+    _, f, _ = read(out)
+    assert f["tokenizer.ggml.model"] == "gpt2"
+    assert f["tokenizer.ggml.tokens"][:5] == ["a", "b", "ab", "Ġ", "<|endoftext|>"]
+    assert f["tokenizer.ggml.token_type"][:5] == [1, 1, 1, 1, 3]
+    assert f["tokenizer.ggml.merges"] == ["a b"]
+    assert f["tokenizer.ggml.eos_token_id"] == 4
+    assert "tokenizer.ggml.scores" not in f
+
+
+def test_error_bad_tokenizer_json(tmp_path, capsys):
+    d = _tokenizer_json_checkpoint(tmp_path, {"model": {"type": "Unigram", "vocab": []}})
+    assert "not supported" in _error(capsys, [str(d)])
+    (d / "tokenizer.json").write_text("[]")
+    assert "tokenizer.json" in _error(capsys, [str(d)])
