@@ -132,7 +132,7 @@ def test_perplexity_cli_errors():
     assert short.returncode == 1 and "Traceback" not in short.stderr
     assert short.stderr.strip().splitlines()[-1].startswith(
         "ggml-perplexity: error: you need at least 8192 tokens")
-    assert_one_line_error(run("ggml_py.cli.perplexity", "-m", model_path("f32")), code=2)
+    assert_one_line_error(run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-c", "x"), code=2)
     line = assert_one_line_error(run("ggml_py.cli.perplexity", "-m", TEXT_FILE, "-f", TEXT_FILE),
                                  code=1)
     assert "not a GGUF file" in line
@@ -197,3 +197,26 @@ def test_perplexity_with_tune_at_start_up():
     final = [re.search(r"Final estimate: PPL = ([\d.]+)", p.stdout).group(1) for p in (tuned, plain)]
     # profiles differ only by rounding (Q8 activations vs f32 sgemm): PPL within 1 %
     assert abs(float(final[0]) - float(final[1])) <= 1e-2 * float(final[1])
+
+
+# ---- the bundled model: the README's first command ------------------------------
+
+def test_main_runs_the_bundled_model_by_default():
+    # `ggml-main -p "ROMEO."`: no -m; non-greedy by default, -s makes it repeatable
+    first = main("-p", "ROMEO.", "-n", 12, "-s", 5, "-t", 2)
+    again = main("-p", "ROMEO.", "-n", 12, "-s", 5, "-t", 2)
+    assert first.returncode == 0, first.stderr
+    assert "shakespeare-5m-q8_0.gguf" in first.stderr and "Q8_0" in first.stderr
+    assert first.stdout.startswith("ROMEO.") and len(first.stdout) > len("ROMEO.") + 10
+    assert first.stdout == again.stdout
+    assert "temp = 0.800" in first.stderr and "top_p = 0.950" in first.stderr
+    assert re.search(r"eval time = .* / +11 runs", first.stderr)
+
+
+def test_perplexity_of_the_bundled_model_on_held_out_plays():
+    # no -m, no -f: the bundled model on the bundled test text, at its 256-token context
+    proc = run("ggml_py.cli.perplexity", "--chunks", 8, "-t", 2)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_ctx=256" in proc.stderr
+    ppl = float(re.search(r"Final estimate: PPL = ([\d.]+)", proc.stdout).group(1))
+    assert 20 < ppl < 40      # the full test text measures 32.2 (docs/model.md)

@@ -153,3 +153,12 @@ def test_bad_arguments():
         gg.Llama("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="kv_type"):
         gg.Llama(model_path("f32"), kv_type="q8")
+
+
+def test_llama_without_a_path_loads_the_bundled_model():
+    llm = gg.Llama(n_ctx=64, n_threads=1)
+    assert llm.n_vocab() == 2048 and llm.config.n_ctx_train == 256
+    ids = llm.tokenize("ROMEO.", add_bos=True)
+    assert ids[0] == llm.token_bos() and llm.detokenize(ids[1:]) == "ROMEO."
+    text = "".join(llm.generate("ROMEO.", max_tokens=8, temperature=0))
+    assert text == "".join(llm.generate("ROMEO.", max_tokens=8, temperature=0)) and text.strip()

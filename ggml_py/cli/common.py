@@ -33,8 +33,10 @@ def add_model_arguments(parser, ctx_default):
                              "Shakespeare model)")
     parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                         help="threads (default: physical cores)")
-    parser.add_argument("-c", "--ctx-size", type=int, default=ctx_default, metavar="N",
-                        help=f"context size in tokens (default: {ctx_default}, 0 = from model)")
+    parser.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+                        help=f"context size in tokens (default: {ctx_default}, or the model's "
+                             f"training context when that is smaller; 0 = from model)")
+    parser.set_defaults(ctx_default=ctx_default)
     parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
                         help="most tokens evaluated at once (default: 512)")
     parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
@@ -79,6 +81,16 @@ def setup_tune(llm, args, log):
         except tune.TuneFileError as exc:
             log(f"tune: {exc}; using the fallback rule")
     return False
+
+
+def resolve_ctx_size(args):
+    """-c as given, else the program's default capped at the model's training context."""
+    if args.ctx_size is None:
+        from ggml_py.gguf_model import GGUFModelFile
+        from ggml_py.llama import LlamaConfig
+        n_ctx_train = LlamaConfig.from_gguf(GGUFModelFile(args.model)).n_ctx_train
+        args.ctx_size = min(args.ctx_default, n_ctx_train)
+    return args.ctx_size
 
 
 def kv_type(parser, args):

@@ -9,7 +9,8 @@ import sys
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run, setup_tune
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, kv_type,
+                                resolve_ctx_size, run, setup_tune)
 from ggml_py.sampling import SamplingParams
 
 PROG = "ggml-main"
@@ -46,6 +47,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.model = args.model or default_model_path()
+    resolve_ctx_size(args)
     cache_type = kv_type(parser, args)
     prompt = args.prompt
     if args.file is not None:

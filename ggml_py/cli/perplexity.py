@@ -11,7 +11,8 @@ import time
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path, default_text_path
-from ggml_py.cli.common import ArgumentParser, add_model_arguments, kv_type, run, setup_tune
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, kv_type,
+                                resolve_ctx_size, run, setup_tune)
 
 PROG = "ggml-perplexity"
 
@@ -35,6 +36,7 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.model = args.model or default_model_path()
+    resolve_ctx_size(args)
     args.file = args.file or default_text_path()
     cache_type = kv_type(parser, args)
     if args.ctx_size < 4:
