@@ -478,24 +478,17 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
                outtype: str, name: str, log=print) -> None:
     import gguf
 
+    from ggml_py.gguf_write import add_llama_hparams
+
     file_type = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                  "bf16": gguf.LlamaFileType.MOSTLY_BF16}[outtype]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
     w.add_file_type(file_type)
-    w.add_vocab_size(p.n_vocab)
-    w.add_context_length(p.n_ctx)
-    w.add_embedding_length(p.n_embd)
-    w.add_block_count(p.n_layer)
-    w.add_feed_forward_length(p.n_ff)
-    w.add_head_count(p.n_head)
-    w.add_head_count_kv(p.n_head_kv)
-    w.add_rope_freq_base(p.rope_theta)
-    w.add_layer_norm_rms_eps(p.rms_eps)
-    w.add_rope_dimension_count(p.rope_dim)
-    if p.rope_scaling_linear is not None:
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(p.rope_scaling_linear)
+    add_llama_hparams(w, n_vocab=p.n_vocab, n_ctx=p.n_ctx, n_embd=p.n_embd, n_layer=p.n_layer,
+                      n_ff=p.n_ff, n_head=p.n_head, n_head_kv=p.n_head_kv, rms_eps=p.rms_eps,
+                      rope_freq_base=p.rope_theta, rope_dim=p.rope_dim,
+                      rope_scale_linear=p.rope_scaling_linear)
 
     w.add_tokenizer_model(vocab.model)
     w.add_tokenizer_pre("default")

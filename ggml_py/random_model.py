@@ -127,6 +127,8 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     Matrices are stored as spec.weight_type; norms and rope_freqs stay F32.
     """
     import gguf
+
+    from ggml_py.gguf_write import add_llama_hparams
     vocab = vocab or builtin_spm_vocab(spec.n_vocab)
     if len(vocab["tokens"]) != spec.n_vocab:
         raise ValueError(f"vocabulary has {len(vocab['tokens'])} tokens, spec says {spec.n_vocab}")
@@ -136,19 +138,11 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("random llama")
-    writer.add_context_length(spec.n_ctx_train)
-    writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
-    writer.add_head_count(spec.n_head)
-    writer.add_head_count_kv(spec.n_head_kv)
-    writer.add_layer_norm_rms_eps(spec.rms_eps)
-    writer.add_rope_freq_base(spec.rope_freq_base)
-    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
-    writer.add_vocab_size(spec.n_vocab)
-    if spec.rope_scale_linear > 0:
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(spec.rope_scale_linear)
+    add_llama_hparams(writer, n_vocab=spec.n_vocab, n_ctx=spec.n_ctx_train, n_embd=spec.n_embd,
+                      n_layer=spec.n_layer, n_ff=spec.n_ff, n_head=spec.n_head,
+                      n_head_kv=spec.n_head_kv, rms_eps=spec.rms_eps,
+                      rope_freq_base=spec.rope_freq_base, rope_dim=spec.n_embd // spec.n_head,
+                      rope_scale_linear=spec.rope_scale_linear)
     # llama.cpp's ftype of a file whose matrices are all `qtype` (MOSTLY_<type>)
     ftype = "ALL_F32" if qtype == gguf.GGMLQuantizationType.F32 else f"MOSTLY_{qtype.name}"
     if qtype.name in ("Q3_K", "Q4_K", "Q5_K"):
