@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -13,14 +14,17 @@ from llama_models import DATA, model_path, scratch_path
 
 import ggml_py as gg
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# Subprocesses import the ggml_py these tests import (installed, or built in place),
+# from a neutral folder: a checkout's own ggml_py/ must not shadow an installed one.
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__)))
+ENV = dict(os.environ, PYTHONPATH=PACKAGE_PARENT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+CWD = tempfile.gettempdir()
 TEXT_FILE = os.path.join(DATA, "ggml-vocab-llama-spm.gguf.inp")
 
 
 def run(module, *args, timeout=120):
     return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
-                          text=True, env=ENV, cwd=ROOT, timeout=timeout)
+                          text=True, env=ENV, cwd=CWD, timeout=timeout)
 
 
 def main(*args):
@@ -94,7 +98,7 @@ def test_main_bad_files():
 def test_main_ctrl_c_stops_and_prints_timings():
     proc = subprocess.Popen([sys.executable, "-m", "ggml_py.cli.main", "-m", model_path("f32"),
                              "-p", "Once", "-n", "-1", "-c", "8192", "--ignore-eos", "-s", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=CWD)
     try:
         os.set_blocking(proc.stdout.fileno(), False)
         received, deadline = b"", time.monotonic() + 60

@@ -1,6 +1,8 @@
 """ggml-quantize: llama.cpp's type rules, end-to-end files, bad input."""
+import os
 import subprocess
 import sys
+import tempfile
 
 import gguf
 import numpy as np
@@ -9,8 +11,9 @@ import pytest
 from llama_models import model_path, scratch_path
 from llama_reference import ReferenceLlama
 
+import ggml_py as gg
 from ggml_py.llama import LlamaModel
-from ggml_py.quantize import TARGETS, quantize_file, tensor_type, use_more_bits
+from ggml_py.quantize_model import TARGETS, quantize_file, tensor_type, use_more_bits
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.types import Type
 
@@ -81,9 +84,11 @@ def test_quantized_file_loads_and_matches_its_reference(f32_k_model, target):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-c", "import sys; from ggml_py.quantize import main; "
+    # the ggml_py under test, from a neutral folder (a checkout's ggml_py/ must not shadow it)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
+    return subprocess.run([sys.executable, "-c", "import sys; from ggml_py.quantize_model import main; "
                            "sys.exit(main(sys.argv[1:]))", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tempfile.gettempdir())
 
 
 def test_cli_errors_are_one_line(tmp_path):
