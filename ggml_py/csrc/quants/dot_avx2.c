@@ -167,6 +167,17 @@ static inline float k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const ui
     return d * (float) isum - dmin * (float) summs;
 }
 
+/* Chunk c of a Q4_K/Q5_K super-block: 64 unsigned values (lo: the first 32,
+ * hi: the next 32) times their Q8_K activations, each half scaled by its 6-bit
+ * scale; int32 lanes. */
+static inline __m256i k4_chunk_dot(__m256i lo, __m256i hi, const int8_t *yq, const uint8_t sc[2]) {
+    const __m256i y0 = _mm256_loadu_si256((const __m256i *) yq);
+    const __m256i y1 = _mm256_loadu_si256((const __m256i *) (yq + 32));
+    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[0]));
+    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[1]));
+    return _mm256_add_epi32(p0, p1);
+}
+
 void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
@@ -180,11 +191,7 @@ void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *
             const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
             const __m256i lo = _mm256_and_si256(q4, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c));
-            const __m256i y1 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+            acc = _mm256_add_epi32(acc, k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
         sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
     }
@@ -208,11 +215,7 @@ void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16(h0, 4));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
                                                _mm256_slli_epi16(h1, 4));
-            const __m256i y0 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c));
-            const __m256i y1 = _mm256_loadu_si256((const __m256i *) (y[i].qs + 64 * c + 32));
-            const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[2 * c]));
-            const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[2 * c + 1]));
-            acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+            acc = _mm256_add_epi32(acc, k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
         sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
     }
