@@ -59,4 +59,16 @@ static inline void ggml_py_q3_K_scales(const uint8_t *packed, int8_t out[16]) {
     }
 }
 
+/* The value of largest magnitude (the first one on ties), sign kept. */
+static inline float ggml_py_signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
 #endif /* GGML_PY_QUANTS_IMPL_H */

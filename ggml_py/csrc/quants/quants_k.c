@@ -15,14 +15,7 @@
  * rmse_type 1 weighs each value by x^2 and searches 18 scales around the
  * first guess for the least weighted squared error. */
 static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse_type) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    const float max = ggml_py_signed_absmax(x, n), amax = fabsf(max);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t) n);
         return 0.f;
@@ -72,14 +65,7 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse
 /* Q3_K's search: a first guess, then up to 5 sweeps moving single values to
  * the level that most improves the x^2-weighted fit. */
 static float make_q3_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    const float max = ggml_py_signed_absmax(x, n), amax = fabsf(max);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t) n);
         return 0.f;
@@ -547,14 +533,7 @@ void ggml_py_dequantize_row_q6_K(const void *vx, float *y, int64_t n) {
 void ggml_py_quantize_row_q8_K_ref(const float *x, void *vy, int64_t n) {
     ggml_py_block_q8_K *y = vy;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++, x += GGML_PY_QK_K) {
-        float max = 0, amax = 0;
-        for (int j = 0; j < GGML_PY_QK_K; j++) {
-            const float ax = fabsf(x[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = x[j];
-            }
-        }
+        const float max = ggml_py_signed_absmax(x, GGML_PY_QK_K), amax = fabsf(max);
         if (!amax) {
             memset(&y[i], 0, sizeof(y[i]));
             continue;

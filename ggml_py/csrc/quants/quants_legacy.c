@@ -8,17 +8,6 @@
 #include "quants_impl.h"
 
 /* The element of largest magnitude, first one on ties (sign kept). */
-static inline float signed_absmax(const float *x, int n) {
-    float amax = 0.0f, max = 0.0f;
-    for (int j = 0; j < n; j++) {
-        if (amax < fabsf(x[j])) {
-            amax = fabsf(x[j]);
-            max = x[j];
-        }
-    }
-    return max;
-}
-
 static inline void min_max(const float *x, int n, float *min, float *max) {
     *min = FLT_MAX;
     *max = -FLT_MAX;
@@ -31,7 +20,7 @@ static inline void min_max(const float *x, int n, float *min, float *max) {
 void ggml_py_quantize_row_q4_0_ref(const float *x, void *vy, int64_t n) {
     ggml_py_block_q4_0 *y = vy;
     for (int64_t i = 0; i < n / GGML_PY_QK4_0; i++, x += GGML_PY_QK4_0) {
-        const float d = signed_absmax(x, GGML_PY_QK4_0) / -8;
+        const float d = ggml_py_signed_absmax(x, GGML_PY_QK4_0) / -8;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = FP32_TO_FP16(d);
         for (int j = 0; j < 16; j++) {
@@ -62,7 +51,7 @@ void ggml_py_quantize_row_q4_1_ref(const float *x, void *vy, int64_t n) {
 void ggml_py_quantize_row_q5_0_ref(const float *x, void *vy, int64_t n) {
     ggml_py_block_q5_0 *y = vy;
     for (int64_t i = 0; i < n / GGML_PY_QK5_0; i++, x += GGML_PY_QK5_0) {
-        const float d = signed_absmax(x, GGML_PY_QK5_0) / -16;
+        const float d = ggml_py_signed_absmax(x, GGML_PY_QK5_0) / -16;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = FP32_TO_FP16(d);
         uint32_t qh = 0;
