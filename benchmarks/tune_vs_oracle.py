@@ -1,8 +1,9 @@
 """Does tune data pick the fastest MUL_MAT profile?
 
 For each matrix shape of a llama preset, each M and thread count, every profile
-is timed directly at full size (median of --repeat runs); the fastest is the
-oracle. The profile chosen from a tune file (benched here first with
+is timed directly at full size (fastest of --repeat runs, the profiles taking
+turns); the fastest is the oracle. Profiles that run the same code at a thread
+count (blas-split and blas-mt are blas at one thread) are timed once. The profile chosen from a tune file (benched here first with
 ggml-tune's sampling, unless --tune-file is given) and the one ggml's fallback
 rule picks are then compared with it:
 
@@ -16,22 +17,28 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.tune_bench import DEFAULT_M_VALUES, bench, preset_shapes, random_weight
+from ggml_py.tune_bench import (DEFAULT_M_VALUES, bench, distinct_profiles, preset_shapes,
+                                random_weight)
 
 import numpy as np
 
 
-def time_profile(graph, profile, pool, repeat):
-    """Fastest wall ms of the graph's mul_mat under `profile` (noise only adds time)."""
+def time_profiles(graph, profiles, pool, repeat):
+    """{name: fastest wall ms} of the graph's mul_mat under each profile.
+
+    The profiles take turns, run after run, so that a slow spell on the machine
+    does not fall on one of them only; the fastest run counts (noise only adds time).
+    """
     node = graph.nodes[-1]
-    node.profile = profile
-    graph.compute(pool=pool)
-    runs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        graph.compute(pool=pool)
-        runs.append(time.perf_counter() - start)
-    return 1e3 * min(runs)
+    runs = {p.name: [] for p in profiles}
+    for i in range(repeat + 1):
+        for p in profiles:
+            node.profile = p
+            start = time.perf_counter()
+            graph.compute(pool=pool)
+            if i > 0:   # the first round warms up
+                runs[p.name].append(time.perf_counter() - start)
+    return {name: 1e3 * min(r) for name, r in runs.items()}
 
 
 def full_size_graphs(n, k, type, m_values, rng):
@@ -50,6 +57,7 @@ def main():
     p.add_argument("--type", default="Q4_0")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--passes", type=int, default=1, help="ggml-tune passes (default 1)")
     p.add_argument("--tune-file", help="use this tune file instead of benching one now")
     args = p.parse_args()
     type = gg.Type[args.type.upper()]
@@ -61,9 +69,9 @@ def main():
         data = tune.load(args.tune_file)
     else:
         start = time.perf_counter()
-        data = bench(shapes, model="oracle-check", thread_counts=threads)
+        data = bench(shapes, model="oracle-check", thread_counts=threads, passes=args.passes)
         print(f"tune bench: {time.perf_counter() - start:.1f} s for {len(shapes)} shapes "
-              f"x {len(DEFAULT_M_VALUES)} M x threads {threads}")
+              f"x {len(DEFAULT_M_VALUES)} M x threads {threads}, {args.passes} pass(es)")
 
     rng = np.random.default_rng(1)
     print(f"{'N x K':>12} {'M':>4} {'thr':>3}  {'oracle':<11} {'ms':>8}  {'tuned':<11} {'x':>5}  "
@@ -74,12 +82,17 @@ def main():
         for m, graph in full_size_graphs(n, k, type, data.m_values, rng).items():
             node = graph.nodes[-1]
             for t in threads:
-                times = {pr.name: time_profile(graph, pr, pools[t], args.repeat) for pr in node.profiles()}
+                candidates = distinct_profiles(node.profiles(), t)
+                times = time_profiles(graph, candidates, pools[t], args.repeat)
                 oracle = min(times, key=times.get)
                 node.profile_pinned = False
                 tuned = graph.plan(t, tune=data).rows[-1].profile.name
                 fallback = node.default_profile().name
-                tr, fr = times[tuned] / times[oracle], times[fallback] / times[oracle]
+
+                def ms(name):   # at one thread blas-split and blas-mt run blas's code
+                    return times[name] if name in times else times["blas"]
+
+                tr, fr = ms(tuned) / times[oracle], ms(fallback) / times[oracle]
                 tuned_ratios.append(tr)
                 fallback_ratios.append(fr)
                 print(f"{n:>6}x{k:<5} {m:>4} {t:>3}  {oracle:<11} {times[oracle]:8.2f}  {tuned:<11} "

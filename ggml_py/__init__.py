@@ -9,8 +9,17 @@
     a.numpy()[:] = np.random.rand(4, 3)
     graph.compute(n_threads=2)
 """
-from ggml_py import _core
-from ggml_py.types import Op, Type, check_against_core
+import os
+
+# OpenBLAS's threads (lent to it by the blas-mt profile) busy-wait for new work
+# for about 2^28 cycles after each call; on a machine whose cores the pool
+# already uses, that steals a core from every node that follows (measured: a
+# 2-thread cpu mul_mat 2x slower for ~0.1 s after a blas-mt one). Read when the
+# library loads, so set before _core is imported; a user's own setting wins.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+from ggml_py import _core  # noqa: E402
+from ggml_py.types import Op, Type, check_against_core  # noqa: E402
 
 check_against_core(_core)
 

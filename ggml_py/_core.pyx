@@ -322,6 +322,15 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
     return tensor
 
 
+cdef void _set_contiguous_strides(ggml_py_tensor *t):
+    """nb of a packed tensor of t.type and t.ne (ggml's layout)."""
+    cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(t.type)
+    t.nb[0] = tt.type_size
+    t.nb[1] = tt.type_size * (t.ne[0] // tt.blck_size)
+    for i in range(2, 4):
+        t.nb[i] = t.nb[i - 1] * t.ne[i - 1]
+
+
 def op_profiles_for(int op, int type0, int type1, ne0=(1, 1, 1, 1), ne1=(1, 1, 1, 1)):
     """The profiles of `op` for sources of these types (default first)."""
     cdef ggml_py_tensor node, a, b
@@ -336,6 +345,8 @@ def op_profiles_for(int op, int type0, int type1, ne0=(1, 1, 1, 1), ne1=(1, 1, 1
     for i in range(4):
         a.ne[i] = ne0[i]
         b.ne[i] = ne1[i]
+    _set_contiguous_strides(&a)
+    _set_contiguous_strides(&b)
     node.src[0] = &a
     node.src[1] = &b
     cdef int n = ggml_py_op_profiles(&node, out)

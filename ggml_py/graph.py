@@ -223,9 +223,16 @@ class Graph:
                 self._work[:] = 0
         return self._work
 
-    def reserve(self, n_threads):
+    def reserve(self, n_threads, share_with=None):
         """Allocate (and page in) the work buffer the current profiles need at
-        n_threads, so that no later compute pays for it; returns its size."""
+        n_threads, so that no later compute pays for it; returns its size.
+
+        share_with: a graph that never runs at the same time as this one; its
+        work buffer is used when it is large enough (saves memory and paging).
+        """
+        shared = share_with._work if share_with is not None else None
+        if shared is not None and (self._work is None or self._work.nbytes < shared.nbytes):
+            self._work = shared
         work = self._work_buffer(n_threads, page_in=True)
         return 0 if work is None else work.nbytes
 

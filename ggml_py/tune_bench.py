@@ -2,13 +2,23 @@
 
 For each (N, K, type), M and thread count, every profile the node supports is
 run on the real kernels and each task stage is timed separately (the executor's
-per-node stage clocks), median over passes.
+per-node stage clocks), the fastest of the passes.
 
-Sampling keeps a pass short without guessing: when a product is large (many
-flops, so compute-bound and cache effects small) it is measured on two row
-slices of the weight, r and 2r rows, and each stage's time is extended along
-the straight line through them to all N rows. Small products (memory-bound,
-where the weight's size matters) are always measured whole.
+Sampling keeps a pass short without guessing. A large product is measured on
+two row slices of the weight: a few rows, which time what does not depend on N
+(converting the activations, calls and thread wake-ups), and a large slice;
+each stage's time is extended along the straight line through the two points to
+all N rows. (Two large slices close together would not do: the noise of their
+difference is multiplied by N over their distance.) The large slice is at least
+an eighth of the weight (narrower ones misjudge BLAS), and where the product
+is memory-bound (fewer than COMPUTE_BOUND flops per byte the profile streams: the
+weight's row, plus its de-quantized copy for the BLAS profiles) at least twice
+the last-level cache in those bytes: a slice that fits in the cache runs faster
+per row than the whole weight. When the slice would be more than half the
+weight, the product is measured whole.
+
+Profiles are measured in turn, pass after pass (not one profile's passes in a
+row), so that a slow spell on the machine does not fall on one profile only.
 """
 import time
 
@@ -20,8 +30,16 @@ from ggml_py.tensor import type_traits
 from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData
 
 DEFAULT_M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
-FLOP_BUDGET = 2e8         # flops above which a measurement is sampled on row slices
-MIN_SAMPLE_ROWS = 256
+FLOP_BUDGET = 2e8         # products of fewer flops are measured whole
+COMPUTE_BOUND = 32        # flops per streamed byte from which a product is compute-bound
+FEW_ROWS = 32             # the small slice
+MIN_SAMPLE_ROWS = 1024    # the large slice: this many rows or N/8 (fewer misjudge BLAS) ...
+MAX_SAMPLE_FRACTION = 0.5  # ... and at most this much of the weight, else it is measured whole
+
+# With one thread these profiles run exactly blas's code (the same
+# de-quantization, the same single-threaded sgemm on the calling thread), so
+# there they are benched, and chosen, only as blas.
+SAME_AS_BLAS_ON_ONE_THREAD = ("blas-split", "blas-mt")
 
 MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -84,62 +102,113 @@ def random_weight(ctx, rng, rows, k, type, distinct_rows=256):
     return weight
 
 
-def row_counts(n, k, m):
-    """Weight rows to measure at M=m: [n] (whole), or [r, 2r] to extend to n."""
-    if 2 * n * k * m <= FLOP_BUDGET or n < 4 * MIN_SAMPLE_ROWS:
+def last_level_cache_bytes():
+    """The size of the CPU's last-level cache (sysfs); 32 MiB when unknown."""
+    import glob
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=32 << 20)
+
+
+def row_counts(n, k, m, bytes_per_row, cache_bytes):
+    """Weight rows to measure at M=m: [n] (whole), or [few, large] to extend to n.
+
+    bytes_per_row: what one weight row costs the profile in memory (its
+    stored row, plus a de-quantized copy where the profile makes one).
+    """
+    if 2 * n * k * m <= FLOP_BUDGET:
         return [n]
-    r = max(MIN_SAMPLE_ROWS, min(int(FLOP_BUDGET / (6 * k * m)), n // 2))
-    return [r, 2 * r]
+    large = max(MIN_SAMPLE_ROWS, n // 8)
+    if 2 * k * m < COMPUTE_BOUND * bytes_per_row:
+        large = max(large, -(-2 * cache_bytes // bytes_per_row))
+    if large > MAX_SAMPLE_FRACTION * n:
+        return [n]
+    return [FEW_ROWS, large]
+
+
+def distinct_profiles(profiles, n_threads):
+    """The profiles worth benching at n_threads.
+
+    With one thread blas-split and blas-mt are blas (SAME_AS_BLAS_ON_ONE_THREAD).
+    With more, blas still runs on one thread while blas-split does the same
+    work with the de-quantization shared out, so blas is left out where
+    blas-split exists (quantized and F16 weights).
+    """
+    names = {p.name for p in profiles}
+    if n_threads == 1:
+        return [p for p in profiles if p.name not in SAME_AS_BLAS_ON_ONE_THREAD]
+    return [p for p in profiles if not (p.name == "blas" and "blas-split" in names)]
 
 
 class ShapeBench:
     """Graphs for one (N, K, type): mul_mat of row slices of one weight by M rows."""
 
-    def __init__(self, n, k, type, m_values, rng):
-        self.n, self.k, self.type = n, k, gg.Type(type)
-        self.rows = {m: row_counts(n, k, m) for m in m_values}
-        self.max_rows = max(max(r) for r in self.rows.values())
+    def __init__(self, n, k, type, m_values, rng, max_threads):
+        self.n, self.k, self.type, self.max_threads = n, k, gg.Type(type), max_threads
         m_max = max(m_values)
-        size = (gg.row_bytes(self.type, k) * self.max_rows + 4 * k * m_max
-                + 4 * self.max_rows * m_max * 4)
+        size = gg.row_bytes(self.type, k) * n + 4 * k * m_max + 4 * 4 * n * m_max
         self.ctx = gg.Context(mem_size=size + (16 << 20))
-        self.weight = random_weight(self.ctx, rng, self.max_rows, k, self.type)
+        self.weight = random_weight(self.ctx, rng, n, k, self.type)
         self.acts = self.ctx.from_numpy(rng.standard_normal((m_max, k)).astype(np.float32))
         self.graphs = {}
+        self.first_graph = None
+        whole = self.graph(n, m_values[0]).nodes[-1]   # the largest work buffer
+        self.profiles = whole.profiles()
+        self.bytes_per_row = {}
+        for p in self.profiles:
+            whole.profile = p
+            self.bytes_per_row[p.name] = gg.row_bytes(self.type, k) + whole._work_size(max_threads) // n
+        self.cache_bytes = last_level_cache_bytes()
 
-    def graph(self, rows, m, max_threads=1):
+    def rows(self, m, profile):
+        """Weight rows to measure `profile` on at M=m (see row_counts)."""
+        return row_counts(self.n, self.k, m, self.bytes_per_row[profile.name], self.cache_bytes)
+
+    def graph(self, rows, m):
         """The graph of (first `rows` rows of the weight) x (first m activation rows),
         its work buffer reserved (allocated and paged in) for every profile."""
         key = (rows, m)
         if key not in self.graphs:
-            w = gg.view(self.weight, (rows, self.k)) if rows != self.max_rows else self.weight
+            # M is benched in order: drop the graphs of the Ms done
+            self.graphs = {k: g for k, g in self.graphs.items() if k[1] == m}
+            w = gg.view(self.weight, (rows, self.k)) if rows != self.n else self.weight
             b = gg.view(self.acts, (m, self.k))
             graph = gg.build_forward(gg.mul_mat(w, b))
             node = graph.nodes[-1]
             for profile in node.profiles():
                 node.profile = profile
-                graph.reserve(max_threads)
+                graph.reserve(self.max_threads, share_with=self.first_graph)
+            self.first_graph = self.first_graph or graph
             self.graphs[key] = graph
         return self.graphs[key]
 
 
-MIN_CASE_SECONDS = 0.004  # cheap cases repeat until they have run this long ...
-MAX_RUNS = 16             # ... up to this many times
+MIN_CASE_SECONDS = 0.004  # a cheap case repeats until it has run this long ...
+MAX_RUNS = 16             # ... up to this many times, in each pass
+CLOSE_CALL = 1.25         # a runner-up closer than this to the fastest is measured again
 
 
-def time_stages(graph, profile, pool, passes):
+def time_stages(graph, profile, pool):
     """{stage: µs} of the graph's mul_mat under `profile` (work buffer reserved).
 
     Each stage keeps its fastest run: other work on the machine only ever adds
-    time. At least `passes` runs; cheap cases run more (up to MAX_RUNS, for
-    MIN_CASE_SECONDS), so one interruption cannot mislead a choice.
+    time. One run, or for a cheap case as many as fit in MIN_CASE_SECONDS (up
+    to MAX_RUNS), so that one interruption cannot mislead a choice.
     """
     node = graph.nodes[-1]   # the mul_mat (views of the operands come first)
     node.profile = profile
     samples = {s: [] for s in STAGES}
     start = time.perf_counter()
     runs = 0
-    while runs < passes or (runs < MAX_RUNS and time.perf_counter() - start < MIN_CASE_SECONDS):
+    while runs < 1 or (runs < MAX_RUNS and time.perf_counter() - start < MIN_CASE_SECONDS):
         graph.reset_stats()
         graph.compute(pool=pool, profile=True)
         row = graph.stats()[-1]
@@ -147,6 +216,11 @@ def time_stages(graph, profile, pool, passes):
             samples[s].append(v)
         runs += 1
     return {s: min(v) for s, v in samples.items() if profile.stages[STAGES.index(s)].valid}
+
+
+def fastest(a, b):
+    """Per-stage minimum of two {stage: µs} (None: the other)."""
+    return b if a is None else {s: min(a[s], b[s]) for s in a}
 
 
 def extend_to_rows(n, rows, times):
@@ -182,19 +256,44 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
 
 def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
     """ShapeTimes of one (N, K, type)."""
-    sb = ShapeBench(n, k, type, m_values, rng)
-    max_threads = max(pools)
-    profiles = sb.graph(sb.rows[m_values[0]][-1], m_values[0], max_threads).nodes[-1].profiles()
-    shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in profiles])
+    sb = ShapeBench(n, k, type, m_values, rng, max(pools))
+    shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in sb.profiles])
+    cases = [(pt, t) for t in pools for pt in shape.profiles
+             if pt.profile in distinct_profiles(sb.profiles, t)]
+    winner = {}   # n_threads -> the case fastest at the previous M
     for m in m_values:
-        rows = sb.rows[m]
-        for pt in shape.profiles:
-            for t, pool in pools.items():
-                times = [time_stages(sb.graph(r, m, max_threads), pt.profile, pool, passes)
-                         for r in rows]
-                per_stage = pt.times_us.setdefault(t, {})
-                for s, v in extend_to_rows(n, rows, times).items():
-                    per_stage.setdefault(s, []).append(v)
+        best = {}   # (case index, rows) -> fastest {stage: µs}
+
+        def measure(i):
+            pt, t = cases[i]
+            for r in sb.rows(m, pt.profile):
+                times = time_stages(sb.graph(r, m), pt.profile, pools[t])
+                best[i, r] = fastest(best.get((i, r)), times)
+
+        def estimate(i):
+            rows = sb.rows(m, cases[i][0].profile)
+            return extend_to_rows(n, rows, [best[i, r] for r in rows])
+
+        for _ in range(passes):
+            for i in range(len(cases)):
+                measure(i)
+        for t in pools:
+            # a second look where a choice is at stake: the fastest profile, a
+            # runner-up close behind it, and the previous M's winner if it lost
+            ranked = sorted((i for i, (_, ct) in enumerate(cases) if ct == t),
+                            key=lambda i: sum(estimate(i).values()))
+            again = {ranked[0], winner.get(t, ranked[0])}
+            if len(ranked) > 1 and (sum(estimate(ranked[1]).values())
+                                    < CLOSE_CALL * sum(estimate(ranked[0]).values())):
+                again.add(ranked[1])
+            if len(again) > 1:
+                for i in sorted(again):
+                    measure(i)
+            winner[t] = min(ranked, key=lambda i: sum(estimate(i).values()))
+        for i, (pt, t) in enumerate(cases):
+            per_stage = pt.times_us.setdefault(t, {})
+            for s, v in estimate(i).items():
+                per_stage.setdefault(s, []).append(v)
         if bar is not None:
             bar.update(1)
     for pt in shape.profiles:

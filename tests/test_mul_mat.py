@@ -147,3 +147,34 @@ def test_batched_broadcast(profile):
     wd = stored_weights(w.reshape(-1, 64), gg.Q8_0).reshape(w.shape).astype(np.float64)
     ref = np.stack([x[i].astype(np.float64) @ wd[i // 2].T for i in range(4)])
     assert nmse(y.numpy(), ref) <= NMSE_MAX
+
+
+def test_blas_mt_leaves_no_thread_spinning():
+    """OpenBLAS's threads, lent to blas-mt, must go to sleep after the call
+    instead of busy-waiting (they would steal the pool's cores from the nodes
+    that follow). CPU time, not wall time: a property, not a speed."""
+    import threading
+    import time
+
+    import psutil
+    rng = np.random.default_rng(0)
+    ctx = gg.Context(mem_size=16 << 20)
+    w = ctx.from_numpy(rng.standard_normal((512, 512)).astype(np.float32))
+    x = ctx.from_numpy(rng.standard_normal((512, 512)).astype(np.float32))
+    graph = gg.build_forward(gg.mul_mat(w, x))
+    blas_mt = [p for p in graph.nodes[-1].profiles() if p.name == "blas-mt"]
+    if not blas_mt:
+        pytest.skip("built without BLAS")
+    graph.nodes[-1].profile = blas_mt[0]
+    proc, me = psutil.Process(), threading.get_native_id()
+
+    def others():
+        return sum(t.user_time + t.system_time for t in proc.threads() if t.id != me)
+
+    with gg.ThreadPool(2) as pool:
+        for _ in range(3):
+            graph.compute(pool=pool)
+        c0, t0 = others(), time.perf_counter()
+        time.sleep(0.3)
+        used = (others() - c0) / (time.perf_counter() - t0)
+    assert used < 0.1, f"threads kept running after blas-mt: {100 * used:.0f} % of a core"

@@ -7,7 +7,7 @@ import pytest
 import ggml_py as gg
 from ggml_py import tune
 from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData, TuneFileError, interpolate
-from ggml_py.tune_bench import bench, extend_to_rows, preset_shapes, row_counts
+from ggml_py.tune_bench import bench, distinct_profiles, extend_to_rows, preset_shapes, row_counts
 from ggml_py.tune_cli import analyze, main as tune_main
 
 
@@ -32,10 +32,27 @@ def test_times_made_monotone_in_m():
     assert monotone_in_m([1.0, 5.0, 2.0, 3.0, 2.5, 9.0]) == [1.0, 2.0, 2.0, 2.5, 2.5, 9.0]
 
 
-def test_row_counts_sample_only_large_products():
-    assert row_counts(2048, 2048, 1) == [2048]
-    r1, r2 = row_counts(32000, 2048, 512)
-    assert r2 == 2 * r1 and r1 >= 256 and r2 < 32000
+def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
+    cache = 32 << 20
+    q4_row, f32_row = gg.row_bytes(gg.Q4_0, 2048), 4 * 2048
+    assert row_counts(2048, 2048, 1, q4_row, cache) == [2048]            # cheap: whole
+    assert row_counts(32000, 2048, 512, q4_row, cache) == [32, 4000]     # a few rows and N/8
+    assert row_counts(2048, 5632, 512, q4_row, cache) == [32, 1024]
+    assert row_counts(1024, 5632, 512, q4_row, cache) == [1024]          # too few rows to sample
+    # memory-bound: the slice must outgrow the cache in the bytes the profile streams
+    assert row_counts(32000, 2048, 4, q4_row, cache) == [32000]          # 2 x 32 MiB of Q4_0 > N/2
+    assert row_counts(32000, 2048, 4, q4_row + f32_row, cache) == [32, 7183]
+    assert row_counts(32000, 2048, 64, q4_row, cache) == [32, 4000]      # compute-bound on Q4_0 rows
+
+
+def test_profiles_with_the_same_code_are_benched_once():
+    q = gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0, gg.F32)
+    f = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)
+    names = lambda profiles: [p.name for p in profiles]
+    assert names(distinct_profiles(q, 1)) == ["cpu", "blas"]
+    assert names(distinct_profiles(q, 2)) == ["cpu", "blas-split", "blas-mt"]
+    assert names(distinct_profiles(f, 1)) == ["cpu", "blas"]
+    assert names(distinct_profiles(f, 2)) == ["cpu", "blas", "blas-mt"]
 
 
 def synthetic_data(thread_counts=(1, 2)):
@@ -160,10 +177,10 @@ def test_bench_measures_every_profile_and_stage(tmp_path):
     data = bench(shapes, model="tiny", m_values=[1, 4, 16], thread_counts=[1, 2], passes=1)
     shape = data.shape(96, 64, gg.F32)
     names = {p.profile.name for p in shape.profiles}
-    expected = {p.name for p in gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)}
-    assert expected <= names
+    shape_profiles = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)
+    assert {p.name for p in shape_profiles} <= names
     for p in shape.profiles:
-        assert set(p.times_us) == {1, 2}
+        assert set(p.times_us) == {t for t in (1, 2) if p.profile in distinct_profiles(shape_profiles, t)}
         for t, per in p.times_us.items():
             valid = {s for s, f in zip(("init", "compute", "finalize"), p.profile.stages) if f.valid}
             assert set(per) == valid
@@ -204,3 +221,9 @@ def test_analyze_reports_crossovers():
     out = io.StringIO()
     analyze(synthetic_data(), out)
     assert "# crossover: cpu -> blas between M=16 and M=32" in out.getvalue()
+
+
+def test_last_level_cache_size_is_read():
+    from ggml_py.tune_bench import last_level_cache_bytes
+    size = last_level_cache_bytes()
+    assert isinstance(size, int) and (1 << 18) <= size <= (1 << 32)
