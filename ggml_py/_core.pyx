@@ -122,6 +122,33 @@ def quantize_row_variant(int type, const float[::1] x, uint8_t[::1] out, bint si
         fn(&x[0], &out[0], x.shape[0])
 
 
+cdef const ggml_py_row_kernels *_row_kernels_or_raise(bint simd) except NULL:
+    cdef const ggml_py_row_kernels *k = ggml_py_row_kernel_set(simd)
+    if k == NULL:
+        raise ValueError("no SIMD row kernels in this build")
+    return k
+
+
+def exp_sum_variant(const float[::1] x, float max, float[::1] y, bint simd):
+    """Test hook: y = exp(x - max) by the scalar or SIMD row kernel; returns the sum."""
+    if y.shape[0] != x.shape[0]:
+        raise ValueError("exp_sum_variant: y has the wrong size")
+    cdef const ggml_py_row_kernels *k = _row_kernels_or_raise(simd)
+    cdef double s
+    with nogil:
+        s = k.exp_sum(x.shape[0], &y[0] if y.shape[0] else NULL, &x[0] if x.shape[0] else NULL, max)
+    return s
+
+
+def swiglu_variant(const float[::1] x, const float[::1] g, float[::1] y, bint simd):
+    """Test hook: y = silu(x) * g by the scalar or SIMD row kernel."""
+    if g.shape[0] != x.shape[0] or y.shape[0] != x.shape[0] or x.shape[0] == 0:
+        raise ValueError("swiglu_variant: x, g and y need one equal, non-zero size")
+    cdef const ggml_py_row_kernels *k = _row_kernels_or_raise(simd)
+    with nogil:
+        k.swiglu(x.shape[0], &y[0], &x[0], &g[0])
+
+
 def vec_dot_variant(int type, int64_t n, const uint8_t[::1] x, const uint8_t[::1] y, bint simd):
     """Test hook: dot of n elements, x in `type`, y in its vec_dot type, by the
     scalar twin or the SIMD kernel."""

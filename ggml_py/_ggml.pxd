@@ -169,3 +169,12 @@ cdef extern from "ggml_py_quants.h" nogil:
         ggml_py_vec_dot_fn vec_dot_simd
 
     int ggml_py_get_kernel_pair(int type, ggml_py_kernel_pair *out)
+
+
+cdef extern from "vec.h" nogil:
+    ctypedef double (*ggml_py_exp_sum_fn)(int64_t n, float *y, const float *x, float max)
+    ctypedef void (*ggml_py_swiglu_fn)(int64_t n, float *y, const float *x, const float *g)
+    cdef struct ggml_py_row_kernels:
+        ggml_py_exp_sum_fn exp_sum
+        ggml_py_swiglu_fn swiglu
+    const ggml_py_row_kernels *ggml_py_row_kernel_set(int simd)

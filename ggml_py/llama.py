@@ -25,6 +25,7 @@ from ggml_py.types import Type
 
 ARCH = "llama"
 KV_PAD = 256          # the attention window grows in steps of this many slots
+PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
 
 
@@ -252,8 +253,13 @@ def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T,
     values = ops.view(cache_v, (Hkv, K, D), (D * es, row, es))      # (Hkv, K, D)
     values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
 
+    queries = ops.permute(q, (1, 0, 2))                              # (H, T, D)
+    if T >= PACKED_ATTENTION_MIN_T:
+        # packed copies (a few MB), so that the products can take BLAS
+        keys, queries = ops.cont(keys), ops.cont(queries)
+
     # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
-    scores = ops.mul_mat(keys, ops.permute(q, (1, 0, 2)))           # (H, T, K)
+    scores = ops.mul_mat(keys, queries)                             # (H, T, K)
     probs = ops.soft_max(scores, mask, 1.0 / math.sqrt(D))          # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
     out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, E)

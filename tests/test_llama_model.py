@@ -68,7 +68,7 @@ def test_quantized_models_within_activation_quantization(kind, references):
     scale = np.abs(expected).max()
     prefill = forward_all(model, TOKENS, batch=48)
     assert [n.profile.name for n in model.graph(48, 64, 48).graph.nodes
-            if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["blas-split"]
+            if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["blas-mt"]
     assert np.abs(prefill - expected).max() <= 1e-5 * scale
     decode = forward_all(model, TOKENS, batch=1)
     assert np.abs(decode - expected).max() <= 3e-2 * scale

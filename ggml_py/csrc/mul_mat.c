@@ -87,12 +87,12 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
 }
 
 /* ggml's rule: BLAS once every dimension is at least 32 (and both sources are
- * contiguous), the CPU kernels otherwise. Quantized weights take blas-split,
- * the BLAS code path with its de-quantization spread over the threads. */
+ * contiguous), the CPU kernels otherwise. The BLAS profile is blas-mt, as in
+ * ggml: OpenBLAS on the compute's threads (the de-quantization spread over them). */
 int ggml_py_mul_mat_default_profile_index(const struct ggml_py_tensor *node) {
     const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
     if (!blas_usable(node)) return 0;
-    if (src0->ne[0] >= 32 && src0->ne[1] >= 32 && src1->ne[1] >= 32) return src0_is_f32(node) ? 1 : 2;
+    if (src0->ne[0] >= 32 && src0->ne[1] >= 32 && src1->ne[1] >= 32) return src0_is_f32(node) ? 2 : 3;
     return 0;
 }
 

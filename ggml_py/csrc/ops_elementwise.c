@@ -1,6 +1,7 @@
 /* ops_elementwise.c - ADD/SUB/MUL/DIV with ggml broadcasting, the unary ops and
  * SWIGLU. Inputs may be strided; dst is contiguous. Work is split by rows. */
 #include "impl.h"
+#include "vec.h"
 
 static inline float apply_binary(int op, float x, float y) {
     switch (op) {
@@ -86,6 +87,7 @@ void ggml_py_compute_swiglu(const struct ggml_py_compute_params *params, struct 
     if (params->stage != GGML_PY_STAGE_COMPUTE) return;
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
+    const ggml_py_swiglu_fn swiglu = ggml_py_row_kernels()->swiglu;
     int64_t ir0, ir1;
     ggml_py_thread_rows(ne01 * ne02 * ne03, params->ith, params->nth, &ir0, &ir1);
     for (int64_t ir = ir0; ir < ir1; ir++) {
@@ -93,6 +95,10 @@ void ggml_py_compute_swiglu(const struct ggml_py_compute_params *params, struct 
         const char *x = (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03;
         const char *g = (const char *) src1->data + i1 * nb11 + i2 * nb12 + i3 * nb13;
         float *d = (float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3);
+        if (nb00 == sizeof(float) && nb10 == sizeof(float)) {
+            swiglu(ne0, d, (const float *) x, (const float *) g);
+            continue;
+        }
         for (int64_t i0 = 0; i0 < ne0; i0++) {
             d[i0] = silu_f32(*(const float *) (x + i0 * nb00)) * *(const float *) (g + i0 * nb10);
         }

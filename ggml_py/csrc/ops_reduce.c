@@ -1,6 +1,7 @@
 /* ops_reduce.c - SUM_ROWS, MEAN, ARGMAX, NORM, RMS_NORM, SOFT_MAX: one row at
  * a time, rows split over threads. Sums accumulate in double, as ggml's do. */
 #include "impl.h"
+#include "vec.h"
 
 #define FOR_EACH_ROW(src0)                                                            \
     int64_t ir0, ir1;                                                                 \
@@ -100,6 +101,7 @@ void ggml_py_compute_soft_max(const struct ggml_py_compute_params *params, struc
     const struct ggml_py_tensor *src0 = dst->src[0], *mask = dst->src[1];
     GGML_PY_UNARY_LOCALS(src0, dst);
     const float scale = ggml_py_get_op_param_f32(dst, 0);
+    const ggml_py_exp_sum_fn exp_sum = ggml_py_row_kernels()->exp_sum;
     /* this thread's scratch row in the work buffer */
     float *wp = (float *) ((char *) params->wdata +
                            params->ith * (sizeof(float) * ne00 + GGML_PY_CACHE_LINE));
@@ -118,12 +120,7 @@ void ggml_py_compute_soft_max(const struct ggml_py_compute_params *params, struc
         }
         float max = -INFINITY;
         for (int64_t i = 0; i < ne00; i++) max = wp[i] > max ? wp[i] : max;
-        double sum = 0.0;
-        for (int64_t i = 0; i < ne00; i++) {
-            const float e = (max == -INFINITY) ? 0.0f : expf(wp[i] - max);
-            d[i] = e;
-            sum += e;
-        }
+        const double sum = exp_sum(ne00, d, wp, max);
         const float inv = sum > 0.0 ? (float) (1.0 / sum) : 0.0f;
         for (int64_t i = 0; i < ne00; i++) d[i] *= inv;
     }

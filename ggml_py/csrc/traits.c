@@ -113,5 +113,6 @@ const char *ggml_py_select_kernels(int force_ref) {
         }
     }
     ggml_py_mul_mat_select(!force_ref);
+    ggml_py_row_kernels_select(!force_ref);
     return force_ref ? "scalar reference" : SIMD_NAME;
 }

@@ -1,5 +1,7 @@
 /* vec_ref.c - scalar reference kernels for the float types. Always built; the
  * SIMD versions must agree with these. */
+#include <math.h>
+
 #include "impl.h"
 #include "vec.h"
 
@@ -59,4 +61,41 @@ void ggml_py_f32_to_f32_row(const float *x, void *vy, int64_t n) {
 
 void ggml_py_f32_row_to_f32(const void *vx, float *y, int64_t n) {
     memcpy(y, vx, (size_t) n * sizeof(float));
+}
+
+/* ---- row functions ------------------------------------------------------------ */
+
+double ggml_py_vec_exp_sum_f32_ref(int64_t n, float *y, const float *x, float max) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = (max == -INFINITY) ? 0.0f : expf(x[i] - max);
+        sum += y[i];
+    }
+    return sum;
+}
+
+void ggml_py_vec_swiglu_f32_ref(int64_t n, float *y, const float *x, const float *g) {
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+}
+
+static const struct ggml_py_row_kernels row_ref = {
+    ggml_py_vec_exp_sum_f32_ref, ggml_py_vec_swiglu_f32_ref,
+};
+#if defined(__AVX2__) && defined(__FMA__)
+static const struct ggml_py_row_kernels row_simd = {
+    ggml_py_vec_exp_sum_f32_avx2, ggml_py_vec_swiglu_f32_avx2,
+};
+#define ROW_SIMD (&row_simd)
+#else
+#define ROW_SIMD NULL
+#endif
+static const struct ggml_py_row_kernels *row_selected = &row_ref;
+
+const struct ggml_py_row_kernels *ggml_py_row_kernels(void) { return row_selected; }
+
+const struct ggml_py_row_kernels *ggml_py_row_kernel_set(int simd) { return simd ? ROW_SIMD : &row_ref; }
+
+void ggml_py_row_kernels_select(int simd) {
+    const struct ggml_py_row_kernels *k = ggml_py_row_kernel_set(simd);
+    row_selected = k != NULL ? k : &row_ref;
 }
