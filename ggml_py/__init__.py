@@ -12,11 +12,14 @@
 import os
 
 # OpenBLAS's threads (lent to it by the blas-mt profile) busy-wait for new work
-# for about 2^28 cycles after each call; on a machine whose cores the pool
+# for 2^28 cycles (~0.1 s) after each call; on a machine whose cores the pool
 # already uses, that steals a core from every node that follows (measured: a
-# 2-thread cpu mul_mat 2x slower for ~0.1 s after a blas-mt one). Read when the
-# library loads, so set before _core is imported; a user's own setting wins.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+# 2-thread cpu mul_mat 2x slower after a blas-mt one). 2^20 cycles (~0.3 ms, like
+# the pool's own spin) keeps back-to-back calls fast (no wake-up) and frees the
+# core soon after (2^4: small products 1.8x slower; 2^22: the next node slower).
+# Read when the library loads, so set before _core is imported; a user's own
+# setting wins.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from ggml_py import _core  # noqa: E402
 from ggml_py.types import Op, Type, check_against_core  # noqa: E402
