@@ -193,7 +193,8 @@ class ShapeBench:
 
 MIN_CASE_SECONDS = 0.004  # a cheap case repeats until it has run this long ...
 MAX_RUNS = 16             # ... up to this many times, in each pass
-CLOSE_CALL = 1.25         # a runner-up closer than this to the fastest is measured again
+CLOSE_CALL = 1.25         # a runner-up closer than this to the fastest is measured again ...
+SECOND_LOOKS = 2          # ... this many more times, in turns with the fastest
 
 
 def time_stages(graph, profile, pool):
@@ -287,8 +288,9 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
                                     < CLOSE_CALL * sum(estimate(ranked[0]).values())):
                 again.add(ranked[1])
             if len(again) > 1:
-                for i in sorted(again):
-                    measure(i)
+                for _ in range(SECOND_LOOKS):
+                    for i in sorted(again):
+                        measure(i)
             winner[t] = min(ranked, key=lambda i: sum(estimate(i).values()))
         for i, (pt, t) in enumerate(cases):
             per_stage = pt.times_us.setdefault(t, {})
