@@ -1,8 +1,8 @@
 """Does tune data pick the fastest MUL_MAT profile?
 
 For each matrix shape of a llama preset, each M and thread count, every profile
-is timed directly at full size (fastest of --repeat runs, the profiles taking
-turns); the fastest is the oracle. Profiles that run the same code at a thread
+is timed directly at full size (fastest of --repeat rounds, the profiles taking
+turns, cheap ones in short bursts); the fastest is the oracle. Profiles that run the same code at a thread
 count (blas-split and blas-mt are blas at one thread) are timed once. The profile chosen from a tune file (benched here first with
 ggml-tune's sampling, unless --tune-file is given) and the one ggml's fallback
 rule picks are then compared with it:
@@ -23,11 +23,17 @@ from ggml_py.tune_bench import (DEFAULT_M_VALUES, bench, distinct_profiles, pres
 import numpy as np
 
 
+MIN_BURST_SECONDS = 0.004   # a cheap product runs back to back this long (as ggml-tune does) ...
+MAX_BURST = 16              # ... at most this many times
+
+
 def time_profiles(graph, profiles, pool, repeat):
     """{name: fastest wall ms} of the graph's mul_mat under each profile.
 
-    The profiles take turns, run after run, so that a slow spell on the machine
-    does not fall on one of them only; the fastest run counts (noise only adds time).
+    The profiles take turns, round after round, so that a slow spell on the
+    machine does not fall on one of them only; in its turn a cheap product runs
+    a short burst (workers awake, as inside a graph). The fastest run counts
+    (noise only adds time).
     """
     node = graph.nodes[-1]
     runs = {p.name: [] for p in profiles}
@@ -35,9 +41,13 @@ def time_profiles(graph, profiles, pool, repeat):
         for p in profiles:
             node.profile = p
             start = time.perf_counter()
-            graph.compute(pool=pool)
-            if i > 0:   # the first round warms up
-                runs[p.name].append(time.perf_counter() - start)
+            for _ in range(MAX_BURST):
+                t0 = time.perf_counter()
+                graph.compute(pool=pool)
+                if i > 0:   # the first round warms up
+                    runs[p.name].append(time.perf_counter() - t0)
+                if time.perf_counter() - start >= MIN_BURST_SECONDS:
+                    break
     return {name: 1e3 * min(r) for name, r in runs.items()}
 
 

@@ -193,7 +193,7 @@ class ShapeBench:
 
 MIN_CASE_SECONDS = 0.004  # a cheap case repeats until it has run this long ...
 MAX_RUNS = 16             # ... up to this many times, in each pass
-CLOSE_CALL = 1.25         # a runner-up closer than this to the fastest is measured again ...
+CLOSE_CALL = 1.5          # a runner-up closer than this to the fastest is measured again ...
 SECOND_LOOKS = 2          # ... this many more times, in turns with the fastest
 
 
@@ -301,15 +301,17 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
     for pt in shape.profiles:
         for per_stage in pt.times_us.values():
             for s, values in per_stage.items():
-                per_stage[s] = monotone_in_m(values)
+                per_stage[s] = bounded_in_m(m_values, values)
     return shape
 
 
-def monotone_in_m(values):
-    """Each stage's time cannot fall as M grows, and other work on the machine
-    only adds time: a time above a later (larger-M) one was inflated, so every
-    entry becomes the least of itself and all that follow."""
+def bounded_in_m(m_values, values):
+    """Each stage's time cannot fall as M grows, nor grow faster than M (twice
+    the rows cost at most twice the time); other work on the machine only adds
+    time, so a time above either bound was inflated and is lowered to it."""
     out = [float(v) for v in values]
+    for i in range(1, len(out)):
+        out[i] = min(out[i], out[i - 1] * m_values[i] / m_values[i - 1])
     for i in range(len(out) - 2, -1, -1):
         out[i] = min(out[i], out[i + 1])
     return out

@@ -27,9 +27,14 @@ def test_extend_to_rows_is_a_straight_line_per_stage():
     assert extend_to_rows(64, [64], [{"compute": 3.0}]) == {"compute": 3.0}
 
 
-def test_times_made_monotone_in_m():
-    from ggml_py.tune_bench import monotone_in_m
-    assert monotone_in_m([1.0, 5.0, 2.0, 3.0, 2.5, 9.0]) == [1.0, 2.0, 2.0, 2.5, 2.5, 9.0]
+def test_times_bounded_in_m():
+    from ggml_py.tune_bench import bounded_in_m
+    m = [1, 2, 4, 8, 16, 32]
+    # never falling as M grows
+    assert bounded_in_m(m, [1.0, 5.0, 2.0, 3.0, 2.5, 5.0]) == [1.0, 2.0, 2.0, 2.5, 2.5, 5.0]
+    # never more than doubling when M doubles (9.0 at M=32 was inflated)
+    assert bounded_in_m(m, [1.0, 2.0, 4.0, 4.0, 4.0, 9.0]) == [1.0, 2.0, 4.0, 4.0, 4.0, 8.0]
+    assert bounded_in_m([1, 4], [1.0, 3.9]) == [1.0, 3.9]
 
 
 def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
