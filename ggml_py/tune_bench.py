@@ -275,23 +275,24 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
             rows = sb.rows(m, cases[i][0].profile)
             return extend_to_rows(n, rows, [best[i, r] for r in rows])
 
+        def total(i):
+            return sum(estimate(i).values())
+
         for _ in range(passes):
             for i in range(len(cases)):
                 measure(i)
         for t in pools:
             # a second look where a choice is at stake: the fastest profile, a
             # runner-up close behind it, and the previous M's winner if it lost
-            ranked = sorted((i for i, (_, ct) in enumerate(cases) if ct == t),
-                            key=lambda i: sum(estimate(i).values()))
+            ranked = sorted((i for i, (_, ct) in enumerate(cases) if ct == t), key=total)
             again = {ranked[0], winner.get(t, ranked[0])}
-            if len(ranked) > 1 and (sum(estimate(ranked[1]).values())
-                                    < CLOSE_CALL * sum(estimate(ranked[0]).values())):
+            if len(ranked) > 1 and total(ranked[1]) < CLOSE_CALL * total(ranked[0]):
                 again.add(ranked[1])
             if len(again) > 1:
                 for _ in range(SECOND_LOOKS):
                     for i in sorted(again):
                         measure(i)
-            winner[t] = min(ranked, key=lambda i: sum(estimate(i).values()))
+            winner[t] = min(ranked, key=total)
         for i, (pt, t) in enumerate(cases):
             per_stage = pt.times_us.setdefault(t, {})
             for s, v in estimate(i).items():
