@@ -1,11 +1,14 @@
 """Does tune data pick the fastest MUL_MAT profile?
 
 For each matrix shape of a llama preset, each M and thread count, every profile
-is timed directly at full size (fastest of --repeat rounds, the profiles taking
-turns, cheap ones in short bursts); the fastest is the oracle. Profiles that run the same code at a thread
-count (blas-split and blas-mt are blas at one thread) are timed once. The profile chosen from a tune file (benched here first with
-ggml-tune's sampling, unless --tune-file is given) and the one ggml's fallback
-rule picks are then compared with it:
+is timed directly at full size: the fastest of --repeat rounds (the profiles
+taking turns, cheap ones in short bursts; close ones get up to three times as
+many rounds more), in --sweeps sweeps over the whole grid, minutes apart. The
+fastest profile is the oracle. Profiles that run the same code at a thread
+count (blas-split and blas-mt are blas at one thread) are timed once. The
+profile chosen from a tune file (benched here first with ggml-tune's sampling,
+unless --tune-file is given) and the one ggml's fallback rule picks are then
+compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
@@ -22,9 +25,12 @@ from ggml_py.tune_bench import (DEFAULT_M_VALUES, bench, distinct_profiles, pres
 
 import numpy as np
 
+from stolen_time import StolenTime
+
 
 MIN_BURST_SECONDS = 0.004   # a cheap product runs back to back this long (as ggml-tune does) ...
 MAX_BURST = 16              # ... at most this many times
+UNSETTLED = 1.25            # profiles this close to the fastest get more rounds
 
 
 def time_profiles(graph, profiles, pool, repeat):
@@ -33,32 +39,84 @@ def time_profiles(graph, profiles, pool, repeat):
     The profiles take turns, round after round, so that a slow spell on the
     machine does not fall on one of them only; in its turn a cheap product runs
     a short burst (workers awake, as inside a graph). The fastest run counts
-    (noise only adds time).
+    (noise only adds time). After `repeat` rounds, the profiles within
+    UNSETTLED of the fastest run more rounds, up to 4 x repeat in all, until
+    the fastest leads by that much or stands alone.
     """
     node = graph.nodes[-1]
     runs = {p.name: [] for p in profiles}
-    for i in range(repeat + 1):
-        for p in profiles:
+
+    def fastest_ms(name):
+        return 1e3 * min(runs[name])
+
+    def run_round(candidates, warm_up=False):
+        for p in candidates:
             node.profile = p
             start = time.perf_counter()
             for _ in range(MAX_BURST):
                 t0 = time.perf_counter()
                 graph.compute(pool=pool)
-                if i > 0:   # the first round warms up
+                if not warm_up:
                     runs[p.name].append(time.perf_counter() - t0)
                 if time.perf_counter() - start >= MIN_BURST_SECONDS:
                     break
-    return {name: 1e3 * min(r) for name, r in runs.items()}
+
+    run_round(profiles, warm_up=True)
+    for _ in range(repeat):
+        run_round(profiles)
+    for _ in range(3 * repeat):
+        best = min(fastest_ms(p.name) for p in profiles)
+        close = [p for p in profiles if fastest_ms(p.name) <= UNSETTLED * best]
+        if len(close) < 2:
+            break
+        run_round(close)
+    return {name: fastest_ms(name) for name in runs}
 
 
-def full_size_graphs(n, k, type, m_values, rng):
-    """{M: graph of mul_mat(the whole (n, k) weight, M activation rows)}."""
+def full_size_graphs(n, k, type, m_values, rng, max_threads, share_with=None):
+    """{M: graph of mul_mat(the whole (n, k) weight, M activation rows)}, their
+    work buffers reserved for every profile (one buffer, shared)."""
     m_max = max(m_values)
     ctx = gg.Context(mem_size=gg.row_bytes(type, k) * n + 4 * k * m_max + 8 * n * m_max * len(m_values)
                      + (16 << 20))
     weight = random_weight(ctx, rng, n, k, type)
     acts = ctx.from_numpy(rng.standard_normal((m_max, k)).astype(np.float32))
-    return {m: gg.build_forward(gg.mul_mat(weight, gg.view(acts, (m, k)))) for m in m_values}
+    graphs = {}
+    for m in m_values:
+        graph = graphs[m] = gg.build_forward(gg.mul_mat(weight, gg.view(acts, (m, k))))
+        node = graph.nodes[-1]
+        for profile in node.profiles():
+            node.profile = profile
+            graph.reserve(max_threads, share_with=share_with)
+        share_with = share_with or graph
+    return graphs
+
+
+def oracle_times(shapes, type, m_values, threads, repeat, sweeps):
+    """{(n, k, M, threads): {profile name: fastest ms}} over `sweeps` sweeps of
+    the whole grid: the machine's speed drifts over minutes (and not alike for
+    every kernel), so each product is timed at several moments, minutes apart."""
+    rng = np.random.default_rng(1)
+    pools = {t: gg.ThreadPool(t) for t in threads}
+    graphs, first = {}, None
+    for n, k, _ in shapes:
+        graphs[n, k] = full_size_graphs(n, k, type, m_values, rng, max(threads), share_with=first)
+        first = first or next(iter(graphs[n, k].values()))
+    times = {}
+    for sweep in range(sweeps):
+        with StolenTime() as stolen:
+            for (n, k), by_m in graphs.items():
+                for m, graph in by_m.items():
+                    for t in threads:
+                        candidates = distinct_profiles(graph.nodes[-1].profiles(), t)
+                        new = time_profiles(graph, candidates, pools[t], repeat)
+                        old = times.setdefault((n, k, m, t), new)
+                        for name, ms in new.items():
+                            old[name] = min(old[name], ms)
+        print(f"oracle sweep {sweep + 1}/{sweeps} ({stolen})", flush=True)
+    for pool in pools.values():
+        pool.close()
+    return times, graphs
 
 
 def main():
@@ -67,8 +125,10 @@ def main():
     p.add_argument("--type", default="Q4_0")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--sweeps", type=int, default=3, help="oracle sweeps over the grid (default 3)")
     p.add_argument("--passes", type=int, default=1, help="ggml-tune passes (default 1)")
     p.add_argument("--tune-file", help="use this tune file instead of benching one now")
+    p.add_argument("--save-tune", metavar="FILE", help="save the tune data benched now")
     args = p.parse_args()
     type = gg.Type[args.type.upper()]
     threads = [int(t) for t in args.threads.split(",")]
@@ -79,36 +139,33 @@ def main():
         data = tune.load(args.tune_file)
     else:
         start = time.perf_counter()
-        data = bench(shapes, model="oracle-check", thread_counts=threads, passes=args.passes)
+        with StolenTime() as stolen:
+            data = bench(shapes, model="oracle-check", thread_counts=threads, passes=args.passes)
         print(f"tune bench: {time.perf_counter() - start:.1f} s for {len(shapes)} shapes "
-              f"x {len(DEFAULT_M_VALUES)} M x threads {threads}, {args.passes} pass(es)")
+              f"x {len(DEFAULT_M_VALUES)} M x threads {threads}, {args.passes} pass(es) ({stolen})")
+        if args.save_tune:
+            data.save(args.save_tune)
 
-    rng = np.random.default_rng(1)
+    times, graphs = oracle_times(shapes, type, data.m_values, threads, args.repeat, args.sweeps)
     print(f"{'N x K':>12} {'M':>4} {'thr':>3}  {'oracle':<11} {'ms':>8}  {'tuned':<11} {'x':>5}  "
           f"{'fallback':<11} {'x':>5}")
     tuned_ratios, fallback_ratios = [], []
-    pools = {t: gg.ThreadPool(t) for t in threads}
-    for n, k, _ in shapes:
-        for m, graph in full_size_graphs(n, k, type, data.m_values, rng).items():
-            node = graph.nodes[-1]
-            for t in threads:
-                candidates = distinct_profiles(node.profiles(), t)
-                times = time_profiles(graph, candidates, pools[t], args.repeat)
-                oracle = min(times, key=times.get)
-                node.profile_pinned = False
-                tuned = graph.plan(t, tune=data).rows[-1].profile.name
-                fallback = node.default_profile().name
+    for (n, k, m, t), ms_of in times.items():
+        graph = graphs[n, k][m]
+        node = graph.nodes[-1]
+        oracle = min(ms_of, key=ms_of.get)
+        node.profile_pinned = False
+        tuned = graph.plan(t, tune=data).rows[-1].profile.name
+        fallback = node.default_profile().name
 
-                def ms(name):   # at one thread blas-split and blas-mt run blas's code
-                    return times[name] if name in times else times["blas"]
+        def ms(name):   # at one thread blas-split and blas-mt run blas's code
+            return ms_of[name] if name in ms_of else ms_of["blas"]
 
-                tr, fr = ms(tuned) / times[oracle], ms(fallback) / times[oracle]
-                tuned_ratios.append(tr)
-                fallback_ratios.append(fr)
-                print(f"{n:>6}x{k:<5} {m:>4} {t:>3}  {oracle:<11} {times[oracle]:8.2f}  {tuned:<11} "
-                      f"{tr:5.2f}  {fallback:<11} {fr:5.2f}")
-    for pool in pools.values():
-        pool.close()
+        tr, fr = ms(tuned) / ms_of[oracle], ms(fallback) / ms_of[oracle]
+        tuned_ratios.append(tr)
+        fallback_ratios.append(fr)
+        print(f"{n:>6}x{k:<5} {m:>4} {t:>3}  {oracle:<11} {ms_of[oracle]:8.2f}  {tuned:<11} "
+              f"{tr:5.2f}  {fallback:<11} {fr:5.2f}")
     within = sum(r <= 1.05 for r in tuned_ratios)
     print(f"\ntuned within 5 % of the oracle: {within}/{len(tuned_ratios)}; "
           f"worst tuned x{max(tuned_ratios):.2f}, worst fallback x{max(fallback_ratios):.2f}; "

@@ -2,23 +2,30 @@
 
 For each (N, K, type), M and thread count, every profile the node supports is
 run on the real kernels and each task stage is timed separately (the executor's
-per-node stage clocks), the fastest of the passes.
+per-node stage clocks), the fastest of the runs.
 
-Sampling keeps a pass short without guessing. A large product is measured on
-two row slices of the weight: a few rows, which time what does not depend on N
-(converting the activations, calls and thread wake-ups), and a large slice;
-each stage's time is extended along the straight line through the two points to
-all N rows. (Two large slices close together would not do: the noise of their
-difference is multiplied by N over their distance.) The large slice is at least
-an eighth of the weight (narrower ones misjudge BLAS), and where the product
-is memory-bound (fewer than COMPUTE_BOUND flops per byte the profile streams: the
-weight's row, plus its de-quantized copy for the BLAS profiles) at least twice
-the last-level cache in those bytes: a slice that fits in the cache runs faster
-per row than the whole weight. When the slice would be more than half the
-weight, the product is measured whole.
+Sampling keeps a pass short without guessing. At each M:
 
-Profiles are measured in turn, pass after pass (not one profile's passes in a
-row), so that a slow spell on the machine does not fall on one profile only.
+1. Every profile runs a quick sample: the weight whole where that is cheap,
+   else one slice (MIN_SAMPLE_ROWS rows; FLOP_BUDGET's worth for a profile
+   tiled over rows), its time scaled to N rows. This ranks the profiles.
+2. The fastest, and every profile within IN_THE_RACE of it, is measured again
+   on rows that behave like the whole weight: a few rows, which time what does
+   not depend on N (converting the activations, calls, thread wake-ups), and a
+   large slice, each stage's time extended along the straight line through the
+   two points to all N rows. (Two large slices close together would not do:
+   the noise of their difference is multiplied by N over their distance.) The
+   large slice is at least an eighth of the weight (narrower ones misjudge
+   BLAS); where the product is memory-bound (fewer than COMPUTE_BOUND flops per
+   byte the profile streams: the weight's row, plus its de-quantized copy for
+   the BLAS profiles) it outgrows twice the largest cache the whole weight
+   outgrows (a slice that fits in a cache runs faster per row than the whole).
+   When the slice would be more than half the weight, the product runs whole.
+3. After all the Ms of a shape, close calls get second looks, closest first, within
+   LOOK_BUDGET of the time steps 1-2 took.
+
+Profiles are measured in turn (not one profile's runs in a row), so that a
+slow spell on the machine falls on all of them or none.
 """
 import time
 
@@ -35,6 +42,8 @@ COMPUTE_BOUND = 32        # flops per streamed byte from which a product is comp
 FEW_ROWS = 32             # the small slice
 MIN_SAMPLE_ROWS = 1024    # the large slice: this many rows or N/8 (fewer misjudge BLAS) ...
 MAX_SAMPLE_FRACTION = 0.5  # ... and at most this much of the weight, else it is measured whole
+QUICK_MIN_ROWS = 256      # quick samples of tiled profiles: FLOP_BUDGET's worth of rows, at least this many
+QUICK_WHOLE_BYTES = 64 << 20  # a weight cheap in flops and in these bytes is measured whole
 
 # With one thread these profiles run exactly blas's code (the same
 # de-quantization, the same single-threaded sgemm on the calling thread), so
@@ -102,36 +111,73 @@ def random_weight(ctx, rng, rows, k, type, distinct_rows=256):
     return weight
 
 
-def last_level_cache_bytes():
-    """The size of the CPU's last-level cache (sysfs); 32 MiB when unknown."""
+def cache_sizes(n_threads):
+    """Sizes of the CPU's data caches from level 2 up, smallest first (sysfs).
+
+    A cache private to each core counts once per thread (n_threads threads run
+    on as many cores); a shared one counts once. [32 MiB] when sysfs says nothing.
+    """
     import glob
+    import os
     sizes = []
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
         try:
-            text = open(path).read().strip().upper()
-        except OSError:
+            level = int(open(f"{d}/level").read())
+            kind = open(f"{d}/type").read().strip()
+            text = open(f"{d}/size").read().strip().upper()
+            sharing = len(parse_cpu_list(open(f"{d}/shared_cpu_list").read()))
+        except (OSError, ValueError):
             continue
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
         digits = text.rstrip("KMG")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=32 << 20)
+        if level < 2 or kind == "Instruction" or not digits.isdigit():
+            continue
+        copies = max(1, min(n_threads, (os.cpu_count() or 1) // max(1, sharing)))
+        sizes.append(int(digits) * scale * copies)
+    return sorted(sizes) or [32 << 20]
 
 
-def row_counts(n, k, m, bytes_per_row, cache_bytes):
+def parse_cpu_list(text):
+    """The CPUs of a sysfs list such as "0-3,8"."""
+    cpus = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def row_counts(n, k, m, bytes_per_row, cache_sizes):
     """Weight rows to measure at M=m: [n] (whole), or [few, large] to extend to n.
 
     bytes_per_row: what one weight row costs the profile in memory (its
     stored row, plus a de-quantized copy where the profile makes one).
+    cache_sizes: the CPU's caches (cache_sizes()); a memory-bound product's
+    slice must outgrow, twice over, the largest cache that the whole weight
+    outgrows, so that both stream from the same level.
     """
     if 2 * n * k * m <= FLOP_BUDGET:
         return [n]
     large = max(MIN_SAMPLE_ROWS, n // 8)
-    if 2 * k * m < COMPUTE_BOUND * bytes_per_row:
-        large = max(large, -(-2 * cache_bytes // bytes_per_row))
-    if large > MAX_SAMPLE_FRACTION * n:
+    outgrown = [c for c in cache_sizes if c < n * bytes_per_row]
+    if 2 * k * m < COMPUTE_BOUND * bytes_per_row and outgrown:
+        large = max(large, -(-2 * max(outgrown) // bytes_per_row))
+    return [n] if large > MAX_SAMPLE_FRACTION * n else [FEW_ROWS, large]
+
+
+def quick_row_counts(n, k, m, bytes_per_row, tiled):
+    """Rows of the quick sample, good for ranking profiles, not for choosing
+    between close ones: a cheap weight whole; else one slice of
+    MIN_SAMPLE_ROWS rows, or for a profile tiled over rows (its time grows
+    in step with them) FLOP_BUDGET's worth, QUICK_MIN_ROWS at least. Its
+    time is scaled to n rows (the part that does not depend on N, converting
+    the activations and waking threads, is small beside such a slice)."""
+    if 2 * n * k * m <= FLOP_BUDGET and n * bytes_per_row <= QUICK_WHOLE_BYTES:
         return [n]
-    return [FEW_ROWS, large]
+    large = MIN_SAMPLE_ROWS
+    if tiled:
+        large = int(min(large, max(QUICK_MIN_ROWS, FLOP_BUDGET / (2 * k * m))))
+    return [n] if large > MAX_SAMPLE_FRACTION * n else [large]
 
 
 def distinct_profiles(profiles, n_threads):
@@ -166,19 +212,21 @@ class ShapeBench:
         for p in self.profiles:
             whole.profile = p
             self.bytes_per_row[p.name] = gg.row_bytes(self.type, k) + whole._work_size(max_threads) // n
-        self.cache_bytes = last_level_cache_bytes()
+        self.cache_sizes = cache_sizes(max_threads)
 
-    def rows(self, m, profile):
-        """Weight rows to measure `profile` on at M=m (see row_counts)."""
-        return row_counts(self.n, self.k, m, self.bytes_per_row[profile.name], self.cache_bytes)
+    def rows(self, m, profile, exact=True):
+        """Weight rows to measure `profile` on at M=m: row_counts, or with
+        exact=False quick_row_counts (a profile with a parallel COMPUTE is tiled)."""
+        if exact:
+            return row_counts(self.n, self.k, m, self.bytes_per_row[profile.name], self.cache_sizes)
+        return quick_row_counts(self.n, self.k, m, self.bytes_per_row[profile.name],
+                                tiled=profile.compute.parallel)
 
     def graph(self, rows, m):
         """The graph of (first `rows` rows of the weight) x (first m activation rows),
         its work buffer reserved (allocated and paged in) for every profile."""
         key = (rows, m)
         if key not in self.graphs:
-            # M is benched in order: drop the graphs of the Ms done
-            self.graphs = {k: g for k, g in self.graphs.items() if k[1] == m}
             w = gg.view(self.weight, (rows, self.k)) if rows != self.n else self.weight
             b = gg.view(self.acts, (m, self.k))
             graph = gg.build_forward(gg.mul_mat(w, b))
@@ -195,6 +243,8 @@ MIN_CASE_SECONDS = 0.004  # a cheap case repeats until it has run this long ...
 MAX_RUNS = 16             # ... up to this many times, in each pass
 CLOSE_CALL = 1.5          # a runner-up closer than this to the fastest is measured again ...
 SECOND_LOOKS = 2          # ... this many more times, in turns with the fastest
+IN_THE_RACE = 1.5         # a profile whose sample is within this of the fastest is measured exactly
+LOOK_BUDGET = 0.3         # second looks may take this fraction of the first measurements' time
 
 
 def time_stages(graph, profile, pool):
@@ -225,9 +275,10 @@ def fastest(a, b):
 
 
 def extend_to_rows(n, rows, times):
-    """Each stage's time at n rows from times at 1 or 2 row counts (straight line)."""
+    """Each stage's time at n rows from times at 1 or 2 row counts: in
+    proportion to one, along the straight line through two."""
     if len(rows) == 1:
-        return times[0]
+        return {s: v * n / rows[0] for s, v in times[0].items()}
     (r1, r2), (t1, t2) = rows, times
     return {s: max(0.0, t1[s] + (t2[s] - t1[s]) * (n - r1) / (r2 - r1)) for s in t1}
 
@@ -255,64 +306,114 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     return data
 
 
+class CaseTimes:
+    """The fastest stage times measured so far of one shape's cases (profile,
+    thread count), per M and row count."""
+
+    def __init__(self, sb, cases, pools):
+        self.sb, self.cases, self.pools = sb, cases, pools
+        self.best = {}      # (m, case index, rows) -> fastest {stage: µs}
+        self.exact = set()  # (m, case index) measured on rows that behave like the whole weight
+
+    def rows(self, m, i):
+        return self.sb.rows(m, self.cases[i][0].profile, exact=(m, i) in self.exact)
+
+    def measure(self, m, i, rows=None):
+        """Run case i at M=m on each of `rows` (default: all its row counts)."""
+        pt, t = self.cases[i]
+        for r in rows or self.rows(m, i):
+            times = time_stages(self.sb.graph(r, m), pt.profile, self.pools[t])
+            self.best[m, i, r] = fastest(self.best.get((m, i, r)), times)
+
+    def measure_exactly(self, m, i, passes):
+        """Move case i at M=m from the quick sample to exact rows, measuring
+        (`passes` times) the row counts the quick sample did not have."""
+        self.exact.add((m, i))
+        new = [r for r in self.rows(m, i) if (m, i, r) not in self.best]
+        for _ in range(passes if new else 0):
+            self.measure(m, i, new)
+
+    def estimate(self, m, i):
+        """{stage: µs} of case i at M=m on all N rows."""
+        rows = self.rows(m, i)
+        return extend_to_rows(self.sb.n, rows, [self.best[m, i, r] for r in rows])
+
+    def total(self, m, i):
+        return sum(self.estimate(m, i).values())
+
+
 def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
-    """ShapeTimes of one (N, K, type)."""
+    """ShapeTimes of one (N, K, type).
+
+    Per M: every case on the quick sample; the contenders again on exact
+    rows. Then, in the time LOOK_BUDGET allows, second looks at the close
+    calls, closest first (later, so that a slow spell on the machine is
+    unlikely to fall on both looks). Profiles left on a quick sample keep its
+    time (rough, and far from the fastest).
+    """
     sb = ShapeBench(n, k, type, m_values, rng, max(pools))
     shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in sb.profiles])
     cases = [(pt, t) for t in pools for pt in shape.profiles
              if pt.profile in distinct_profiles(sb.profiles, t)]
-    winner = {}   # n_threads -> the case fastest at the previous M
+    ct = CaseTimes(sb, cases, pools)
+    close_calls = []   # (slowest / fastest total, M, case indices) to look at again
+    winner = {}        # n_threads -> the case fastest at the previous M
+    start = time.perf_counter()
     for m in m_values:
-        best = {}   # (case index, rows) -> fastest {stage: µs}
-
-        def measure(i):
-            pt, t = cases[i]
-            for r in sb.rows(m, pt.profile):
-                times = time_stages(sb.graph(r, m), pt.profile, pools[t])
-                best[i, r] = fastest(best.get((i, r)), times)
-
-        def estimate(i):
-            rows = sb.rows(m, cases[i][0].profile)
-            return extend_to_rows(n, rows, [best[i, r] for r in rows])
-
-        def total(i):
-            return sum(estimate(i).values())
-
         for _ in range(passes):
             for i in range(len(cases)):
-                measure(i)
+                ct.measure(m, i)
         for t in pools:
-            # a second look where a choice is at stake: the fastest profile, a
-            # runner-up close behind it, and the previous M's winner if it lost
-            ranked = sorted((i for i, (_, ct) in enumerate(cases) if ct == t), key=total)
+            # the contenders again on rows that behave like the whole weight:
+            # the fastest, then every profile its sample puts within IN_THE_RACE
+            ranked = sorted((i for i, (_, c) in enumerate(cases) if c == t), key=lambda i: ct.total(m, i))
+            ct.measure_exactly(m, ranked[0], passes)
+            for i in ranked[1:]:
+                if ct.total(m, i) < IN_THE_RACE * ct.total(m, ranked[0]):
+                    ct.measure_exactly(m, i, passes)
+            # a choice at stake: the fastest, a runner-up close behind it, and
+            # the previous M's winner if it lost
+            ranked.sort(key=lambda i: ct.total(m, i))
             again = {ranked[0], winner.get(t, ranked[0])}
-            if len(ranked) > 1 and total(ranked[1]) < CLOSE_CALL * total(ranked[0]):
+            if len(ranked) > 1 and ct.total(m, ranked[1]) < CLOSE_CALL * ct.total(m, ranked[0]):
                 again.add(ranked[1])
+            again = sorted(i for i in again if (m, i) in ct.exact)
             if len(again) > 1:
-                for _ in range(SECOND_LOOKS):
-                    for i in sorted(again):
-                        measure(i)
-            winner[t] = min(ranked, key=total)
-        for i, (pt, t) in enumerate(cases):
-            per_stage = pt.times_us.setdefault(t, {})
-            for s, v in estimate(i).items():
-                per_stage.setdefault(s, []).append(v)
+                totals = [ct.total(m, i) for i in again]
+                close_calls.append((max(totals) / max(min(totals), 1e-9), m, again))
+            winner[t] = ranked[0]
         if bar is not None:
             bar.update(1)
-    for pt in shape.profiles:
-        for per_stage in pt.times_us.values():
-            for s, values in per_stage.items():
-                per_stage[s] = bounded_in_m(m_values, values)
+    deadline = time.perf_counter() + LOOK_BUDGET * (time.perf_counter() - start)
+    close_calls.sort(key=lambda c: c[0])
+    for _ in range(SECOND_LOOKS):
+        for _, m, again in close_calls:
+            if time.perf_counter() < deadline:
+                for i in again:
+                    ct.measure(m, i)
+    for i, (pt, t) in enumerate(cases):
+        per_stage = pt.times_us.setdefault(t, {})
+        for m in m_values:
+            for s, v in ct.estimate(m, i).items():
+                per_stage.setdefault(s, []).append(v)
+        exact = [(m, i) in ct.exact for m in m_values]
+        for s, values in per_stage.items():
+            per_stage[s] = bounded_in_m(m_values, values, exact)
     return shape
 
 
-def bounded_in_m(m_values, values):
+def bounded_in_m(m_values, values, exact=None):
     """Each stage's time cannot fall as M grows, nor grow faster than M (twice
     the rows cost at most twice the time); other work on the machine only adds
-    time, so a time above either bound was inflated and is lowered to it."""
+    time, so a time above either bound was inflated and is lowered to it.
+
+    exact: per M, whether the time was measured exactly; quick samples (only
+    good for ranking) neither bound nor are bounded (None: all exact).
+    """
     out = [float(v) for v in values]
-    for i in range(1, len(out)):
-        out[i] = min(out[i], out[i - 1] * m_values[i] / m_values[i - 1])
-    for i in range(len(out) - 2, -1, -1):
-        out[i] = min(out[i], out[i + 1])
+    idx = [i for i in range(len(out)) if exact is None or exact[i]]
+    for a, b in zip(idx, idx[1:]):
+        out[b] = min(out[b], out[a] * m_values[b] / m_values[a])
+    for a, b in reversed(list(zip(idx, idx[1:]))):
+        out[a] = min(out[a], out[b])
     return out

@@ -25,11 +25,17 @@ def test_extend_to_rows_is_a_straight_line_per_stage():
     times = [{"init": 5.0, "compute": 100.0}, {"init": 5.0, "compute": 190.0}]
     assert extend_to_rows(1000, [100, 200], times) == {"init": 5.0, "compute": pytest.approx(910.0)}
     assert extend_to_rows(64, [64], [{"compute": 3.0}]) == {"compute": 3.0}
+    assert extend_to_rows(64, [16], [{"compute": 3.0}]) == {"compute": 12.0}   # one slice: in proportion
 
 
 def test_times_bounded_in_m():
     from ggml_py.tune_bench import bounded_in_m
     m = [1, 2, 4, 8, 16, 32]
+    # sampled times (False) neither bound nor are bounded
+    assert bounded_in_m(m, [1.0, 0.5, 2.0, 9.0, 3.0, 5.0], [True, False, True, False, True, True]) \
+        == [1.0, 0.5, 2.0, 9.0, 3.0, 5.0]
+    assert bounded_in_m(m, [1.0, 0.5, 5.0, 9.0, 3.0, 5.0], [True, False, True, False, True, True]) \
+        == [1.0, 0.5, 3.0, 9.0, 3.0, 5.0]
     # never falling as M grows
     assert bounded_in_m(m, [1.0, 5.0, 2.0, 3.0, 2.5, 5.0]) == [1.0, 2.0, 2.0, 2.5, 2.5, 5.0]
     # never more than doubling when M doubles (9.0 at M=32 was inflated)
@@ -38,16 +44,30 @@ def test_times_bounded_in_m():
 
 
 def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
-    cache = 32 << 20
+    caches = [1 << 20, 32 << 20]   # L2 (both cores), LLC
     q4_row, f32_row = gg.row_bytes(gg.Q4_0, 2048), 4 * 2048
-    assert row_counts(2048, 2048, 1, q4_row, cache) == [2048]            # cheap: whole
-    assert row_counts(32000, 2048, 512, q4_row, cache) == [32, 4000]     # a few rows and N/8
-    assert row_counts(2048, 5632, 512, q4_row, cache) == [32, 1024]
-    assert row_counts(1024, 5632, 512, q4_row, cache) == [1024]          # too few rows to sample
-    # memory-bound: the slice must outgrow the cache in the bytes the profile streams
-    assert row_counts(32000, 2048, 4, q4_row, cache) == [32000]          # 2 x 32 MiB of Q4_0 > N/2
-    assert row_counts(32000, 2048, 4, q4_row + f32_row, cache) == [32, 7183]
-    assert row_counts(32000, 2048, 64, q4_row, cache) == [32, 4000]      # compute-bound on Q4_0 rows
+    assert row_counts(2048, 2048, 1, q4_row, caches) == [2048]            # cheap: whole
+    assert row_counts(32000, 2048, 512, q4_row, caches) == [32, 4000]     # a few rows and N/8
+    assert row_counts(2048, 5632, 512, q4_row, caches) == [32, 1024]
+    assert row_counts(1024, 5632, 512, q4_row, caches) == [1024]          # too few rows to sample
+    # memory-bound: the slice must outgrow the largest cache the whole weight outgrows
+    assert row_counts(32000, 2048, 4, q4_row, caches) == [32000]          # 2 x 32 MiB of Q4_0 > N/2
+    assert row_counts(32000, 2048, 4, q4_row + f32_row, caches) == [32, 7183]
+    assert row_counts(32000, 2048, 4, q4_row, [1 << 20, 64 << 20]) == [32, 4000]  # fits the LLC: past L2
+    assert row_counts(32000, 2048, 4, q4_row, [8 << 20, 64 << 20]) == [32, 14564]
+    assert row_counts(32000, 2048, 4, q4_row, []) == [32, 4000]           # no caches: a plain sample
+    assert row_counts(32000, 2048, 64, q4_row, caches) == [32, 4000]      # compute-bound on Q4_0 rows
+
+
+def test_quick_samples_rank_profiles_cheaply():
+    from ggml_py.tune_bench import quick_row_counts
+    q4_row, f32_row = gg.row_bytes(gg.Q4_0, 2048), 4 * 2048
+    assert quick_row_counts(2048, 2048, 8, q4_row + f32_row, tiled=False) == [2048]   # cheap: whole
+    assert quick_row_counts(32000, 2048, 1, q4_row + f32_row, tiled=False) == [1024]  # many bytes
+    assert quick_row_counts(32000, 2048, 512, q4_row + f32_row, tiled=False) == [1024]
+    assert quick_row_counts(32000, 2048, 64, q4_row, tiled=True) == [762]             # 2e8 flops
+    assert quick_row_counts(32000, 2048, 512, q4_row, tiled=True) == [256]
+    assert quick_row_counts(1024, 2048, 512, q4_row + f32_row, tiled=False) == [1024]
 
 
 def test_profiles_with_the_same_code_are_benched_once():
@@ -228,7 +248,8 @@ def test_analyze_reports_crossovers():
     assert "# crossover: cpu -> blas between M=16 and M=32" in out.getvalue()
 
 
-def test_last_level_cache_size_is_read():
-    from ggml_py.tune_bench import last_level_cache_bytes
-    size = last_level_cache_bytes()
-    assert isinstance(size, int) and (1 << 18) <= size <= (1 << 32)
+def test_cache_sizes_are_read():
+    from ggml_py.tune_bench import cache_sizes, parse_cpu_list
+    sizes = cache_sizes(2)
+    assert sizes == sorted(sizes) and all((1 << 16) <= s <= (1 << 34) for s in sizes)
+    assert parse_cpu_list("0-3,8\n") == [0, 1, 2, 3, 8]
