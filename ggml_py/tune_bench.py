@@ -9,7 +9,8 @@ Sampling keeps a pass short without guessing. At each M:
 1. Every profile runs a quick sample: the weight whole where that is cheap,
    else one slice (MIN_SAMPLE_ROWS rows; FLOP_BUDGET's worth for a profile
    tiled over rows), its time scaled to N rows. This ranks the profiles.
-2. The fastest, and every profile within IN_THE_RACE of it, is measured again
+2. The fastest, and every profile within IN_THE_RACE of it (a quick time
+   above M/M' times the previous M's counts as that bound), is measured again
    on rows that behave like the whole weight: a few rows, which time what does
    not depend on N (converting the activations, calls, thread wake-ups), and a
    large slice, each stage's time extended along the straight line through the
@@ -358,18 +359,26 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
     ct = CaseTimes(sb, cases, pools)
     close_calls = []   # (slowest / fastest total, M, case indices) to look at again
     winner = {}        # n_threads -> the case fastest at the previous M
+    before = {}        # case index -> (previous M, its total there)
     start = time.perf_counter()
     for m in m_values:
         for _ in range(passes):
             for i in range(len(cases)):
                 ct.measure(m, i)
+
+        def plausible(i):
+            # a time more than M/M' times the previous M's was inflated (one
+            # interrupted quick sample must not put a profile out of the race)
+            m0, t0 = before.get(i, (m, float("inf")))
+            return min(ct.total(m, i), t0 * m / m0)
+
         for t in pools:
             # the contenders again on rows that behave like the whole weight:
             # the fastest, then every profile its sample puts within IN_THE_RACE
-            ranked = sorted((i for i, (_, c) in enumerate(cases) if c == t), key=lambda i: ct.total(m, i))
+            ranked = sorted((i for i, (_, c) in enumerate(cases) if c == t), key=plausible)
             ct.measure_exactly(m, ranked[0], passes)
             for i in ranked[1:]:
-                if ct.total(m, i) < IN_THE_RACE * ct.total(m, ranked[0]):
+                if plausible(i) < IN_THE_RACE * ct.total(m, ranked[0]):
                     ct.measure_exactly(m, i, passes)
             # a choice at stake: the fastest, a runner-up close behind it, and
             # the previous M's winner if it lost
@@ -382,6 +391,7 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
                 totals = [ct.total(m, i) for i in again]
                 close_calls.append((max(totals) / max(min(totals), 1e-9), m, again))
             winner[t] = ranked[0]
+        before.update((i, (m, ct.total(m, i))) for i in range(len(cases)))
         if bar is not None:
             bar.update(1)
     deadline = time.perf_counter() + LOOK_BUDGET * (time.perf_counter() - start)

@@ -70,6 +70,65 @@ def test_quick_samples_rank_profiles_cheaply():
     assert quick_row_counts(1024, 2048, 512, q4_row + f32_row, tiled=False) == [1024]
 
 
+def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatch):
+    from ggml_py import tune_bench as tb
+    # shrink the thresholds so that a small weight is sampled: quick samples
+    # of 128 rows; exact rows 8 and 128 (N/8)
+    monkeypatch.setattr(tb, "FLOP_BUDGET", 1e4)
+    monkeypatch.setattr(tb, "FEW_ROWS", 8)
+    monkeypatch.setattr(tb, "MIN_SAMPLE_ROWS", 128)
+    monkeypatch.setattr(tb, "QUICK_MIN_ROWS", 128)
+    runs = []   # (M, profile, threads, weight rows) of every timed case, in order
+    time_stages = tb.time_stages
+
+    def recording(graph, profile, pool):
+        node = graph.nodes[-1]
+        runs.append((node.shape[0], profile.name, pool.n_threads, node.shape[1]))
+        return time_stages(graph, profile, pool)
+
+    monkeypatch.setattr(tb, "time_stages", recording)
+    data = bench([(1024, 64, gg.F32)], m_values=[1, 16], thread_counts=[1, 2])
+    shape = data.shape(1024, 64, gg.F32)
+    cases = {(p.profile.name, t) for p in shape.profiles for t in p.times_us}
+    sweep_of_m1 = runs[:next(i for i, r in enumerate(runs) if r[0] == 16)]
+    for m in (1, 16):
+        # every case ranks on the quick sample ...
+        assert {(name, t) for mm, name, t, rows in runs if mm == m and rows == 128} == cases
+        # ... and at each thread count at least the fastest goes on to exact rows
+        for t in (1, 2):
+            assert any(r[0] == m and r[2] == t and r[3] == 8 for r in runs)
+    # before the second looks, the slice the quick sample shares with the exact rows ran once
+    assert all(sweep_of_m1.count((1, name, t, 128)) == 1 for name, t in cases)
+    assert all(v >= 0 for p in shape.profiles for per in p.times_us.values()
+               for values in per.values() for v in values)
+
+
+def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monkeypatch):
+    from ggml_py import tune_bench as tb
+    monkeypatch.setattr(tb, "FLOP_BUDGET", 1e4)
+    monkeypatch.setattr(tb, "FEW_ROWS", 8)
+    monkeypatch.setattr(tb, "MIN_SAMPLE_ROWS", 128)
+    monkeypatch.setattr(tb, "QUICK_MIN_ROWS", 128)
+    per_row = {("cpu", 1): 1.0, ("blas", 1): 1.1, ("cpu", 2): 0.5, ("blas", 2): 0.6, ("blas-mt", 2): 0.52}
+    runs = []
+
+    def fake_time_stages(graph, profile, pool):   # times in proportion to rows x M
+        node = graph.nodes[-1]
+        m, rows, t = node.shape[0], node.shape[1], pool.n_threads
+        runs.append((m, profile.name, t, rows))
+        us = per_row[profile.name, t] * rows * m
+        if (m, profile.name, t, rows) == (16, "blas-mt", 2, 128):
+            us *= 100   # interrupted
+        return {"compute": us, "init": 0.0} if profile.init.valid else {"compute": us}
+
+    monkeypatch.setattr(tb, "time_stages", fake_time_stages)
+    data = bench([(1024, 64, gg.F32)], m_values=[1, 16], thread_counts=[1, 2])
+    assert (16, "blas-mt", 2, 8) in runs   # measured on exact rows all the same
+    times = {p.name: us for us, p in data.estimates(1024, 64, gg.F32, 16, 2)}
+    assert times["blas-mt"] == pytest.approx(0.52 * 1024 * 16)   # not the interrupted sample
+    assert min(times, key=times.get) == "cpu"
+
+
 def test_profiles_with_the_same_code_are_benched_once():
     q = gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0, gg.F32)
     f = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)
