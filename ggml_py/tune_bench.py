@@ -417,13 +417,18 @@ def bounded_in_m(m_values, values, exact=None):
     the rows cost at most twice the time); other work on the machine only adds
     time, so a time above either bound was inflated and is lowered to it.
 
-    exact: per M, whether the time was measured exactly; quick samples (only
-    good for ranking) neither bound nor are bounded (None: all exact).
+    exact: per M, whether the time was measured exactly (None: all were).
+    Quick samples (only good for ranking) bound no other time; they are only
+    held to M/M' times the time at the M' before them.
     """
     out = [float(v) for v in values]
-    idx = [i for i in range(len(out)) if exact is None or exact[i]]
+    exact = exact or [True] * len(out)
+    idx = [i for i in range(len(out)) if exact[i]]
     for a, b in zip(idx, idx[1:]):
         out[b] = min(out[b], out[a] * m_values[b] / m_values[a])
     for a, b in reversed(list(zip(idx, idx[1:]))):
         out[a] = min(out[a], out[b])
+    for i in range(1, len(out)):
+        if not exact[i]:
+            out[i] = min(out[i], out[i - 1] * m_values[i] / m_values[i - 1])
     return out
