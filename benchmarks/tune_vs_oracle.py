@@ -20,16 +20,14 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.tune_bench import (DEFAULT_M_VALUES, bench, distinct_profiles, preset_shapes,
-                                random_weight)
+from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, bench,
+                                distinct_profiles, preset_shapes, random_weight)
 
 import numpy as np
 
 from stolen_time import StolenTime
 
 
-MIN_BURST_SECONDS = 0.004   # a cheap product runs back to back this long (as ggml-tune does) ...
-MAX_BURST = 16              # ... at most this many times
 UNSETTLED = 1.25            # profiles this close to the fastest get more rounds
 
 
@@ -38,7 +36,7 @@ def time_profiles(graph, profiles, pool, repeat):
 
     The profiles take turns, round after round, so that a slow spell on the
     machine does not fall on one of them only; in its turn a cheap product runs
-    a short burst (workers awake, as inside a graph). The fastest run counts
+    a short burst, as ggml-tune's cases do (workers awake, as inside a graph). The fastest run counts
     (noise only adds time). After `repeat` rounds, the profiles within
     UNSETTLED of the fastest run more rounds, up to 4 x repeat in all, until
     the fastest leads by that much or stands alone.
@@ -53,12 +51,12 @@ def time_profiles(graph, profiles, pool, repeat):
         for p in candidates:
             node.profile = p
             start = time.perf_counter()
-            for _ in range(MAX_BURST):
+            for _ in range(MAX_RUNS):
                 t0 = time.perf_counter()
                 graph.compute(pool=pool)
                 if not warm_up:
                     runs[p.name].append(time.perf_counter() - t0)
-                if time.perf_counter() - start >= MIN_BURST_SECONDS:
+                if time.perf_counter() - start >= MIN_CASE_SECONDS:
                     break
 
     run_round(profiles, warm_up=True)

@@ -359,7 +359,7 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
     ct = CaseTimes(sb, cases, pools)
     close_calls = []   # (slowest / fastest total, M, case indices) to look at again
     winner = {}        # n_threads -> the case fastest at the previous M
-    before = {}        # case index -> (previous M, its total there)
+    previous_m = None
     start = time.perf_counter()
     for m in m_values:
         for _ in range(passes):
@@ -369,8 +369,9 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
         def plausible(i):
             # a time more than M/M' times the previous M's was inflated (one
             # interrupted quick sample must not put a profile out of the race)
-            m0, t0 = before.get(i, (m, float("inf")))
-            return min(ct.total(m, i), t0 * m / m0)
+            if previous_m is None:
+                return ct.total(m, i)
+            return min(ct.total(m, i), ct.total(previous_m, i) * m / previous_m)
 
         for t in pools:
             # the contenders again on rows that behave like the whole weight:
@@ -391,7 +392,7 @@ def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
                 totals = [ct.total(m, i) for i in again]
                 close_calls.append((max(totals) / max(min(totals), 1e-9), m, again))
             winner[t] = ranked[0]
-        before.update((i, (m, ct.total(m, i))) for i in range(len(cases)))
+        previous_m = m
         if bar is not None:
             bar.update(1)
     deadline = time.perf_counter() + LOOK_BUDGET * (time.perf_counter() - start)
