@@ -12,7 +12,11 @@ compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
-Prints a table (tuned / oracle and fallback / oracle time ratios) and a summary.
+Prints a table (tuned / oracle and fallback / oracle time ratios) and a summary
+with the misses. Several tune files (say, from two versions of the sampling,
+benched in turns) can be scored against one oracle:
+
+    python benchmarks/tune_vs_oracle.py --tune-file a1.json b1.json a2.json b2.json
 """
 import argparse
 import statistics
@@ -125,7 +129,9 @@ def main():
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--sweeps", type=int, default=3, help="oracle sweeps over the grid (default 3)")
     p.add_argument("--passes", type=int, default=1, help="ggml-tune passes (default 1)")
-    p.add_argument("--tune-file", help="use this tune file instead of benching one now")
+    p.add_argument("--tune-file", nargs="+", metavar="FILE",
+                   help="use these tune files instead of benching one now (the table shows the "
+                        "first; each gets a summary line)")
     p.add_argument("--save-tune", metavar="FILE", help="save the tune data benched now")
     args = p.parse_args()
     type = gg.Type[args.type.upper()]
@@ -134,20 +140,28 @@ def main():
     print(gg.system_info())
 
     if args.tune_file:
-        data = tune.load(args.tune_file)
+        datas = [tune.load(f) for f in args.tune_file]
     else:
         start = time.perf_counter()
         with StolenTime() as stolen:
-            data = bench(shapes, model="oracle-check", thread_counts=threads, passes=args.passes)
+            datas = [bench(shapes, model="oracle-check", thread_counts=threads, passes=args.passes)]
         print(f"tune bench: {time.perf_counter() - start:.1f} s for {len(shapes)} shapes "
               f"x {len(DEFAULT_M_VALUES)} M x threads {threads}, {args.passes} pass(es) ({stolen})")
         if args.save_tune:
-            data.save(args.save_tune)
+            datas[0].save(args.save_tune)
 
-    times, graphs = oracle_times(shapes, type, data.m_values, threads, args.repeat, args.sweeps)
+    times, graphs = oracle_times(shapes, type, datas[0].m_values, threads, args.repeat, args.sweeps)
     print(f"{'N x K':>12} {'M':>4} {'thr':>3}  {'oracle':<11} {'ms':>8}  {'tuned':<11} {'x':>5}  "
           f"{'fallback':<11} {'x':>5}")
-    tuned_ratios, fallback_ratios = [], []
+    for j, data in enumerate(datas):
+        name = f"{args.tune_file[j]}: " if args.tune_file and len(datas) > 1 else ""
+        print(f"\n{name}" + compare(data, times, graphs, print_table=(j == 0)))
+
+
+def compare(data, times, graphs, print_table):
+    """Summary line of the profiles `data` picks against the oracle `times`
+    (and ggml's fallback rule); print_table: print a row per case too."""
+    tuned_ratios, fallback_ratios, misses = [], [], []
     for (n, k, m, t), ms_of in times.items():
         graph = graphs[n, k][m]
         node = graph.nodes[-1]
@@ -162,13 +176,17 @@ def main():
         tr, fr = ms(tuned) / ms_of[oracle], ms(fallback) / ms_of[oracle]
         tuned_ratios.append(tr)
         fallback_ratios.append(fr)
-        print(f"{n:>6}x{k:<5} {m:>4} {t:>3}  {oracle:<11} {ms_of[oracle]:8.2f}  {tuned:<11} "
-              f"{tr:5.2f}  {fallback:<11} {fr:5.2f}")
+        if tr > 1.05:
+            misses.append(f"{n}x{k} M={m} {t} thr: {tuned} x{tr:.2f}")
+        if print_table:
+            print(f"{n:>6}x{k:<5} {m:>4} {t:>3}  {oracle:<11} {ms_of[oracle]:8.2f}  {tuned:<11} "
+                  f"{tr:5.2f}  {fallback:<11} {fr:5.2f}")
     within = sum(r <= 1.05 for r in tuned_ratios)
-    print(f"\ntuned within 5 % of the oracle: {within}/{len(tuned_ratios)}; "
-          f"worst tuned x{max(tuned_ratios):.2f}, worst fallback x{max(fallback_ratios):.2f}; "
-          f"mean tuned x{statistics.mean(tuned_ratios):.3f}, fallback x{statistics.mean(fallback_ratios):.3f}")
-
+    return (f"tuned within 5 % of the oracle: {within}/{len(tuned_ratios)}; "
+            f"worst tuned x{max(tuned_ratios):.2f}, worst fallback x{max(fallback_ratios):.2f}; "
+            f"mean tuned x{statistics.mean(tuned_ratios):.3f}, "
+            f"fallback x{statistics.mean(fallback_ratios):.3f}"
+            + "".join(f"\n  missed {miss}" for miss in misses))
 
 if __name__ == "__main__":
     main()
