@@ -32,6 +32,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ggml_py.cli.common import console_script
+
 
 class ConvertError(Exception):
     """A bad input; ``main`` prints it as one line and exits non-zero."""
@@ -553,6 +555,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
     return out
 
 
+@console_script
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ggml-convert",

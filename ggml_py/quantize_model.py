@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
+from ggml_py.cli.common import console_script
 from ggml_py.quants import quantize
 from ggml_py.tensor import type_traits
 from ggml_py.types import Type
@@ -176,6 +177,7 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
     return size_in, size_out
 
 
+@console_script
 def main(argv=None):
     """Entry point of the ggml-quantize console script."""
     import argparse
@@ -191,6 +193,8 @@ def main(argv=None):
         quantize_file(args.input, args.output, args.type, progress=not args.quiet)
         print(f"ggml-quantize: done in {time.perf_counter() - start:.1f} s")
         return 0
+    except BrokenPipeError:
+        raise   # for console_script
     except (QuantizeError, OSError) as exc:
         print(f"ggml-quantize: error: {exc}", file=sys.stderr)
         return 1

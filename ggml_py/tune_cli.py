@@ -11,6 +11,7 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
+from ggml_py.cli.common import console_script
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
 
 
@@ -150,6 +151,7 @@ def run_analyze(argv):
     return 0
 
 
+@console_script
 def main(argv=None):
     """Entry point of the ggml-tune console script."""
     argv = sys.argv[1:] if argv is None else argv
@@ -157,9 +159,15 @@ def main(argv=None):
         if argv[:1] == ["analyze"]:
             return run_analyze(argv[1:])
         return run_bench(bench_parser().parse_args(argv))
+    except BrokenPipeError:
+        raise   # for console_script
     except (ValueError, OSError) as exc:   # TuneFileError is a ValueError
         print(f"ggml-tune: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("ggml-tune: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,5 @@
-"""ggml-main, ggml-perplexity and ggml-bench model, end to end in subprocesses."""
+"""ggml-main, ggml-perplexity and ggml-bench model (and ggml-tune's output), end to end in
+subprocesses."""
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import pytest
 from llama_models import DATA, model_path, scratch_path
 
 import ggml_py as gg
+from ggml_py.tune_bench import bench
 
 # Subprocesses import the ggml_py these tests import (installed, or built in place),
 # from a neutral folder: a checkout's own ggml_py/ must not shadow an installed one.
@@ -93,6 +95,29 @@ def test_main_bad_files():
         assert path in line and fragment in line
     line = assert_one_line_error(main("-m", model_path("f32"), "-f", scratch_path("none.txt")), 1)
     assert "none.txt" in line
+
+
+def run_into_closed_pipe(module, *args):
+    """(exit status, stderr) of a run whose stdout is a pipe nobody reads any more
+    (`ggml-main ... | head -c 20` once head has its 20 bytes)."""
+    proc = subprocess.Popen([sys.executable, "-m", module, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=ENV, cwd=CWD)
+    proc.stdout.close()
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err.decode()
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    tune_file = tmp_path / "t.json"
+    bench([(64, 64, gg.F32)], m_values=[1, 2], thread_counts=[1]).save(tune_file)
+    for module, args in (("ggml_py.cli.main", ["-m", model_path("f32"), "-p", "Once", "-n", 8]),
+                         ("ggml_py.tune_cli", ["analyze", tune_file])):
+        status, err = run_into_closed_pipe(module, *args)
+        assert status == 141, err   # as if killed by SIGPIPE
+        assert "Traceback" not in err and "error" not in err, err
 
 
 def test_main_ctrl_c_stops_and_prints_timings():

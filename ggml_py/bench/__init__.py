@@ -10,7 +10,7 @@ SUBCOMMANDS maps names to module paths.
 import importlib
 import sys
 
-from ggml_py.cli.common import ArgumentParser
+from ggml_py.cli.common import ArgumentParser, console_script
 
 SUBCOMMANDS = {
     "mulmat": ("ggml_py.bench.mulmat", "MUL_MAT per type, shape, batch size, profile and thread count"),
@@ -19,6 +19,7 @@ SUBCOMMANDS = {
 }
 
 
+@console_script
 def main(argv=None):
     """Parse `ggml-bench <subcommand> [options]` and run the subcommand; returns its exit code."""
     parser = ArgumentParser(prog="ggml-bench", description=__doc__.splitlines()[0])

@@ -1,8 +1,25 @@
 """What the command-line programs share: one-line errors, model loading, flags."""
 import argparse
+import functools
+import os
 import sys
 
 from ggml_py.gguf_model import ModelLoadError
+
+
+def console_script(main):
+    """Wrap a console script's entry point: when the reader of its output goes
+    away (`ggml-tune analyze F | head`), it stops quietly with exit status 141,
+    as a program killed by SIGPIPE does, instead of reporting an error."""
+    @functools.wraps(main)
+    def entry(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            # the interpreter flushes stdout at exit: let that flush go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
+    return entry
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -103,6 +120,8 @@ def run(prog, main, argv=None):
     """Run main(argv); a bad model file or input ends in one line and exit 1."""
     try:
         return main(argv)
+    except BrokenPipeError:
+        raise   # for console_script
     except (ModelLoadError, ValueError, OSError) as e:
         sys.stdout.flush()
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -9,7 +9,7 @@ import sys
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.cli.common import (ArgumentParser, add_model_arguments, kv_type,
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, kv_type,
                                 resolve_ctx_size, run, setup_tune)
 from ggml_py.sampling import SamplingParams
 
@@ -105,6 +105,7 @@ def main(argv=None):
     return status
 
 
+@console_script
 def cli(argv=None):
     """Entry point of the ggml-main console script."""
     return run(PROG, main, argv)

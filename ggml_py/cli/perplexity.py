@@ -11,7 +11,7 @@ import time
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path, default_text_path
-from ggml_py.cli.common import (ArgumentParser, add_model_arguments, kv_type,
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, kv_type,
                                 resolve_ctx_size, run, setup_tune)
 
 PROG = "ggml-perplexity"
@@ -102,6 +102,7 @@ def main(argv=None):
     return status
 
 
+@console_script
 def cli(argv=None):
     """Entry point of the ggml-perplexity console script."""
     return run(PROG, main, argv)
