@@ -188,5 +188,6 @@ def compare(data, times, graphs, print_table):
             f"fallback x{statistics.mean(fallback_ratios):.3f}"
             + "".join(f"\n  missed {miss}" for miss in misses))
 
+
 if __name__ == "__main__":
     main()
