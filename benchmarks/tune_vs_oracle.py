@@ -40,8 +40,9 @@ def time_profiles(graph, profiles, pool, repeat):
 
     The profiles take turns, round after round, so that a slow spell on the
     machine does not fall on one of them only; in its turn a cheap product runs
-    a short burst, as ggml-tune's cases do (workers awake, as inside a graph). The fastest run counts
-    (noise only adds time). After `repeat` rounds, the profiles within
+    a short burst, as ggml-tune's cases do (workers awake, as inside a graph).
+    The fastest run counts (noise only adds time). After `repeat` rounds, the
+    profiles within
     UNSETTLED of the fastest run more rounds, up to 4 x repeat in all, until
     the fastest leads by that much or stands alone.
     """

@@ -120,13 +120,18 @@ def cache_sizes(n_threads):
     """
     import glob
     import os
+
+    def read(path):
+        with open(path) as f:
+            return f.read().strip()
+
     sizes = []
     for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
         try:
-            level = int(open(f"{d}/level").read())
-            kind = open(f"{d}/type").read().strip()
-            text = open(f"{d}/size").read().strip().upper()
-            sharing = len(parse_cpu_list(open(f"{d}/shared_cpu_list").read()))
+            level = int(read(f"{d}/level"))
+            kind = read(f"{d}/type")
+            text = read(f"{d}/size").upper()
+            sharing = len(parse_cpu_list(read(f"{d}/shared_cpu_list")))
         except (OSError, ValueError):
             continue
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)

@@ -11,7 +11,7 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import console_script
+from ggml_py.cli.common import console_script, run
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
 
 
@@ -151,23 +151,23 @@ def run_analyze(argv):
     return 0
 
 
+def analyze_or_bench(argv):
+    """`analyze FILE ...` or a bench run, by the first argument."""
+    if argv[:1] == ["analyze"]:
+        return run_analyze(argv[1:])
+    return run_bench(bench_parser().parse_args(argv))
+
+
 @console_script
 def main(argv=None):
-    """Entry point of the ggml-tune console script."""
+    """Entry point of the ggml-tune console script; a bad file or input (a
+    TuneFileError is a ValueError) ends in one line and exit 1."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["analyze"]:
-            return run_analyze(argv[1:])
-        return run_bench(bench_parser().parse_args(argv))
-    except BrokenPipeError:
-        raise   # for console_script
-    except (ValueError, OSError) as exc:   # TuneFileError is a ValueError
-        print(f"ggml-tune: error: {exc}", file=sys.stderr)
-        return 1
+        return run("ggml-tune", analyze_or_bench, argv)
     except KeyboardInterrupt:
         print("ggml-tune: interrupted", file=sys.stderr)
         return 130
-
 
 if __name__ == "__main__":
     sys.exit(main())

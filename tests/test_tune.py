@@ -70,14 +70,19 @@ def test_quick_samples_rank_profiles_cheaply():
     assert quick_row_counts(1024, 2048, 512, q4_row + f32_row, tiled=False) == [1024]
 
 
-def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatch):
+def sample_small_weights(monkeypatch):
+    """Shrink ggml-tune's thresholds so that a 1024-row weight is sampled:
+    quick samples of 128 rows; exact rows 8 and 128 (N/8)."""
     from ggml_py import tune_bench as tb
-    # shrink the thresholds so that a small weight is sampled: quick samples
-    # of 128 rows; exact rows 8 and 128 (N/8)
     monkeypatch.setattr(tb, "FLOP_BUDGET", 1e4)
     monkeypatch.setattr(tb, "FEW_ROWS", 8)
     monkeypatch.setattr(tb, "MIN_SAMPLE_ROWS", 128)
     monkeypatch.setattr(tb, "QUICK_MIN_ROWS", 128)
+
+
+def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatch):
+    from ggml_py import tune_bench as tb
+    sample_small_weights(monkeypatch)
     runs = []   # (M, profile, threads, weight rows) of every timed case, in order
     time_stages = tb.time_stages
 
@@ -105,10 +110,7 @@ def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatc
 
 def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monkeypatch):
     from ggml_py import tune_bench as tb
-    monkeypatch.setattr(tb, "FLOP_BUDGET", 1e4)
-    monkeypatch.setattr(tb, "FEW_ROWS", 8)
-    monkeypatch.setattr(tb, "MIN_SAMPLE_ROWS", 128)
-    monkeypatch.setattr(tb, "QUICK_MIN_ROWS", 128)
+    sample_small_weights(monkeypatch)
     per_row = {("cpu", 1): 1.0, ("blas", 1): 1.1, ("cpu", 2): 0.5, ("blas", 2): 0.6, ("blas-mt", 2): 0.52}
     runs = []
 
