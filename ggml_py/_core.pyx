@@ -279,7 +279,7 @@ cdef class TensorBase:
 
 
 cdef tuple _profile_to_tuple(const ggml_py_task_profile *p):
-    return (p.id, p.name.decode(),
+    return (p.id, (<const char *> p.name).decode(),
             tuple((bool(p.stages[s].valid), bool(p.stages[s].parallel), bool(p.stages[s].wait))
                   for s in range(GGML_PY_N_STAGES)))
 

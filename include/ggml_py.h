@@ -165,6 +165,8 @@ struct ggml_py_compute_params {
                          range) stores an enum ggml_py_status here */
     int32_t n_threads;  /* threads of the compute (a single-thread stage whose
                            workers sleep may lend them to a threaded library) */
+    int64_t *next_item; /* shared by the stage's threads, 0 when it starts:
+                           see ggml_py_take_items */
 };
 
 /* ---- type traits ----------------------------------------------------------- */

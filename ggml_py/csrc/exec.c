@@ -11,10 +11,11 @@ struct stage_task {
     int stage;
     int32_t *error;
     int32_t n_threads;
+    int64_t next_item;   /* the stage's work-item counter */
 };
 
 static void run_stage_share(void *arg, int ith, int nth) {
-    const struct stage_task *task = arg;
+    struct stage_task *task = arg;
     const struct ggml_py_compute_params params = {
         .stage = task->stage,
         .ith   = ith,
@@ -23,6 +24,7 @@ static void run_stage_share(void *arg, int ith, int nth) {
         .wdata = task->plan->work_data,
         .error = task->error,
         .n_threads = task->n_threads,
+        .next_item = &task->next_item,
     };
     ggml_py_compute_forward(&params, task->node);
 }

@@ -93,6 +93,31 @@ static inline void ggml_py_thread_rows(int64_t nr, int ith, int nth, int64_t *ir
     *ir1 = GGML_PY_MIN(*ir0 + dr, nr);
 }
 
+/* Work items of a parallel stage, taken by whichever thread is free: the
+ * stage's threads take chunks in turn from one counter (params->next_item), so
+ * a thread the machine slows down (another guest on its core, a slower core)
+ * does fewer items instead of holding up the stage. Chunks of about
+ * n_items / (CHUNKS_PER_THREAD * nth) items keep the counter cold.
+ *
+ *     struct ggml_py_items taken = { 0, 0 };
+ *     for (int64_t i; (i = ggml_py_next_item(params, n_items, &taken)) >= 0;) ...
+ */
+#define GGML_PY_CHUNKS_PER_THREAD 8
+struct ggml_py_items { int64_t next, end; };   /* this thread's chunk: [next, end) */
+
+/* The next work item of n_items for this thread, or -1 when none are left. */
+static inline int64_t ggml_py_next_item(const struct ggml_py_compute_params *params, int64_t n_items,
+                                        struct ggml_py_items *taken) {
+    if (taken->next == taken->end) {
+        const int64_t chunk = GGML_PY_MAX(1, n_items / (GGML_PY_CHUNKS_PER_THREAD * params->nth));
+        const int64_t first = __atomic_fetch_add(params->next_item, chunk, __ATOMIC_RELAXED);
+        if (first >= n_items) return -1;
+        taken->next = first;
+        taken->end = GGML_PY_MIN(first + chunk, n_items);
+    }
+    return taken->next++;
+}
+
 /* ggml's local names for shapes and strides of src0, src1 and dst. */
 #define GGML_PY_TENSOR_LOCALS_1(prefix, t)                                   \
     const int64_t prefix##0 = (t)->ne[0], prefix##1 = (t)->ne[1];           \

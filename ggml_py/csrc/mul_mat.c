@@ -160,11 +160,12 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     const size_t row_size = ggml_py_row_size(tt->vec_dot_type, ne10);
     const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;   /* broadcast factors */
 
-    /* work items: (batch, tile of src0 rows, tile of src1 rows), dealt round robin */
+    /* work items: (batch, tile of src0 rows, tile of src1 rows), in that order */
     const int64_t tiles_n = (ne01 + TILE_N - 1) / TILE_N;
     const int64_t tiles_m = (ne11 + TILE_M - 1) / TILE_M;
     const int64_t n_items = tiles_n * tiles_m * ne12 * ne13;
-    for (int64_t item = params->ith; item < n_items; item += params->nth) {
+    struct ggml_py_items taken = { 0, 0 };
+    for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
         const int64_t tn = item % tiles_n, tm = (item / tiles_n) % tiles_m;
         const int64_t batch = item / (tiles_n * tiles_m);
         const int64_t i12 = batch % ne12, i13 = batch / ne12;
@@ -245,9 +246,11 @@ static void compute_blas(const struct ggml_py_compute_params *params, struct ggm
 
 static void init_blas_split(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0];
-    int64_t ir0, ir1;
-    ggml_py_thread_rows(src0->ne[1] * src0->ne[2] * src0->ne[3], params->ith, params->nth, &ir0, &ir1);
-    dequantize_src0_rows(src0, (float *) params->wdata, ir0, ir1, 0);
+    struct ggml_py_items taken = { 0, 0 };
+    const int64_t n_rows = src0->ne[1] * src0->ne[2] * src0->ne[3];
+    for (int64_t ir; (ir = ggml_py_next_item(params, n_rows, &taken)) >= 0;) {
+        dequantize_src0_rows(src0, (float *) params->wdata, ir, ir + 1, 0);
+    }
 }
 
 #endif /* GGML_PY_USE_BLAS */
