@@ -19,6 +19,7 @@ benched in turns) can be scored against one oracle:
     python benchmarks/tune_vs_oracle.py --tune-file a1.json b1.json a2.json b2.json
 """
 import argparse
+import json
 import statistics
 import time
 
@@ -36,33 +37,34 @@ UNSETTLED = 1.25            # profiles this close to the fastest get more rounds
 
 
 def time_profiles(graph, profiles, pool, repeat):
-    """{name: fastest wall ms} of the graph's mul_mat under each profile.
+    """{name: [ms of each round]} of the graph's mul_mat under each profile.
 
     The profiles take turns, round after round, so that a slow spell on the
     machine does not fall on one of them only; in its turn a cheap product runs
-    a short burst, as ggml-tune's cases do (workers awake, as inside a graph).
-    The fastest run counts (noise only adds time). After `repeat` rounds, the
-    profiles within
-    UNSETTLED of the fastest run more rounds, up to 4 x repeat in all, until
-    the fastest leads by that much or stands alone.
+    a short burst, as ggml-tune's cases do (workers awake, as inside a graph),
+    and the round's time is the burst's fastest run. After `repeat` rounds, the
+    profiles within UNSETTLED of the fastest run more rounds, up to 4 x repeat
+    in all, until the fastest leads by that much or stands alone.
     """
     node = graph.nodes[-1]
-    runs = {p.name: [] for p in profiles}
+    rounds = {p.name: [] for p in profiles}
 
     def fastest_ms(name):
-        return 1e3 * min(runs[name])
+        return min(rounds[name])
 
     def run_round(candidates, warm_up=False):
         for p in candidates:
             node.profile = p
             start = time.perf_counter()
+            burst = []
             for _ in range(MAX_RUNS):
                 t0 = time.perf_counter()
                 graph.compute(pool=pool)
-                if not warm_up:
-                    runs[p.name].append(time.perf_counter() - t0)
+                burst.append(1e3 * (time.perf_counter() - t0))
                 if time.perf_counter() - start >= MIN_CASE_SECONDS:
                     break
+            if not warm_up:
+                rounds[p.name].append(min(burst))
 
     run_round(profiles, warm_up=True)
     for _ in range(repeat):
@@ -73,7 +75,7 @@ def time_profiles(graph, profiles, pool, repeat):
         if len(close) < 2:
             break
         run_round(close)
-    return {name: fastest_ms(name) for name in runs}
+    return rounds
 
 
 def full_size_graphs(n, k, type, m_values, rng, max_threads, share_with=None):
@@ -96,9 +98,10 @@ def full_size_graphs(n, k, type, m_values, rng, max_threads, share_with=None):
 
 
 def oracle_times(shapes, type, m_values, threads, repeat, sweeps):
-    """{(n, k, M, threads): {profile name: fastest ms}} over `sweeps` sweeps of
-    the whole grid: the machine's speed drifts over minutes (and not alike for
-    every kernel), so each product is timed at several moments, minutes apart."""
+    """{(n, k, M, threads): {profile name: [ms of each round]}} over `sweeps`
+    sweeps of the whole grid: the machine's speed drifts over minutes (and not
+    alike for every kernel), so each product is timed at several moments,
+    minutes apart."""
     rng = np.random.default_rng(1)
     pools = {t: gg.ThreadPool(t) for t in threads}
     graphs, first = {}, None
@@ -113,9 +116,9 @@ def oracle_times(shapes, type, m_values, threads, repeat, sweeps):
                     for t in threads:
                         candidates = distinct_profiles(graph.nodes[-1].profiles(), t)
                         new = time_profiles(graph, candidates, pools[t], repeat)
-                        old = times.setdefault((n, k, m, t), new)
-                        for name, ms in new.items():
-                            old[name] = min(old[name], ms)
+                        old = times.setdefault((n, k, m, t), {})
+                        for name, rounds in new.items():
+                            old.setdefault(name, []).extend(rounds)
         print(f"oracle sweep {sweep + 1}/{sweeps} ({stolen})", flush=True)
     for pool in pools.values():
         pool.close()
@@ -134,6 +137,8 @@ def main():
                    help="use these tune files instead of benching one now (the table shows the "
                         "first; each gets a summary line)")
     p.add_argument("--save-tune", metavar="FILE", help="save the tune data benched now")
+    p.add_argument("--save-oracle", metavar="FILE",
+                   help="save the oracle's rounds (JSON: per case, per profile, ms of each round)")
     args = p.parse_args()
     type = gg.Type[args.type.upper()]
     threads = [int(t) for t in args.threads.split(",")]
@@ -151,17 +156,25 @@ def main():
         if args.save_tune:
             datas[0].save(args.save_tune)
 
-    times, graphs = oracle_times(shapes, type, datas[0].m_values, threads, args.repeat, args.sweeps)
+    rounds, graphs = oracle_times(shapes, type, datas[0].m_values, threads, args.repeat, args.sweeps)
+    if args.save_oracle:
+        with open(args.save_oracle, "w") as f:
+            json.dump([[list(key), by_name] for key, by_name in rounds.items()], f)
+    statistics_of = {"fastest round": min, "median round": statistics.median}
     print(f"{'N x K':>12} {'M':>4} {'thr':>3}  {'oracle':<11} {'ms':>8}  {'tuned':<11} {'x':>5}  "
-          f"{'fallback':<11} {'x':>5}")
+          f"{'fallback':<11} {'x':>5}   (oracle: each profile's fastest round)")
     for j, data in enumerate(datas):
         name = f"{args.tune_file[j]}: " if args.tune_file and len(datas) > 1 else ""
-        print(f"\n{name}" + compare(data, times, graphs, print_table=(j == 0)))
+        for stat, reduce in statistics_of.items():
+            times = {key: {p: reduce(r) for p, r in by_name.items()} for key, by_name in rounds.items()}
+            print(f"\n{name}against each profile's {stat}: "
+                  + compare(data, times, graphs, print_table=(j == 0 and reduce is min)))
 
 
 def compare(data, times, graphs, print_table):
     """Summary line of the profiles `data` picks against the oracle `times`
-    (and ggml's fallback rule); print_table: print a row per case too."""
+    ({case: {profile: ms}}) and ggml's fallback rule; print_table: print a
+    row per case too."""
     tuned_ratios, fallback_ratios, misses = [], [], []
     for (n, k, m, t), ms_of in times.items():
         graph = graphs[n, k][m]
