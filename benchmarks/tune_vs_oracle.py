@@ -1,10 +1,12 @@
 """Does tune data pick the fastest MUL_MAT profile?
 
 For each matrix shape of a llama preset, each M and thread count, every profile
-is timed directly at full size: the fastest of --repeat rounds (the profiles
-taking turns, cheap ones in short bursts; close ones get up to three times as
-many rounds more), in --sweeps sweeps over the whole grid, minutes apart. The
-fastest profile is the oracle. Profiles that run the same code at a thread
+is timed directly at full size in --repeat rounds (the profiles taking turns,
+cheap ones in short bursts, a round's time the burst's fastest run; close ones
+get up to three times as many rounds more), in --sweeps sweeps over the whole
+grid, minutes apart. The fastest profile is the oracle, in two views: by each
+profile's fastest round (the machine at its fastest), and by its median round
+(what a run at a random moment can expect; --save-oracle keeps every round). Profiles that run the same code at a thread
 count (blas-split and blas-mt are blas at one thread) are timed once. The
 profile chosen from a tune file (benched here first with ggml-tune's sampling,
 unless --tune-file is given) and the one ggml's fallback rule picks are then
@@ -12,8 +14,8 @@ compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
-Prints a table (tuned / oracle and fallback / oracle time ratios) and a summary
-with the misses. Several tune files (say, from two versions of the sampling,
+Prints a table (tuned / oracle and fallback / oracle time ratios, fastest
+rounds) and a summary with the misses for each view. Several tune files (say, from two versions of the sampling,
 benched in turns) can be scored against one oracle:
 
     python benchmarks/tune_vs_oracle.py --tune-file a1.json b1.json a2.json b2.json
