@@ -6,17 +6,18 @@ cheap ones in short bursts, a round's time the burst's fastest run; close ones
 get up to three times as many rounds more), in --sweeps sweeps over the whole
 grid, minutes apart. The fastest profile is the oracle, in two views: by each
 profile's fastest round (the machine at its fastest), and by its median round
-(what a run at a random moment can expect; --save-oracle keeps every round). Profiles that run the same code at a thread
-count (blas-split and blas-mt are blas at one thread) are timed once. The
-profile chosen from a tune file (benched here first with ggml-tune's sampling,
+(what a run at a random moment can expect; --save-oracle keeps every round).
+Profiles that run the same code at a thread count (blas-split and blas-mt are
+blas at one thread) are timed once. The profile chosen from a tune file (benched here first with ggml-tune's sampling,
 unless --tune-file is given) and the one ggml's fallback rule picks are then
 compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
 Prints a table (tuned / oracle and fallback / oracle time ratios, fastest
-rounds) and a summary with the misses for each view. Several tune files (say, from two versions of the sampling,
-benched in turns) can be scored against one oracle:
+rounds) and a summary with the misses for each view. Several tune files (say,
+from two versions of the sampling, benched in turns) can be scored against one
+oracle:
 
     python benchmarks/tune_vs_oracle.py --tune-file a1.json b1.json a2.json b2.json
 """
@@ -162,15 +163,15 @@ def main():
     if args.save_oracle:
         with open(args.save_oracle, "w") as f:
             json.dump([[list(key), by_name] for key, by_name in rounds.items()], f)
-    statistics_of = {"fastest round": min, "median round": statistics.median}
+    views = {stat: {key: {p: reduce(r) for p, r in by_name.items()} for key, by_name in rounds.items()}
+             for stat, reduce in (("fastest round", min), ("median round", statistics.median))}
     print(f"{'N x K':>12} {'M':>4} {'thr':>3}  {'oracle':<11} {'ms':>8}  {'tuned':<11} {'x':>5}  "
           f"{'fallback':<11} {'x':>5}   (oracle: each profile's fastest round)")
     for j, data in enumerate(datas):
         name = f"{args.tune_file[j]}: " if args.tune_file and len(datas) > 1 else ""
-        for stat, reduce in statistics_of.items():
-            times = {key: {p: reduce(r) for p, r in by_name.items()} for key, by_name in rounds.items()}
+        for stat, times in views.items():
             print(f"\n{name}against each profile's {stat}: "
-                  + compare(data, times, graphs, print_table=(j == 0 and reduce is min)))
+                  + compare(data, times, graphs, print_table=(j == 0 and stat == "fastest round")))
 
 
 def compare(data, times, graphs, print_table):

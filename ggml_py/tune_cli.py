@@ -169,5 +169,6 @@ def main(argv=None):
         print("ggml-tune: interrupted", file=sys.stderr)
         return 130
 
+
 if __name__ == "__main__":
     sys.exit(main())

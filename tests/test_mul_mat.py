@@ -109,7 +109,8 @@ def test_work_chunks_cover_every_output_once(profile):
     y = gg.mul_mat(ctx.from_numpy(w, type=gg.Q8_0), ctx.from_numpy(x))
     y.profile = next(p for p in y.profiles() if p.name == profile)
     out = compute(y)
-    ref = x.astype(np.float64) @ stored_weights(w.reshape(-1, k), gg.Q8_0).reshape(w.shape).transpose(0, 2, 1)
+    stored = stored_weights(w.reshape(-1, k), gg.Q8_0).reshape(w.shape)
+    ref = x.astype(np.float64) @ stored.transpose(0, 2, 1)
     assert nmse(out, ref) <= NMSE_MAX
 
 
