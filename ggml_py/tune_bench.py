@@ -25,6 +25,9 @@ Sampling keeps a pass short without guessing. At each M:
 3. After all the Ms of a shape, close calls get second looks, closest first, within
    LOOK_BUDGET of the time steps 1-2 took.
 
+A pass is one such sweep over every shape; several passes sweep again, one
+after another, and every stage keeps its fastest time over all of them.
+
 Profiles are measured in turn (not one profile's runs in a row), so that a
 slow spell on the machine falls on all of them or none.
 """
@@ -205,13 +208,8 @@ class ShapeBench:
 
     def __init__(self, n, k, type, m_values, rng, max_threads):
         self.n, self.k, self.type, self.max_threads = n, k, gg.Type(type), max_threads
-        m_max = max(m_values)
-        size = gg.row_bytes(self.type, k) * n + 4 * k * m_max + 4 * 4 * n * m_max
-        self.ctx = gg.Context(mem_size=size + (16 << 20))
-        self.weight = random_weight(self.ctx, rng, n, k, self.type)
-        self.acts = self.ctx.from_numpy(rng.standard_normal((m_max, k)).astype(np.float32))
-        self.graphs = {}
-        self.first_graph = None
+        self.m_max, self.rng = max(m_values), rng
+        self.release()
         whole = self.graph(n, m_values[0]).nodes[-1]   # the largest work buffer
         self.profiles = whole.profiles()
         self.bytes_per_row = {}
@@ -228,9 +226,20 @@ class ShapeBench:
         return quick_row_counts(self.n, self.k, m, self.bytes_per_row[profile.name],
                                 tiled=profile.compute.parallel)
 
+    def release(self):
+        """Free the weight, the activations and the graphs (made again when next needed)."""
+        self.ctx = self.weight = self.acts = self.first_graph = None
+        self.graphs = {}
+
     def graph(self, rows, m):
         """The graph of (first `rows` rows of the weight) x (first m activation rows),
         its work buffer reserved (allocated and paged in) for every profile."""
+        if self.ctx is None:
+            n, k, m_max = self.n, self.k, self.m_max
+            size = gg.row_bytes(self.type, k) * n + 4 * k * m_max + 4 * 4 * n * m_max
+            self.ctx = gg.Context(mem_size=size + (16 << 20))
+            self.weight = random_weight(self.ctx, self.rng, n, k, self.type)
+            self.acts = self.ctx.from_numpy(self.rng.standard_normal((m_max, k)).astype(np.float32))
         key = (rows, m)
         if key not in self.graphs:
             w = gg.view(self.weight, (rows, self.k)) if rows != self.n else self.weight
@@ -292,6 +301,8 @@ def extend_to_rows(n, rows, times):
 def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=0, progress=None):
     """Bench every profile of every shape; returns TuneData.
 
+    passes: sweeps over all the shapes, one after another (so that each
+    case's runs fall at moments seconds apart); each stage keeps its fastest.
     progress: a callable(n_steps) returning a context manager with update(),
     e.g. tqdm (None: silent).
     """
@@ -300,10 +311,12 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     data = TuneData(model=model, m_values=m_values, thread_counts=list(thread_counts))
     pools = {t: gg.ThreadPool(t) for t in thread_counts}
     try:
-        steps = len(shapes) * len(m_values)
-        bar = progress(steps) if progress else None
-        for n, k, type in shapes:
-            data.shapes.append(bench_shape(n, k, type, m_values, pools, passes, rng, bar))
+        bar = progress(passes * len(shapes) * len(m_values)) if progress else None
+        sweeps = [ShapeSweeps(n, k, type, m_values, pools, rng) for n, k, type in shapes]
+        for _ in range(passes):
+            for shape in sweeps:
+                shape.sweep(bar)
+        data.shapes = [shape.times() for shape in sweeps]
         if bar is not None:
             bar.close()
     finally:
@@ -331,12 +344,12 @@ class CaseTimes:
             times = time_stages(self.sb.graph(r, m), pt.profile, self.pools[t])
             self.best[m, i, r] = fastest(self.best.get((m, i, r)), times)
 
-    def measure_exactly(self, m, i, passes):
+    def measure_exactly(self, m, i):
         """Move case i at M=m from the quick sample to exact rows, measuring
-        (`passes` times) the row counts the quick sample did not have."""
+        the row counts the quick sample did not have."""
         self.exact.add((m, i))
         new = [r for r in self.rows(m, i) if (m, i, r) not in self.best]
-        for _ in range(passes if new else 0):
+        if new:
             self.measure(m, i, new)
 
     def estimate(self, m, i):
@@ -348,74 +361,99 @@ class CaseTimes:
         return sum(self.estimate(m, i).values())
 
 
-def bench_shape(n, k, type, m_values, pools, passes, rng, bar=None):
-    """ShapeTimes of one (N, K, type).
+class ShapeSweeps:
+    """The measurements of one (N, K, type), sweep after sweep over its Ms.
 
-    Per M: every case on the quick sample; the contenders again on exact
-    rows. Then, in the time LOOK_BUDGET allows, second looks at the close
-    calls, closest first (later, so that a slow spell on the machine is
-    unlikely to fall on both looks). Profiles left on a quick sample keep its
-    time (rough, and far from the fastest).
+    Per M: every case on the quick sample (or, once a case is a contender,
+    its exact rows); the contenders on exact rows. Then, in the time
+    LOOK_BUDGET allows, second looks at the close calls, closest first
+    (later, so that a slow spell on the machine is unlikely to fall on both
+    looks). Profiles left on a quick sample keep its time (rough, and far
+    from the fastest).
     """
-    sb = ShapeBench(n, k, type, m_values, rng, max(pools))
-    shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in sb.profiles])
-    cases = [(pt, t) for t in pools for pt in shape.profiles
-             if pt.profile in distinct_profiles(sb.profiles, t)]
-    ct = CaseTimes(sb, cases, pools)
-    close_calls = []   # (slowest / fastest total, M, case indices) to look at again
-    winner = {}        # n_threads -> the case fastest at the previous M
-    previous_m = None
-    start = time.perf_counter()
-    for m in m_values:
-        for _ in range(passes):
+
+    def __init__(self, n, k, type, m_values, pools, rng):
+        self.m_values, self.pools = m_values, pools
+        sb = ShapeBench(n, k, type, m_values, rng, max(pools))
+        self.shape = ShapeTimes(n, k, sb.type, [ProfileTimes(p) for p in sb.profiles])
+        self.cases = [(pt, t) for t in pools for pt in self.shape.profiles
+                      if pt.profile in distinct_profiles(sb.profiles, t)]
+        self.ct = CaseTimes(sb, self.cases, pools)
+        sb.release()   # one shape's weight in memory at a time: the one being swept
+
+    def sweep(self, bar=None):
+        """One sweep over the Ms, then second looks at its close calls."""
+        try:
+            start = time.perf_counter()
+            close_calls = self.first_looks(bar)
+            self.second_looks(close_calls, LOOK_BUDGET * (time.perf_counter() - start))
+        finally:
+            self.ct.sb.release()
+
+    def first_looks(self, bar):
+        """Every case at every M, the contenders on exact rows; returns the
+        close calls, [(slowest / fastest total, M, case indices)]."""
+        ct, cases = self.ct, self.cases
+        close_calls = []
+        winner = {}        # n_threads -> the case fastest at the previous M
+        previous_m = None
+        for m in self.m_values:
             for i in range(len(cases)):
                 ct.measure(m, i)
 
-        def plausible(i):
-            # a time more than M/M' times the previous M's was inflated (one
-            # interrupted quick sample must not put a profile out of the race)
-            if previous_m is None:
-                return ct.total(m, i)
-            return min(ct.total(m, i), ct.total(previous_m, i) * m / previous_m)
+            def plausible(i):
+                # a time more than M/M' times the previous M's was inflated (one
+                # interrupted quick sample must not put a profile out of the race)
+                if previous_m is None:
+                    return ct.total(m, i)
+                return min(ct.total(m, i), ct.total(previous_m, i) * m / previous_m)
 
-        for t in pools:
-            # the contenders again on rows that behave like the whole weight:
-            # the fastest, then every profile its sample puts within IN_THE_RACE
-            ranked = sorted((i for i, (_, c) in enumerate(cases) if c == t), key=plausible)
-            ct.measure_exactly(m, ranked[0], passes)
-            for i in ranked[1:]:
-                if plausible(i) < IN_THE_RACE * ct.total(m, ranked[0]):
-                    ct.measure_exactly(m, i, passes)
-            # a choice at stake: the fastest, a runner-up close behind it, and
-            # the previous M's winner if it lost
-            ranked.sort(key=lambda i: ct.total(m, i))
-            again = {ranked[0], winner.get(t, ranked[0])}
-            if len(ranked) > 1 and ct.total(m, ranked[1]) < CLOSE_CALL * ct.total(m, ranked[0]):
-                again.add(ranked[1])
-            again = sorted(i for i in again if (m, i) in ct.exact)
-            if len(again) > 1:
-                totals = [ct.total(m, i) for i in again]
-                close_calls.append((max(totals) / max(min(totals), 1e-9), m, again))
-            winner[t] = ranked[0]
-        previous_m = m
-        if bar is not None:
-            bar.update(1)
-    deadline = time.perf_counter() + LOOK_BUDGET * (time.perf_counter() - start)
-    close_calls.sort(key=lambda c: c[0])
-    for _ in range(SECOND_LOOKS):
-        for _, m, again in close_calls:
-            if time.perf_counter() < deadline:
-                for i in again:
-                    ct.measure(m, i)
-    for i, (pt, t) in enumerate(cases):
-        per_stage = pt.times_us.setdefault(t, {})
-        for m in m_values:
-            for s, v in ct.estimate(m, i).items():
-                per_stage.setdefault(s, []).append(v)
-        exact = [(m, i) in ct.exact for m in m_values]
-        for s, values in per_stage.items():
-            per_stage[s] = bounded_in_m(m_values, values, exact)
-    return shape
+            for t in self.pools:
+                # the contenders again on rows that behave like the whole weight:
+                # the fastest, then every profile its sample puts within IN_THE_RACE
+                ranked = sorted((i for i, (_, c) in enumerate(cases) if c == t), key=plausible)
+                ct.measure_exactly(m, ranked[0])
+                for i in ranked[1:]:
+                    if plausible(i) < IN_THE_RACE * ct.total(m, ranked[0]):
+                        ct.measure_exactly(m, i)
+                # a choice at stake: the fastest, a runner-up close behind it, and
+                # the previous M's winner if it lost
+                ranked.sort(key=lambda i: ct.total(m, i))
+                again = {ranked[0], winner.get(t, ranked[0])}
+                if len(ranked) > 1 and ct.total(m, ranked[1]) < CLOSE_CALL * ct.total(m, ranked[0]):
+                    again.add(ranked[1])
+                again = sorted(i for i in again if (m, i) in ct.exact)
+                if len(again) > 1:
+                    totals = [ct.total(m, i) for i in again]
+                    close_calls.append((max(totals) / max(min(totals), 1e-9), m, again))
+                winner[t] = ranked[0]
+            previous_m = m
+            if bar is not None:
+                bar.update(1)
+        return close_calls
+
+    def second_looks(self, close_calls, seconds):
+        """SECOND_LOOKS more runs of each close call's cases, closest first,
+        in turns, for at most `seconds`."""
+        deadline = time.perf_counter() + seconds
+        close_calls = sorted(close_calls, key=lambda c: c[0])
+        for _ in range(SECOND_LOOKS):
+            for _, m, again in close_calls:
+                if time.perf_counter() < deadline:
+                    for i in again:
+                        self.ct.measure(m, i)
+
+    def times(self):
+        """ShapeTimes of the sweeps so far, each stage bounded in M."""
+        for i, (pt, t) in enumerate(self.cases):
+            per_stage = pt.times_us[t] = {}
+            for m in self.m_values:
+                for s, v in self.ct.estimate(m, i).items():
+                    per_stage.setdefault(s, []).append(v)
+            exact = [(m, i) in self.ct.exact for m in self.m_values]
+            for s, values in per_stage.items():
+                per_stage[s] = bounded_in_m(self.m_values, values, exact)
+        return self.shape
 
 
 def bounded_in_m(m_values, values, exact=None):

@@ -44,7 +44,8 @@ def bench_parser():
     p.add_argument("--n-threads", type=parse_threads, default=[1, 2], help="e.g. 1,2,4 (default 1,2)")
     p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")
     p.add_argument("--passes", type=int, default=1,
-                   help="timed passes per case; each stage keeps its fastest (default 1)")
+                   help="sweeps over all the shapes, one after another; each stage keeps "
+                        "its fastest (default 1)")
     p.add_argument("-o", "--file", required=True, help="tune file to write (JSON)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p

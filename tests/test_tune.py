@@ -131,6 +131,33 @@ def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monk
     assert min(times, key=times.get) == "cpu"
 
 
+def test_passes_sweep_every_shape_in_turn_and_keep_the_fastest(monkeypatch):
+    from ggml_py import tune_bench as tb
+    sample_small_weights(monkeypatch)
+    slowdown = [1.0, 0.5, 0.8]   # the machine during each pass: the second was the quietest
+    sweeps = []                  # N of each shape's sweep, in order
+    sweep = tb.ShapeSweeps.sweep
+
+    def recording_sweep(self, bar=None):
+        sweeps.append(self.ct.sb.n)
+        return sweep(self, bar)
+
+    def fake_time_stages(graph, profile, pool):   # in proportion to rows x M; cpu 10x cheaper
+        node = graph.nodes[-1]
+        us = node.shape[0] * node.shape[1] * (1 if profile.name == "cpu" else 10)
+        us *= slowdown[(len(sweeps) - 1) // 2]
+        return {"compute": us, "init": 0.0} if profile.init.valid else {"compute": us}
+
+    monkeypatch.setattr(tb.ShapeSweeps, "sweep", recording_sweep)
+    monkeypatch.setattr(tb, "time_stages", fake_time_stages)
+    shapes = [(512, 64, gg.F32), (1024, 64, gg.F32)]
+    data = bench(shapes, m_values=[1, 4], thread_counts=[1], passes=3)
+    assert sweeps == [512, 1024] * 3   # each pass sweeps every shape, one after another
+    for n, k, type in shapes:
+        times = {p.name: us for us, p in data.estimates(n, k, type, 4, 1)}
+        assert times["cpu"] == pytest.approx(0.5 * n * 4)   # the quietest pass
+
+
 def test_profiles_with_the_same_code_are_benched_once():
     q = gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0, gg.F32)
     f = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)
