@@ -70,7 +70,8 @@ def run_bench(args):
     data = bench(shapes, model=name, m_values=m_values, thread_counts=args.n_threads,
                  passes=args.passes, progress=None if args.quiet else tqdm_progress)
     data.save(args.file)
-    print(f"ggml-tune: {len(shapes)} shapes x {len(m_values)} M x threads {args.n_threads} in "
+    passes = f", {args.passes} passes" if args.passes > 1 else ""
+    print(f"ggml-tune: {len(shapes)} shapes x {len(m_values)} M x threads {args.n_threads}{passes} in "
           f"{time.perf_counter() - start:.1f} s -> {args.file}")
     return 0
 
