@@ -312,10 +312,12 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     pools = {t: gg.ThreadPool(t) for t in thread_counts}
     try:
         bar = progress(passes * len(shapes) * len(m_values)) if progress else None
-        sweeps = [ShapeSweeps(n, k, type, m_values, pools, rng) for n, k, type in shapes]
-        for _ in range(passes):
-            for shape in sweeps:
-                shape.sweep(bar)
+        sweeps = []   # made on the first pass, when the shape is first swept
+        for pass_ in range(passes):
+            for j, (n, k, type) in enumerate(shapes):
+                if pass_ == 0:
+                    sweeps.append(ShapeSweeps(n, k, type, m_values, pools, rng))
+                sweeps[j].sweep(bar)
         data.shapes = [shape.times() for shape in sweeps]
         if bar is not None:
             bar.close()
@@ -379,7 +381,6 @@ class ShapeSweeps:
         self.cases = [(pt, t) for t in pools for pt in self.shape.profiles
                       if pt.profile in distinct_profiles(sb.profiles, t)]
         self.ct = CaseTimes(sb, self.cases, pools)
-        sb.release()   # one shape's weight in memory at a time: the one being swept
 
     def sweep(self, bar=None):
         """One sweep over the Ms, then second looks at its close calls."""
@@ -388,7 +389,7 @@ class ShapeSweeps:
             close_calls = self.first_looks(bar)
             self.second_looks(close_calls, LOOK_BUDGET * (time.perf_counter() - start))
         finally:
-            self.ct.sb.release()
+            self.ct.sb.release()   # one shape's weight in memory at a time: the one being swept
 
     def first_looks(self, bar):
         """Every case at every M, the contenders on exact rows; returns the

@@ -166,7 +166,7 @@ struct ggml_py_compute_params {
     int32_t n_threads;  /* threads of the compute (a single-thread stage whose
                            workers sleep may lend them to a threaded library) */
     int64_t *next_item; /* shared by the stage's threads, 0 when it starts:
-                           see ggml_py_take_items */
+                           see ggml_py_next_item (csrc/impl.h) */
 };
 
 /* ---- type traits ----------------------------------------------------------- */
