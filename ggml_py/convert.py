@@ -547,6 +547,8 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         f"rope pairs {'adjacent (kept)' if params.adjacent_rope else 'half (q/k permuted)'}")
     try:
         write_gguf(out, params, tensors, vocab, outtype, model_dir.resolve().name, log)
+    except BrokenPipeError:
+        raise   # `log`'s reader went away, not the output file (for console_script)
     except OSError as e:
         raise ConvertError(f"{out}: cannot write ({e.strerror or e})") from None
     n_params = sum(a.size for a in tensors.values())

@@ -295,6 +295,20 @@ def test_default_outfile_and_cli(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
+def test_a_closed_log_pipe_is_not_reported_as_an_unwritable_output(tmp_path):
+    # `ggml-convert DIR | head -1`: the reader of the per-tensor lines goes away mid-write
+    d, _ = make_checkpoint(tmp_path)
+    lines = []
+
+    def log(line):
+        lines.append(line)
+        if len(lines) == 3:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):   # console_script makes it exit 141, quietly
+        cv.convert(d, tmp_path / "tiny.gguf", "f32", log=log)
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 def _error(capsys, argv):
