@@ -8,9 +8,9 @@ grid, minutes apart. The fastest profile is the oracle, in two views: by each
 profile's fastest round (the machine at its fastest), and by its median round
 (what a run at a random moment can expect; --save-oracle keeps every round).
 Profiles that run the same code at a thread count (blas-split and blas-mt are
-blas at one thread) are timed once. The profile chosen from a tune file (benched here first with ggml-tune's sampling,
-unless --tune-file is given) and the one ggml's fallback rule picks are then
-compared with it:
+blas at one thread) are timed once. The profile chosen from a tune file
+(benched here first with ggml-tune's sampling, unless --tune-file is given) and
+the one ggml's fallback rule picks are then compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
