@@ -5,6 +5,9 @@ import numpy as np
 
 ARENA_ALIGN: int
 TENSOR_STRUCT_SIZE: int
+MAX_THREADS: int
+INT64_MAX: int
+MAX_SPIN_US: float
 POLICIES: dict[str, int]
 OP_COUNT: int
 OP_IDS: dict[str, int]
@@ -15,6 +18,7 @@ def build_features() -> int: ...
 def time_ns() -> int: ...
 def type_traits_raw(type: int) -> tuple | None: ...
 def row_size(type: int, ne: int) -> int: ...
+def check_thread_count(n_threads: int, where: str) -> int: ...
 def op_profiles_for(op: int, type0: int, type1: int, ne0: Sequence[int] = ...,
                     ne1: Sequence[int] = ...) -> list[tuple]: ...
 def new_tensor(cls: type, ctx: Context, type: int, ne: Sequence[int], nb: Sequence[int] | None,
@@ -34,6 +38,7 @@ class TensorBase:
     owner: np.ndarray
     owner_base: int
     ndim: int
+    read_only: bool
     name: str
     @property
     def data_ptr(self) -> int: ...

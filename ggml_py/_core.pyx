@@ -1,10 +1,20 @@
+# cython: auto_pickle=False
 # The Cython glue: owns C memory (arena, tensor structs, pool, graph arrays),
 # releases the GIL around every compute, turns C status codes into exceptions.
 # Everything user-facing is wrapped by the pure-Python modules of ggml_py.
+# No class here can be copied or pickled: each holds raw addresses that a copy
+# would share (or outlive), so each refuses with a TypeError.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, strncpy
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
+                               PyThread_release_lock, PyLockStatus, PY_LOCK_ACQUIRED)
+
+import math
+import numbers
+import operator
+import threading
 
 import numpy as np
 
@@ -19,8 +29,32 @@ cdef extern from "pthread.h" nogil:
 cdef extern from "stdlib.h" nogil:
     int posix_memalign(void **memptr, size_t alignment, size_t size)
 
+cdef extern from "pythread.h" nogil:
+    PyLockStatus PyThread_acquire_lock_timed(PyThread_type_lock lock, long long microseconds,
+                                             int intr_flag)
+
 ARENA_ALIGN = 64
 TENSOR_STRUCT_SIZE = sizeof(ggml_py_tensor)
+MAX_THREADS = GGML_PY_MAX_THREADS
+INT64_MAX = 2 ** 63 - 1        # ne and byte sizes are int64 in C: checked as exact ints first
+MAX_SPIN_US = 10_000_000.0     # 10 s: far beyond any useful spin, keeps spin_ns in int64
+cdef long long LOCK_POLL_US = 20_000   # a compute waiting for a busy pool checks for Ctrl-C
+
+
+def _refuse_copy(self):
+    raise TypeError(f"{type(self).__name__} cannot be copied or pickled: it owns C memory "
+                    f"that a copy would share or outlive")
+
+
+cdef bytes _utf8_prefix(str text, Py_ssize_t max_bytes):
+    """text as UTF-8, cut to at most max_bytes on a character boundary."""
+    cdef bytes raw = text.encode()
+    cdef Py_ssize_t n = max_bytes
+    if len(raw) <= n:
+        return raw
+    while n > 0 and (raw[n] & 0xC0) == 0x80:   # raw[n] continues a character: back up
+        n -= 1
+    return raw[:n]
 
 
 # ---------------------------------------------------------------------------
@@ -50,9 +84,13 @@ def type_traits_raw(int type):
             tt.to_float != NULL, tt.from_float != NULL, tt.vec_dot != NULL)
 
 
-def row_size(int type, int64_t ne):
-    """Bytes of a row of ne elements of `type`."""
-    return ggml_py_row_size(type, ne)
+def row_size(int type, ne):
+    """Bytes of a row of ne elements of `type` (an exact int; ne >= 0)."""
+    cdef const ggml_py_type_traits *tt = _traits_or_raise(type)
+    ne = operator.index(ne)
+    if ne < 0:
+        raise ValueError(f"a row cannot have a negative size, got {ne}")
+    return tt.type_size * (ne // tt.blck_size)
 
 
 # ---------------------------------------------------------------------------
@@ -197,9 +235,15 @@ cdef class Context:
     def __repr__(self):
         return f"Context(mem_size={self.mem_size}, used={self.used})"
 
+    def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
+        _refuse_copy(self)
+
 
 # ---------------------------------------------------------------------------
 # tensors
+
+_MAKE = object()   # new_tensor's pass: a TensorBase is never made without a struct
+
 
 cdef class TensorBase:
     """A ggml_py_tensor struct living in a Context, plus what keeps its memory alive."""
@@ -209,6 +253,15 @@ cdef class TensorBase:
     cdef readonly object owner       # numpy array whose memory holds the data
     cdef readonly uintptr_t owner_base
     cdef readonly int ndim
+    cdef readonly bint read_only     # data is a read-only buffer: never a write's destination
+
+    def __cinit__(self, *args, **kwargs):
+        if len(args) != 1 or args[0] is not _MAKE or kwargs:
+            raise TypeError(f"{type(self).__name__} cannot be created directly: tensors come "
+                            f"from a Context (new_tensor, from_numpy, from_buffer) or an op")
+
+    def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
+        _refuse_copy(self)
 
     @property
     def _ptr(self):
@@ -251,11 +304,12 @@ cdef class TensorBase:
 
     @property
     def name(self):
-        return self.t.name.decode()
+        return self.t.name.decode("utf-8", "replace")
 
     @name.setter
     def name(self, value):
-        cdef bytes raw = str(value).encode()[:GGML_PY_MAX_NAME - 1]
+        # cut on a character boundary: a split character would not decode
+        cdef bytes raw = _utf8_prefix(str(value), GGML_PY_MAX_NAME - 1)
         memset(self.t.name, 0, GGML_PY_MAX_NAME)
         memcpy(self.t.name, <char *> raw, len(raw))
 
@@ -279,13 +333,13 @@ cdef class TensorBase:
 
 
 cdef tuple _profile_to_tuple(const ggml_py_task_profile *p):
-    return (p.id, (<const char *> p.name).decode(),
+    return (p.id, (<const char *> p.name).decode("utf-8", "replace"),
             tuple((bool(p.stages[s].valid), bool(p.stages[s].parallel), bool(p.stages[s].wait))
                   for s in range(GGML_PY_N_STAGES)))
 
 
 cdef void _profile_from_tuple(ggml_py_task_profile *p, int32_t id, str name, stages) except *:
-    cdef bytes raw = name.encode()[:15]
+    cdef bytes raw = _utf8_prefix(name, sizeof(p.name) - 1)
     memset(p, 0, sizeof(ggml_py_task_profile))
     p.id = id
     memcpy(p.name, <char *> raw, len(raw))
@@ -303,25 +357,39 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
     Data: a view of `view_of` at `view_offset` bytes, or `external` (a numpy
     array whose memory is used in place), or fresh zeroed arena memory.
     ne, nb: 4 ints each, ggml order (nb may be None for contiguous).
+    Sizes are checked as exact ints before they reach C: ValueError when the
+    element count or a byte size does not fit in int64, MemoryError when the
+    arena is too small.
     """
-    cdef TensorBase tensor = cls.__new__(cls)
+    cdef const ggml_py_type_traits *tt = _traits_or_raise(type)
+    ne = tuple(operator.index(n) for n in ne)
+    if len(ne) != GGML_PY_MAX_DIMS or any(n < 0 for n in ne):
+        raise ValueError(f"ne must be {GGML_PY_MAX_DIMS} sizes >= 0, got {ne}")
+    if ne[0] % tt.blck_size:
+        raise ValueError(f"a row of {tt.name.decode()} needs a multiple of {tt.blck_size} "
+                         f"elements, got {ne[0]}")
+    if math.prod(ne) > INT64_MAX:
+        raise ValueError(f"a tensor of ne {ne} has {math.prod(ne)} elements, more than "
+                         f"int64 can count")
+    if nb is None:
+        nb = (tt.type_size, tt.type_size * (ne[0] // tt.blck_size))
+        nb += (nb[1] * ne[1], nb[1] * ne[1] * ne[2])
+    nb = tuple(operator.index(n) for n in nb)
+    if len(nb) != GGML_PY_MAX_DIMS or any(n < 0 for n in nb):
+        raise ValueError(f"nb must be {GGML_PY_MAX_DIMS} strides >= 0, got {nb}")
+    nbytes = 0 if 0 in ne else (tt.type_size * (ne[0] // tt.blck_size) +
+                                sum((ne[i] - 1) * nb[i] for i in range(1, GGML_PY_MAX_DIMS)))
+    if nbytes > INT64_MAX or max(nb) > INT64_MAX:
+        raise ValueError(f"a {tt.name.decode()} tensor of ne {ne} needs {nbytes} bytes, more "
+                         f"than int64 can count")
+    cdef TensorBase tensor = cls.__new__(cls, _MAKE)
     cdef ggml_py_tensor *t = <ggml_py_tensor *> ctx.alloc(sizeof(ggml_py_tensor))
-    cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(type)
-    if tt == NULL:
-        raise ValueError(f"unknown tensor type id {type}")
     memset(t, 0, sizeof(ggml_py_tensor))
     t.type = type
     t.op = op
     for i in range(GGML_PY_MAX_DIMS):
         t.ne[i] = ne[i]
-    if nb is None:
-        t.nb[0] = tt.type_size
-        t.nb[1] = tt.type_size * (t.ne[0] // tt.blck_size)
-        t.nb[2] = t.nb[1] * t.ne[1]
-        t.nb[3] = t.nb[2] * t.ne[2]
-    else:
-        for i in range(GGML_PY_MAX_DIMS):
-            t.nb[i] = nb[i]
+        t.nb[i] = nb[i]
     if op_params is not None:
         for i, v in enumerate(op_params):
             t.op_params[i] = v
@@ -337,12 +405,14 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
         t.data = <void *> ((<uintptr_t> view_of.t.data) + view_offset)
         tensor.owner = view_of.owner
         tensor.owner_base = view_of.owner_base
+        tensor.read_only = view_of.read_only
     elif external is not None:
         t.data = <void *> (<uintptr_t> external.ctypes.data)
         tensor.owner = external
         tensor.owner_base = external.ctypes.data
+        tensor.read_only = not external.flags.writeable
     else:
-        t.data = <void *> ctx.alloc(ggml_py_nbytes(t))
+        t.data = <void *> ctx.alloc(nbytes)
         tensor.owner = ctx.buffer
         tensor.owner_base = ctx.base
     t.profile = ggml_py_default_profile(t)
@@ -362,6 +432,8 @@ def op_profiles_for(int op, int type0, int type1, ne0=(1, 1, 1, 1), ne1=(1, 1, 1
     """The profiles of `op` for sources of these types (default first)."""
     cdef ggml_py_tensor node, a, b
     cdef ggml_py_task_profile out[GGML_PY_MAX_PROFILES]
+    _traits_or_raise(type0)
+    _traits_or_raise(type1)
     memset(&node, 0, sizeof(node))
     memset(&a, 0, sizeof(a))
     memset(&b, 0, sizeof(b))
@@ -385,6 +457,16 @@ def op_profiles_for(int op, int type0, int type1, ne0=(1, 1, 1, 1), ne1=(1, 1, 1
 
 POLICIES = {"spin-then-sleep": 0, "spin": 1, "sleep": 2}
 
+
+def check_thread_count(n_threads, where):
+    """n_threads as an int in 1..MAX_THREADS, else TypeError / ValueError naming `where`."""
+    if isinstance(n_threads, bool) or not isinstance(n_threads, numbers.Integral):
+        raise TypeError(f"{where}: n_threads must be an int, got {n_threads!r}")
+    n_threads = int(n_threads)
+    if not 1 <= n_threads <= GGML_PY_MAX_THREADS:
+        raise ValueError(f"{where}: n_threads must be in 1..{GGML_PY_MAX_THREADS}, got {n_threads}")
+    return n_threads
+
 cdef class ThreadPool:
     """A persistent pool of n_threads (the caller counts as thread 0).
 
@@ -398,19 +480,28 @@ cdef class ThreadPool:
     cdef readonly int n_threads
     cdef readonly str policy
     cdef readonly double spin_us
+    # One graph at a time: a compute (and close) holds run_lock throughout;
+    # `holder` is the Python thread holding it, so that thread cannot wait on itself.
+    cdef PyThread_type_lock run_lock
+    cdef object holder
 
-    def __cinit__(self, int n_threads, str policy="spin-then-sleep", double spin_us=200.0):
-        if n_threads < 1 or n_threads > GGML_PY_MAX_THREADS:
-            raise ValueError(f"ThreadPool: n_threads must be in 1..{GGML_PY_MAX_THREADS}, got {n_threads}")
-        if policy not in POLICIES:
+    def __cinit__(self, n_threads, policy="spin-then-sleep", spin_us=200.0):
+        self.run_lock = PyThread_allocate_lock()
+        if self.run_lock == NULL:
+            raise MemoryError("ThreadPool: cannot allocate its lock")
+        n_threads = check_thread_count(n_threads, "ThreadPool")
+        if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"ThreadPool: policy must be one of {sorted(POLICIES)}, got {policy!r}")
-        if spin_us < 0:
-            raise ValueError(f"ThreadPool: spin_us must be >= 0, got {spin_us}")
+        if isinstance(spin_us, bool) or not isinstance(spin_us, numbers.Real):
+            raise TypeError(f"ThreadPool: spin_us must be a number, got {type(spin_us).__name__}")
+        spin_us = float(spin_us)
+        if not 0 <= spin_us <= MAX_SPIN_US:   # NaN fails too
+            raise ValueError(f"ThreadPool: spin_us must be in 0..{MAX_SPIN_US:g}, got {spin_us}")
         cdef void *mem = NULL
         if posix_memalign(&mem, 64, sizeof(ggml_py_pool)) != 0:
             raise MemoryError("ThreadPool: cannot allocate the pool")
         self.pool = <ggml_py_pool *> mem
-        if ggml_py_pool_init(self.pool, n_threads, POLICIES[policy], <int64_t> (spin_us * 1000)) != 0:
+        if ggml_py_pool_init(self.pool, n_threads, POLICIES[policy], int(spin_us * 1000)) != 0:
             free(mem)
             self.pool = NULL
             raise RuntimeError("ThreadPool: cannot initialise mutex/condition variable")
@@ -427,8 +518,35 @@ cdef class ThreadPool:
             self.n_started += 1
 
     def close(self):
-        """Stop and join the workers; the pool cannot be used afterwards."""
-        self._close()
+        """Stop and join the workers; the pool cannot be used afterwards.
+
+        A compute running on the pool in another thread is waited for first."""
+        if self.pool == NULL:
+            return
+        self._lock("ThreadPool.close")
+        try:
+            self._close()
+        finally:
+            self._unlock()
+
+    cdef int _lock(self, str what) except -1:
+        """Take run_lock, waiting with the GIL released (Ctrl-C still raises)."""
+        cdef PyLockStatus got
+        me = threading.get_ident()
+        if self.holder == me:
+            raise RuntimeError(f"{what}: this thread is already computing on the pool")
+        while True:
+            with nogil:
+                got = PyThread_acquire_lock_timed(self.run_lock, LOCK_POLL_US, 1)
+            if got == PY_LOCK_ACQUIRED:
+                break
+            PyErr_CheckSignals()
+        self.holder = me
+        return 0
+
+    cdef void _unlock(self) noexcept:
+        self.holder = None
+        PyThread_release_lock(self.run_lock)
 
     cdef void _close(self) noexcept:
         # C-level, so __dealloc__ can call it: a Python method lookup there can
@@ -446,7 +564,14 @@ cdef class ThreadPool:
         self.threads = NULL
 
     def __dealloc__(self):
+        # nothing computes on the pool now: a compute holds a reference to it
         self._close()
+        if self.run_lock != NULL:
+            PyThread_free_lock(self.run_lock)
+            self.run_lock = NULL
+
+    def __reduce_ex__(self, protocol):
+        _refuse_copy(self)
 
     @property
     def closed(self):
@@ -495,6 +620,9 @@ cdef class CGraph:
     def __dealloc__(self):
         free(self.nodes)
 
+    def __reduce_ex__(self, protocol):
+        _refuse_copy(self)
+
     def work_size(self, int n_threads):
         """Largest work-buffer need over the nodes at n_threads (bytes)."""
         cdef ggml_py_cgraph g
@@ -530,12 +658,21 @@ cdef class CGraph:
             plan.abort_callback = _abort_requested
             plan.abort_data = <void *> raised
             plan.abort_interval_ns = <int64_t> (abort_interval_ms * 1e6)
-        if pool is not None:
+        if pool is None:
+            with nogil:
+                status = ggml_py_graph_compute(&g, &plan, NULL)
+        else:
             if pool.pool == NULL:
                 raise ValueError("compute: the ThreadPool is closed")
-            cpool = pool.pool
-        with nogil:
-            status = ggml_py_graph_compute(&g, &plan, cpool)
+            pool._lock("compute")   # another thread's compute on this pool finishes first
+            try:
+                if pool.pool == NULL:
+                    raise ValueError("compute: the ThreadPool is closed")
+                cpool = pool.pool
+                with nogil:
+                    status = ggml_py_graph_compute(&g, &plan, cpool)
+            finally:
+                pool._unlock()
         if status == GGML_PY_STATUS_ABORTED:
             if raised:
                 raise raised[0]

@@ -30,6 +30,8 @@ class ThreadPool(_core.ThreadPool):
     Policies: 'spin-then-sleep' (spin up to spin_us, then sleep), 'spin' (never
     sleep unless a stage says wait), 'sleep' (sleep as soon as a task is done).
     Use as a context manager or call close(); it outlives any number of graphs.
+    It runs one graph at a time: computes from several Python threads take
+    turns, and close() waits for a running compute.
     """
 
     def __enter__(self):
@@ -54,8 +56,19 @@ def default_threads():
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
+def thread_count(n_threads, where):
+    """n_threads checked (an int in 1..256), or default_threads() for None."""
+    if n_threads is None:
+        return default_threads()
+    return _core.check_thread_count(n_threads, where)
+
+
 def shared_pool(n_threads):
-    """The process's cached pool for n_threads (created on first use)."""
+    """The process's cached pool for n_threads (created on first use).
+
+    Every caller with the same n_threads gets the same pool; computes on it
+    take turns (a pool runs one graph at a time)."""
+    n_threads = _core.check_thread_count(n_threads, "shared_pool")
     with _pools_lock:
         pool = _pools.get(n_threads)
         if pool is None or pool.closed:
@@ -142,7 +155,7 @@ def choose_mul_mat_profile(node, n_threads, tune):
         for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
             match = next((p for p in own if p.id == profile.id), None)
             if match is not None and match.same_code_path(profile):
-                node._plan_profile(profile)
+                node._plan_profile(match)   # the node's own flags, whatever the file says
                 return "tuned", estimate
     node._plan_profile(node.default_profile())
     return "fallback", None
@@ -192,6 +205,10 @@ class Graph:
     def __len__(self):
         return len(self.nodes)
 
+    def __reduce_ex__(self, protocol):
+        raise TypeError("Graph cannot be copied or pickled: its nodes live in C memory "
+                        "(build the graph again)")
+
     def plan(self, n_threads=None, tune=None):
         """Choose each MUL_MAT node's profile and report the plan at n_threads.
 
@@ -199,8 +216,9 @@ class Graph:
         was benched at this thread count, the profile with the smallest
         estimated time at the node's M is chosen ("tuned"); other nodes get
         ggml's rule ("fallback"). Profiles set by hand are kept ("user").
+        n_threads: 1..256, None for default_threads().
         """
-        n_threads = n_threads or default_threads()
+        n_threads = thread_count(n_threads, "plan")
         rows = []
         for i, t in enumerate(self.nodes):
             reason, estimate = ("user" if t.profile_pinned else "default"), None
@@ -230,6 +248,7 @@ class Graph:
         share_with: a graph that never runs at the same time as this one; its
         work buffer is used when it is large enough (saves memory and paging).
         """
+        n_threads = thread_count(n_threads, "reserve")
         shared = share_with._work if share_with is not None else None
         if shared is not None and (self._work is None or self._work.nbytes < shared.nbytes):
             self._work = shared
@@ -239,14 +258,17 @@ class Graph:
     def compute(self, n_threads=None, pool=None, profile=False):
         """Run the graph. pool: a ThreadPool (else a cached one for n_threads).
 
+        n_threads: 1..256, None for default_threads() (or the pool's count).
+        A pool runs one graph at a time: while another thread computes on it,
+        this compute waits its turn (GIL released).
         profile=True accumulates per-node stage times, read with stats().
         Ctrl-C raises KeyboardInterrupt within a few tens of ms; the pool stays usable.
         A get_rows/set_rows row id out of range raises ValueError naming the node.
         """
         if pool is None:
-            n_threads = n_threads or default_threads()
+            n_threads = thread_count(n_threads, "compute")
             pool = shared_pool(n_threads) if n_threads > 1 else None
-        elif n_threads is not None and n_threads != pool.n_threads:
+        elif n_threads is not None and thread_count(n_threads, "compute") != pool.n_threads:
             raise ValueError(f"compute: n_threads={n_threads} but the pool has {pool.n_threads}")
         n = pool.n_threads if pool is not None else 1
         stage_ns = None

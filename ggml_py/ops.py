@@ -9,8 +9,12 @@ import struct
 import threading
 
 from ggml_py import _core
-from ggml_py.tensor import MAX_DIMS, Tensor, ne_of_shape, row_bytes, type_traits
+from ggml_py.tensor import MAX_DIMS, Tensor, ne_of_shape, packed_nbytes, row_bytes, type_traits
 from ggml_py.types import Op, Type
+
+# types the element-wise copy converts between (others copy only to their own type)
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
+F32_MAX = 3.4028234663852886e38   # op params are float32
 
 ROPE_NORMAL = 0
 ROPE_NEOX = 2
@@ -42,13 +46,16 @@ def place_results(placer):
 def _new(op, src, type, ne, ndim, params=None, nb=None, view_of=None, view_offset=0):
     """A tensor made by `op` in the context of src[0]."""
     ctx = src[0].ctx
+    nbytes = packed_nbytes(type, ne)   # sizes past int64 stop here, before C
     placer = getattr(_placement, "placer", None)
     if placer is None or view_of is not None:
         return _core.new_tensor(Tensor, ctx, int(type), tuple(ne), nb, ndim, int(op), tuple(src),
                                 params, view_of, view_offset)
-    place = placer.place(row_bytes(type, ne[0]) * ne[1] * ne[2] * ne[3])
+    place = placer.place(nbytes)
     if place is not None:
         view_of, view_offset = place
+        if view_of.read_only:
+            raise ValueError(f"{op.name.lower()}: cannot place a result in read-only memory")
     t = _core.new_tensor(Tensor, ctx, int(type), tuple(ne), nb, ndim, int(op), tuple(src),
                          params, view_of, view_offset)
     placer.created(t)
@@ -82,6 +89,21 @@ def _same_context(opname, *tensors):
         raise ValueError(f"{opname}: tensors belong to different contexts")
 
 
+def _check_writable(opname, name, t):
+    if t.read_only:
+        raise ValueError(f"{opname}: {name} {t.shape} is read-only (it wraps a read-only "
+                         f"buffer); copy it into a new tensor first")
+
+
+def _check_float(opname, name, value, positive=False):
+    """A finite float32 >= 0 (> 0 with positive)."""
+    value = float(value)
+    if not abs(value) <= F32_MAX or value < 0 or (positive and value == 0):   # NaN fails too
+        raise ValueError(f"{opname}: {name} must be a finite number "
+                         f"{'> 0' if positive else '>= 0'}, got {value}")
+    return value
+
+
 # ---- copies -----------------------------------------------------------------
 
 def dup(a):
@@ -97,17 +119,24 @@ def cont(a):
 
 
 def cpy(a, b):
-    """Copy a into b (b may be a view; types may differ: F32/F16/BF16); returns b's view."""
+    """Copy a into b (b may be a view); returns b's view.
+
+    Equal types copy bits (any type); otherwise F32/F16/BF16 convert element
+    by element and quantized types row by row (packed rows of one length)."""
     _check_tensor("cpy", a=a, b=b)
     _same_context("cpy", a, b)
     if _nelements(a) != _nelements(b):
         raise ValueError(f"cpy: a is {a.shape} but b is {b.shape}: element counts differ")
-    for name, t in (("a", a), ("b", b)):
+    _check_writable("cpy", "b", b)
+    for name, t in (("a", a), ("b", b)) if a.type != b.type else ():
         if not type_traits(t.type)["has_to_float" if name == "a" else "has_from_float"]:
             raise ValueError(f"cpy: cannot copy {'from' if name == 'a' else 'to'} {t.type.name}")
-    # the kernel converts blocks row by row; only float types go element by element
+    # the kernel converts blocks row by row; element by element it moves bits
+    # (same type) or converts between F32/F16/BF16 only
     quantized = type_traits(a.type)["is_quantized"] or type_traits(b.type)["is_quantized"]
-    if quantized and (a._ne[0] != b._ne[0] or not _packed_rows(a) or not _packed_rows(b)):
+    by_rows = quantized or (a.type != b.type and not
+                            (a.type in FLOAT_TYPES and b.type in FLOAT_TYPES))
+    if by_rows and (a._ne[0] != b._ne[0] or not _packed_rows(a) or not _packed_rows(b)):
         raise ValueError(f"cpy: a is {a.type.name} {a.shape} but b is {b.type.name} {b.shape}: "
                          f"a quantized copy needs packed rows of the same length")
     return _new(Op.CPY, (a, b), b.type, b._ne, b.ndim, nb=b._nb, view_of=b)
@@ -234,13 +263,13 @@ def argmax(a):
 # ---- normalisation ------------------------------------------------------------
 
 def norm(a, eps=1e-5):
-    """(a - mean) / sqrt(var + eps) over the last axis."""
-    return _unary(Op.NORM, a, [_f32_bits(eps)])
+    """(a - mean) / sqrt(var + eps) over the last axis; eps >= 0."""
+    return _unary(Op.NORM, a, [_f32_bits(_check_float("norm", "eps", eps))])
 
 
 def rms_norm(a, eps=1e-6):
-    """a / sqrt(mean(a^2) + eps) over the last axis."""
-    return _unary(Op.RMS_NORM, a, [_f32_bits(eps)])
+    """a / sqrt(mean(a^2) + eps) over the last axis; eps >= 0."""
+    return _unary(Op.RMS_NORM, a, [_f32_bits(_check_float("rms_norm", "eps", eps))])
 
 
 def soft_max(a, mask=None, scale=1.0):
@@ -319,6 +348,7 @@ def set_rows(dst, src, ids):
     _same_context("set_rows", dst, src, ids)
     _check_type("set_rows", "src", src, (Type.F32,))
     _check_type("set_rows", "ids", ids, (Type.I32,))
+    _check_writable("set_rows", "dst", dst)
     if not type_traits(dst.type)["has_from_float"]:
         raise ValueError(f"set_rows: cannot write rows of {dst.type.name}")
     if not _packed_rows(dst):
@@ -349,6 +379,7 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
         raise ValueError(f"rope: n_dims={n_dims} must be even and at most the head size {a._ne[0]}")
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
         raise ValueError(f"rope: mode must be ROPE_NORMAL (0) or ROPE_NEOX (2), got {mode}")
+    _check_float("rope", "freq_base", freq_base, positive=True)
     src = (a, pos)
     if freq_factors is not None:
         _check_tensor("rope", freq_factors=freq_factors)

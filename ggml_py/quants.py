@@ -22,7 +22,7 @@ def quantize(x, type):
         raise ValueError("quantize: x must have at least one dimension (rows are the last axis)")
     n = x.shape[-1]
     n_row = row_bytes(type, n)
-    rows = x.reshape(-1, n)
+    rows = x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), n)   # also when n is 0
     out = np.empty((rows.shape[0], n_row), np.uint8)
     _core.quantize_rows(int(type), rows, out)
     return out.reshape(x.shape[:-1] + (n_row,))

@@ -3,6 +3,9 @@
 C keeps ggml's order (ne[0] is a row's length); here shapes read as numpy's:
 `ctx.new_tensor(F32, (4, 3))` is 4 rows of 3, i.e. ne = (3, 4, 1, 1).
 """
+import math
+import operator
+
 import numpy as np
 
 from ggml_py import _core
@@ -13,12 +16,21 @@ MAX_DIMS = 4
 
 
 def ne_of_shape(shape):
-    """numpy shape (outermost first) -> ggml ne (4 ints, innermost first)."""
-    shape = tuple(int(d) for d in shape)
+    """numpy shape (outermost first) -> ggml ne (4 ints, innermost first).
+
+    Sizes are exact ints: a shape whose element count does not fit in int64
+    (the C core's ne) raises ValueError here, before C sees it."""
+    try:
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"a shape is a sequence of ints, got {shape!r}") from None
     if not 1 <= len(shape) <= MAX_DIMS:
         raise ValueError(f"tensors have 1 to {MAX_DIMS} dimensions, got shape {shape}")
     if any(d < 0 for d in shape):
         raise ValueError(f"negative dimension in shape {shape}")
+    if math.prod(shape) > _core.INT64_MAX:
+        raise ValueError(f"shape {shape} has {math.prod(shape)} elements, more than int64 "
+                         f"can count")
     return tuple(reversed(shape)) + (1,) * (MAX_DIMS - len(shape))
 
 
@@ -36,16 +48,31 @@ def type_traits(type):
 
 
 def row_bytes(type, n):
-    """Bytes of a row of n elements of `type` (n must fill whole blocks)."""
+    """Bytes of a row of n elements of `type` (n >= 0 must fill whole blocks)."""
     traits = type_traits(type)
+    n = operator.index(n)
+    if n < 0:
+        raise ValueError(f"a row cannot have a negative number of elements, got {n}")
     if n % traits["blck_size"]:
         raise ValueError(f"a row of {traits['name']} needs a multiple of "
                          f"{traits['blck_size']} elements, got {n}")
     return _core.row_size(int(type), n)
 
 
+def packed_nbytes(type, ne):
+    """Bytes of a packed tensor of `type` with ggml-order ne; ValueError past int64."""
+    nbytes = row_bytes(type, ne[0]) * math.prod(ne[1:])
+    if nbytes > _core.INT64_MAX:
+        raise ValueError(f"a {Type(type).name} tensor of {math.prod(ne)} elements needs "
+                         f"{nbytes} bytes, more than int64 can count")
+    return nbytes
+
+
 class Tensor(_core.TensorBase):
-    """A node or leaf of a graph. Created by a Context or by an op, never directly."""
+    """A node or leaf of a graph. Created by a Context or by an op, never directly
+    (Tensor() raises TypeError). `read_only`: the data is a read-only buffer
+    (from_buffer of a read-only array, or a view of such a tensor); no op
+    writes into it."""
 
     @property
     def type(self):
@@ -127,7 +154,7 @@ class Context(_core.Context):
     def new_tensor(self, type, shape, name=None):
         """A new zero-filled leaf tensor of `type` with numpy-order `shape`."""
         ne = ne_of_shape(shape)
-        row_bytes(type, ne[0])
+        packed_nbytes(type, ne)
         t = _core.new_tensor(Tensor, self, int(Type(type)), ne, None, len(tuple(shape)))
         if name:
             t.name = name
@@ -162,12 +189,13 @@ class Context(_core.Context):
         """A leaf whose data is `buffer` itself (no copy), e.g. a memory-mapped weight.
 
         buffer: a C-contiguous numpy array of exactly the tensor's bytes; it is
-        kept alive by the tensor.
+        kept alive by the tensor. A read-only buffer (a weight mapped from a
+        file) gives a read-only tensor: reading ops use it, and cpy/set_rows
+        into it (or into a view of it) raise ValueError.
         """
         type = Type(type)
         ne = ne_of_shape(shape)
-        n_rows = ne[1] * ne[2] * ne[3]
-        expected = row_bytes(type, ne[0]) * n_rows
+        expected = packed_nbytes(type, ne)
         buffer = np.asarray(buffer)
         if not buffer.flags.c_contiguous or buffer.nbytes != expected:
             raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "

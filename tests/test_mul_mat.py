@@ -136,6 +136,24 @@ def test_blas_profiles_stage_flags():
     assert p["blas-split"].init.parallel and p["blas-split"].compute.wait
 
 
+@pytest.mark.parametrize("flags", [dict(parallel=True), dict(parallel=True, wait=False)])
+@pytest.mark.parametrize("profile", ["blas", "blas-split", "blas-mt"])
+def test_any_stage_flags_compute_the_same_numbers(profile, flags):
+    """The parallel and wait flags are free (README): a BLAS COMPUTE flagged
+    parallel by hand still runs one sgemm, not one per thread into the same
+    output (or the same de-quantized batch)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((2, 300, 64)).astype(np.float32)
+    x = rng.standard_normal((2, 40, 64)).astype(np.float32)
+    ctx = gg.Context(mem_size=16 << 20)
+    y = gg.mul_mat(ctx.from_numpy(w, type=gg.Q4_0), ctx.from_numpy(x))
+    y.profile = next(p for p in y.profiles() if p.name == profile).with_stage("compute", **flags)
+    stored = stored_weights(w.reshape(-1, 64), gg.Q4_0).reshape(w.shape)
+    ref = x.astype(np.float64) @ stored.transpose(0, 2, 1)
+    for _ in range(20):   # a race shows only now and then
+        assert nmse(compute(y, threads=(2, 3)), ref) <= NMSE_MAX
+
+
 @pytest.mark.parametrize("t", [gg.F32, gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
 def test_non_contiguous_src1_is_cpu_only(t):
     rng = np.random.default_rng(2)

@@ -956,3 +956,157 @@ def test_compute_profile_stats(ctx, rng):
     assert "MUL_MAT" in text and "total:" in text
     graph.reset_stats()
     assert all(r.total_us == 0 for r in graph.stats())
+
+
+# ---- sizes past int64, read-only buffers, copies of the core objects -------------------------
+
+@pytest.mark.parametrize("build", [
+    lambda c: c.new_tensor(gg.F32, (2 ** 31, 2 ** 31, 2 ** 31)),        # elements past int64
+    lambda c: c.new_tensor(gg.F32, (2 ** 62,)),                          # bytes past int64
+    lambda c: c.new_tensor(gg.Q4_0, (2 ** 62, 2 ** 10)),
+    lambda c: c.from_buffer(np.zeros(16, np.uint8), gg.F32, (2 ** 32, 2 ** 32)),
+    lambda c: gg.view(c.new_tensor(gg.F32, (4,)), (2 ** 40, 2 ** 40)),
+    # an op whose result is too large: (2^40, 2^40) F32 from empty rows
+    lambda c: gg.mul_mat(c.new_tensor(gg.F32, (2 ** 40, 0)), c.new_tensor(gg.F32, (2 ** 40, 0))),
+], ids=["elements", "bytes", "q4_0-bytes", "from_buffer", "view", "mul_mat-result"])
+def test_sizes_past_int64_are_refused(ctx, build):
+    """Such shapes used to wrap to a small byte size, pass the arena check and crash."""
+    with pytest.raises(ValueError, match="int64"):
+        build(ctx)
+
+
+def test_large_but_valid_sizes_raise_memory_error(ctx):
+    with pytest.raises(MemoryError, match="Context out of memory"):
+        ctx.new_tensor(gg.F32, (2 ** 20, 2 ** 20))
+    assert ctx.new_tensor(gg.F32, (2 ** 40, 0)).nbytes == 0
+    assert ctx.new_tensor(gg.F32, (0, 2 ** 40)).nbytes == 0
+
+
+@pytest.mark.parametrize("n", [-32, -1])
+def test_row_bytes_of_a_negative_size(n):
+    with pytest.raises(ValueError, match="negative"):
+        gg.row_bytes(gg.Q4_0 if n % 32 == 0 else gg.F32, n)
+
+
+def test_read_only_buffer_is_never_written(ctx):
+    raw = bytes(16)
+    t = ctx.from_buffer(np.frombuffer(raw, np.uint8), gg.F32, (4,))
+    assert t.read_only and not t.numpy().flags.writeable
+    src = ctx.from_numpy(np.arange(4, dtype=np.float32))
+    with pytest.raises(ValueError, match=r"^cpy: b \(4,\) is read-only"):
+        gg.cpy(src, t)
+    with pytest.raises(ValueError, match=r"^cpy: b \(2, 2\) is read-only"):
+        gg.cpy(gg.reshape(src, (2, 2)), gg.transpose(gg.reshape(t, (2, 2))))   # views inherit
+    with pytest.raises(ValueError, match=r"^set_rows: dst \(1, 4\) is read-only"):
+        gg.set_rows(gg.reshape(t, (1, 4)), gg.reshape(src, (1, 4)),
+                    ctx.from_numpy(np.zeros(1, np.int32)))
+    assert raw == bytes(16)
+    # reading it is fine (weights are mapped read-only)
+    w = np.arange(8, dtype=np.float32).reshape(2, 4)
+    w.flags.writeable = False
+    a = ctx.from_buffer(w, gg.F32, (2, 4))
+    np.testing.assert_array_equal(compute(gg.mul_mat(a, gg.reshape(src, (1, 4)))),
+                                  (np.arange(4.0) @ w.T)[None])
+
+
+def test_writable_buffer_is_written_in_place(ctx):
+    buf = np.zeros(4, np.float32)
+    t = ctx.from_buffer(buf, gg.F32, (4,))
+    assert not t.read_only
+    compute(gg.cpy(ctx.from_numpy(np.arange(4, dtype=np.float32)), t), fill=False)
+    np.testing.assert_array_equal(buf, np.arange(4))
+
+
+@pytest.mark.parametrize("make", [lambda c: c, lambda c: c.new_tensor(gg.F32, (3,)),
+                                  lambda c: gg.neg(c.new_tensor(gg.F32, (3,)))],
+                         ids=["context", "tensor", "result"])
+def test_core_objects_cannot_be_copied_or_pickled(ctx, make):
+    import copy
+    import pickle
+    obj = make(ctx)
+    for dup in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="cannot be copied or pickled"):
+            dup(obj)
+
+
+def test_tensors_are_not_constructed_directly():
+    for cls in (gg.Tensor, gg.tensor._core.TensorBase):
+        with pytest.raises(TypeError, match="cannot be created directly"):
+            cls()
+        with pytest.raises(TypeError, match="cannot be created directly"):
+            cls.__new__(cls)
+
+
+def test_name_is_cut_on_a_character_boundary(ctx):
+    t = ctx.new_tensor(gg.F32, (3,))
+    t.name = "é" * 30                       # 60 bytes of UTF-8, 47 fit
+    assert t.name == "é" * 23 and "é" in repr(t)
+    t.name = "a" + "€" * 20                 # 3-byte characters
+    assert t.name == "a" + "€" * 15
+    t.name = "x" * 100
+    assert t.name == "x" * 47
+
+
+@pytest.mark.parametrize("type, dtype", [(gg.I8, np.int8), (gg.I16, np.int16), (gg.I32, np.int32),
+                                         (gg.I64, np.int64), (gg.F64, np.float64)],
+                         ids=["i8", "i16", "i32", "i64", "f64"])
+@pytest.mark.parametrize("layout", ["transposed", "permuted", "strided"])
+@pytest.mark.parametrize("op", ["dup", "cont", "cpy", "cpy-reshaped"])
+def test_copies_of_other_types_move_bits(ctx, rng, op, layout, type, dtype):
+    """Strided copies of 1- and 8-byte types used to give zeros (only 2/4 bytes were moved)."""
+    x = rng.integers(-100, 100, (2, 3, 5)).astype(dtype)
+    a = make_input(ctx, x, layout)
+    assert a.type == type
+    if op in ("dup", "cont"):
+        y = getattr(gg, op)(a)
+        want = x
+    else:
+        shape = x.shape if op == "cpy" else (5, 6)
+        y = gg.cpy(a, ctx.new_tensor(type, shape))
+        want = x.reshape(shape)
+    np.testing.assert_array_equal(compute(y), want)
+
+
+def test_cpy_between_types_without_conversion_is_refused(ctx):
+    for a_type, b_type in ((gg.I32, gg.I64), (gg.F64, gg.F32), (gg.F32, gg.I8)):
+        with pytest.raises(ValueError, match="^cpy: cannot copy"):
+            gg.cpy(ctx.new_tensor(a_type, (3,)), ctx.new_tensor(b_type, (3,)))
+
+
+# ---- soft_max NaN, parameter checks, profiles of refused types ------------------------------
+
+def test_soft_max_nan_fills_the_row(ctx):
+    x = np.array([[np.nan, 1, 2], [1, 2, 3], [np.inf, 1, 2], [np.nan, -np.inf, -np.inf]],
+                 np.float32)
+    got = compute(gg.soft_max(ctx.from_numpy(x)), fill=False)
+    assert np.isnan(got[[0, 2, 3]]).all(), got
+    assert_close(got[1], softmax_ref(x[1:2])[0], rtol=1e-5, atol=1e-7)
+    # masked: a NaN under the mask too; a fully masked row stays zeros
+    mask = np.array([[0, 0, 0], [-np.inf] * 3, [0, 0, 0], [0, 0, 0]], np.float32)
+    got = compute(gg.soft_max(ctx.from_numpy(x), ctx.from_numpy(mask)), fill=False)
+    assert np.isnan(got[0]).all() and (got[1] == 0).all()
+
+
+@pytest.mark.parametrize("build, pattern", [
+    (lambda c: gg.rms_norm(_t(c, (3,)), eps=-1e-6), r"^rms_norm: eps must be"),
+    (lambda c: gg.norm(_t(c, (3,)), eps=-1.0), r"^norm: eps must be"),
+    (lambda c: gg.norm(_t(c, (3,)), eps=float("nan")), r"^norm: eps must be"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_base=0.0),
+     r"^rope: freq_base must be"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_base=-10000.0),
+     r"^rope: freq_base must be"),
+], ids=["rms_norm-eps", "norm-eps", "norm-eps-nan", "rope-base-0", "rope-base-negative"])
+def test_bad_op_parameters(ctx, build, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        build(ctx)
+    assert gg.rms_norm(_t(ctx, (3,)), eps=0.0).op == gg.Op.RMS_NORM   # eps 0 is fine
+
+
+def test_task_profiles_agree_with_mul_mat(ctx):
+    for src0, src1 in ((gg.Q8_K, gg.F32), (gg.Q8_1, gg.F32), (gg.I32, gg.F32), (gg.F32, gg.F16)):
+        assert gg.task_profiles(gg.Op.MUL_MAT, src0, src1) == []
+        with pytest.raises(ValueError, match="^mul_mat"):
+            gg.mul_mat(_t(ctx, (4, 256), src0), _t(ctx, (2, 256), src1))
+    assert [p.name for p in gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0)][0] == "cpu"
+    with pytest.raises(ValueError):
+        gg.task_profiles(gg.Op.ADD, 99)

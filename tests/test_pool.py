@@ -225,3 +225,127 @@ def test_pool_n_threads_must_match():
     graph, _, _ = small_graph(np.random.default_rng(6))
     with gg.ThreadPool(2) as pool, pytest.raises(ValueError, match="n_threads"):
         graph.compute(n_threads=3, pool=pool)
+
+
+# ---- one graph at a time per pool ------------------------------------------------------------
+
+def run_in_threads(targets, timeout_s):
+    """Run callables in daemon threads; join with a timeout; returns (still_alive, errors)."""
+    errors = []
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as exc:   # reported by the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(fn,), daemon=True) for fn in targets]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in threads if t.is_alive()], errors
+
+
+def test_threads_sharing_the_cached_pool_take_turns():
+    """compute(n_threads=2) from two Python threads uses one cached pool: they must
+    take turns (a hang before the pool had a run lock)."""
+    def work(seed):
+        def run():
+            graph, y, ref = small_graph(np.random.default_rng(seed))
+            for _ in range(400):
+                graph.compute(n_threads=2)
+            np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+        return run
+
+    alive, errors = run_in_threads([work(10), work(11)], timeout_s=60)
+    assert not alive, "two threads computing on one shared pool hung"
+    assert not errors, errors
+
+
+def test_threads_sharing_an_explicit_pool_take_turns():
+    pool = gg.ThreadPool(2)
+
+    def work(seed):
+        def run():
+            graph, y, ref = small_graph(np.random.default_rng(seed))
+            for _ in range(300):
+                graph.compute(pool=pool)
+            np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+        return run
+
+    alive, errors = run_in_threads([work(s) for s in (12, 13, 14)], timeout_s=60)
+    assert not alive, "three threads computing on one pool hung"
+    assert not errors, errors
+    pool.close()
+
+
+def test_close_waits_for_a_running_compute():
+    """close() from another thread during a compute waits for it, then closes (it used
+    to free the pool under the running compute, which never returned)."""
+    graph = long_graph(n_nodes=150)
+    pool = gg.ThreadPool(2)
+    started, finished = threading.Event(), threading.Event()
+
+    def compute():
+        started.set()
+        graph.compute(pool=pool)
+        finished.set()
+
+    def close():
+        started.wait(10)
+        time.sleep(0.05)         # the compute is under way
+        pool.close()
+        assert finished.is_set(), "close() returned while the compute was still running"
+
+    alive, errors = run_in_threads([compute, close], timeout_s=60)
+    assert not alive, "compute or close hung"
+    assert not errors, errors
+    assert pool.closed
+    with pytest.raises(ValueError, match="closed"):
+        graph.compute(pool=pool)
+
+
+@pytest.mark.parametrize("n_threads, exc", [(-1, ValueError), (-5, ValueError), (0, ValueError),
+                                            (257, ValueError), (1.5, TypeError),
+                                            (True, TypeError), ("2", TypeError)])
+def test_bad_thread_counts(n_threads, exc):
+    graph, _, _ = small_graph(np.random.default_rng(7))
+    with pytest.raises(exc, match="n_threads"):
+        graph.compute(n_threads=n_threads)
+    with pytest.raises(exc, match="n_threads"):
+        graph.plan(n_threads)
+    with pytest.raises(exc, match="n_threads"):
+        graph.reserve(n_threads)
+    with pytest.raises(exc, match="n_threads"):
+        gg.ThreadPool(n_threads)
+    with gg.ThreadPool(2) as pool, pytest.raises(exc, match="n_threads"):
+        graph.compute(n_threads=n_threads, pool=pool)
+
+
+def test_thread_count_as_numpy_int_and_none():
+    graph, y, ref = small_graph(np.random.default_rng(8))
+    graph.compute(n_threads=np.int64(2))
+    assert graph.plan(np.int32(2)).n_threads == 2
+    assert graph.plan().n_threads == gg.default_threads()
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("spin_us, exc", [(float("nan"), ValueError), (float("inf"), ValueError),
+                                          (1e300, ValueError), (-0.5, ValueError),
+                                          ("10", TypeError), (True, TypeError)])
+def test_bad_spin_us(spin_us, exc):
+    with pytest.raises(exc, match="spin_us"):
+        gg.ThreadPool(2, spin_us=spin_us)
+
+
+def test_pool_and_graph_cannot_be_copied_or_pickled():
+    import copy
+    import pickle
+    graph, _, _ = small_graph(np.random.default_rng(9))
+    with gg.ThreadPool(2) as pool:
+        for obj in (pool, graph, graph._cgraph):
+            for dup in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(TypeError, match="cannot be copied or pickled"):
+                    dup(obj)

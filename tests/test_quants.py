@@ -83,6 +83,13 @@ RMSE_LIMIT = {gg.Q2_K: 0.0075, gg.Q3_K: 0.0040}
 DOT_LIMIT = {gg.Q2_K: 0.04, gg.Q3_K: 0.04}
 
 
+def test_empty_arrays_quantize_to_empty_blocks():
+    x = np.ones((3, 64), np.float32)
+    assert gg.quantize(x[:0], gg.Q4_0).shape == (0, 36)
+    assert gg.quantize(x[:, :0], gg.Q4_0).shape == (3, 0)
+    assert gg.dequantize(gg.quantize(x[:, :0], gg.Q4_0), gg.Q4_0, (3, 0)).shape == (3, 0)
+
+
 @pytest.mark.parametrize("t", DOT_TYPES, ids=lambda t: t.name)
 def test_round_trip_error(t):
     x = synthetic(N_TEST, 0.0)

@@ -256,6 +256,14 @@ static void init_blas_split(const struct ggml_py_compute_params *params, const s
 #endif /* GGML_PY_USE_BLAS */
 
 void ggml_py_compute_mul_mat(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+#if defined(GGML_PY_USE_BLAS)
+    /* the BLAS COMPUTE stages are one thread's work: flagged parallel by hand,
+     * the other threads have nothing to do (never a second sgemm into dst) */
+    if (dst->profile.id != GGML_PY_MUL_MAT_CPU && params->stage == GGML_PY_STAGE_COMPUTE &&
+        params->ith != 0) {
+        return;
+    }
+#endif
     switch (dst->profile.id) {
 #if defined(GGML_PY_USE_BLAS)
         case GGML_PY_MUL_MAT_BLAS:

@@ -12,6 +12,28 @@ static inline float load_f32(const struct ggml_py_tensor *t, const char *p) {
     }
 }
 
+/* One element of es bytes; the common sizes as single moves. */
+static inline void copy_elem(char *d, const char *s, size_t es) {
+    switch (es) {
+        case 1: *(uint8_t *) d = *(const uint8_t *) s; break;
+        case 2: *(uint16_t *) d = *(const uint16_t *) s; break;
+        case 4: *(uint32_t *) d = *(const uint32_t *) s; break;
+        case 8: memcpy(d, s, 8); break;
+        default: memcpy(d, s, es); break;
+    }
+}
+
+/* Element v as dst's type; the Python layer allows conversions between
+ * F32/F16/BF16 only (other types copy bits, see same_type below). */
+static inline void store_f32(const struct ggml_py_tensor *t, char *p, float v) {
+    switch (t->type) {
+        case GGML_PY_TYPE_F32:  *(float *) p = v; break;
+        case GGML_PY_TYPE_F16:  *(ggml_py_fp16_t *) p = ggml_py_fp32_to_fp16(v); break;
+        case GGML_PY_TYPE_BF16: *(ggml_py_bf16_t *) p = ggml_py_fp32_to_bf16(v); break;
+        default: break;
+    }
+}
+
 /* Row ir (rows counted over dims 1..3, outermost slowest) of t. */
 static inline const char *row_ptr(const struct ggml_py_tensor *t, int64_t ir) {
     const int64_t i1 = ir % t->ne[1], i2 = (ir / t->ne[1]) % t->ne[2];
@@ -65,7 +87,7 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
         /* same shape, strided (e.g. CONT of a permuted view): walk both by
          * index, no flattening; same type moves bits, no conversion */
         const size_t es = ts->type_size;
-        const bool same_type = src0->type == dst->type && (es == 2 || es == 4);
+        const bool same_type = src0->type == dst->type;
         for (int64_t ir = ir0; ir < ir1; ir++) {
             const int64_t i1 = ir % ne1, i2 = (ir / ne1) % ne2, i3 = ir / (ne1 * ne2);
             const char *s = (const char *) src0->data + i1 * nb01 + i2 * nb02 + i3 * nb03;
@@ -73,26 +95,23 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
             if (same_type && es == 2) {
                 for (int64_t i0 = 0; i0 < ne0; i0++)
                     *(uint16_t *) (d + i0 * nb0) = *(const uint16_t *) (s + i0 * nb00);
-            } else if (same_type) {
+            } else if (same_type && es == 4) {
                 for (int64_t i0 = 0; i0 < ne0; i0++)
                     *(uint32_t *) (d + i0 * nb0) = *(const uint32_t *) (s + i0 * nb00);
+            } else if (same_type) {
+                for (int64_t i0 = 0; i0 < ne0; i0++) copy_elem(d + i0 * nb0, s + i0 * nb00, es);
             } else {
-                for (int64_t i0 = 0; i0 < ne0; i0++) {
-                    const float v = load_f32(src0, s + i0 * nb00);
-                    char *q = d + i0 * nb0;
-                    switch (dst->type) {
-                        case GGML_PY_TYPE_F32:  *(float *) q = v; break;
-                        case GGML_PY_TYPE_F16:  *(ggml_py_fp16_t *) q = ggml_py_fp32_to_fp16(v); break;
-                        case GGML_PY_TYPE_BF16: *(ggml_py_bf16_t *) q = ggml_py_fp32_to_bf16(v); break;
-                        default: break;
-                    }
-                }
+                for (int64_t i0 = 0; i0 < ne0; i0++)
+                    store_f32(dst, d + i0 * nb0, load_f32(src0, s + i0 * nb00));
             }
         }
         return;
     }
-    /* general case: element k of src goes to element k of dst (float types
-     * only; the Python layer keeps quantized tensors on the paths above) */
+    /* general case: element k of src goes to element k of dst (bits when the
+     * types are equal, else F32/F16/BF16 conversions; the Python layer keeps
+     * quantized tensors on the paths above) */
+    const bool same_type = src0->type == dst->type;
+    const size_t es = ts->type_size;
     for (int64_t ir = ir0; ir < ir1; ir++) {
         const int64_t i1 = ir % ne1, i2 = (ir / ne1) % ne2, i3 = ir / (ne1 * ne2);
         for (int64_t i0 = 0; i0 < ne0; i0++) {
@@ -100,15 +119,11 @@ void ggml_py_compute_dup(const struct ggml_py_compute_params *params, struct ggm
             if (k >= n_elems) return;
             const int64_t j0 = k % ne00, j1 = (k / ne00) % ne01;
             const int64_t j2 = (k / (ne00 * ne01)) % ne02, j3 = k / (ne00 * ne01 * ne02);
-            const float v = load_f32(src0, (const char *) src0->data + j0 * nb00 + j1 * nb01 +
-                                               j2 * nb02 + j3 * nb03);
+            const char *s = (const char *) src0->data + j0 * nb00 + j1 * nb01 + j2 * nb02 +
+                            j3 * nb03;
             char *d = (char *) dst->data + i0 * nb0 + i1 * nb1 + i2 * nb2 + i3 * nb3;
-            switch (dst->type) {
-                case GGML_PY_TYPE_F32:  *(float *) d = v; break;
-                case GGML_PY_TYPE_F16:  *(ggml_py_fp16_t *) d = ggml_py_fp32_to_fp16(v); break;
-                case GGML_PY_TYPE_BF16: *(ggml_py_bf16_t *) d = ggml_py_fp32_to_bf16(v); break;
-                default: break;
-            }
+            if (same_type) copy_elem(d, s, es);
+            else store_f32(dst, d, load_f32(src0, s));
         }
     }
 }

@@ -119,9 +119,18 @@ void ggml_py_compute_soft_max(const struct ggml_py_compute_params *params, struc
             }
         }
         float max = -INFINITY;
-        for (int64_t i = 0; i < ne00; i++) max = wp[i] > max ? wp[i] : max;
+        bool nan = false;   /* a NaN input makes the whole row NaN, as numpy's and ggml's */
+        for (int64_t i = 0; i < ne00; i++) {
+            max = wp[i] > max ? wp[i] : max;
+            nan |= wp[i] != wp[i];
+        }
+        if (nan) {
+            for (int64_t i = 0; i < ne00; i++) d[i] = NAN;
+            continue;
+        }
         const double sum = exp_sum(ne00, d, wp, max);
-        const float inv = sum > 0.0 ? (float) (1.0 / sum) : 0.0f;
+        /* sum 0: a fully masked row gives zeros; NaN (a +inf input): NaN, as numpy */
+        const float inv = sum > 0.0 ? (float) (1.0 / sum) : sum == 0.0 ? 0.0f : NAN;
         for (int64_t i = 0; i < ne00; i++) d[i] *= inv;
     }
 }

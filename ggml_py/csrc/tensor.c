@@ -12,6 +12,9 @@ int64_t ggml_py_nelements(const struct ggml_py_tensor *t) {
 
 size_t ggml_py_nbytes(const struct ggml_py_tensor *t) {
     const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(t->type);
+    for (int i = 0; i < GGML_PY_MAX_DIMS; i++) {
+        if (t->ne[i] <= 0) return 0;   /* empty: (ne - 1) * nb below would wrap */
+    }
     size_t nbytes = tt->type_size * (size_t) (t->ne[0] / tt->blck_size);
     for (int i = 1; i < GGML_PY_MAX_DIMS; i++) nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
     return nbytes;
