@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py import ops
+from ggml_py import _core, ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import build_forward, default_threads, shared_pool
 from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
@@ -27,6 +27,7 @@ ARCH = "llama"
 KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
+MAX_THREADS = _core.MAX_THREADS   # the worker pool's limit (GGML_PY_MAX_THREADS)
 
 
 # ---- config -------------------------------------------------------------------
@@ -167,9 +168,14 @@ class KVCache:
             raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
         dtype = np.float16 if type == Type.F16 else np.float32
         self.type, self.n_ctx, self.n_embd_kv = type, n_ctx, n_embd_kv
-        self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
-        self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
-        self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
+        try:
+            self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+            self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+            self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
+        except MemoryError:
+            size = 2 * n_layer * n_ctx * n_embd_kv * np.dtype(dtype).itemsize
+            raise ValueError(f"cannot allocate the KV cache for n_ctx={n_ctx}: "
+                             f"{size / 2**30:.1f} GiB") from None
         self.n_past = 0                                  # positions 0..n_past-1 are cached
 
     @property
@@ -337,8 +343,14 @@ class LlamaModel:
         self.file = GGUFModelFile(path)
         self.config = LlamaConfig.from_gguf(self.file)
         self.weights = LlamaWeights.from_gguf(self.file, self.config)
-        if n_ctx <= 0:
+        if n_ctx == 0:
             n_ctx = self.config.n_ctx_train
+            if n_ctx < 1:
+                raise self.file.error(f"n_ctx 0 asks for the model's training context, and its "
+                                      f"context_length is {n_ctx}: give n_ctx")
+        if n_ctx < 1:
+            raise ValueError(f"n_ctx must be at least 1 (0: the model's training context), "
+                             f"got {n_ctx}")
         self.n_ctx = int(n_ctx)
         self.cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
         self.n_threads = n_threads or default_threads()

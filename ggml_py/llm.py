@@ -13,11 +13,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py.llama import KV_PAD, LlamaModel
-from ggml_py.sampling import Sampler, SamplingParams
+from ggml_py.llama import KV_PAD, MAX_THREADS, LlamaModel
+from ggml_py.sampling import Sampler, SamplingParams, checked_int
 from ggml_py.types import Type
 
 KV_TYPES = {"f16": Type.F16, "f32": Type.F32}
+TEXT_TYPES = (str, bytes, bytearray)    # what tokenize() takes; anything else is token ids
+
+
+def token_ids(tokens):
+    """tokens (integers: int or numpy integer types) as a list of ints; TypeError otherwise."""
+    if isinstance(tokens, TEXT_TYPES):
+        raise TypeError(f"expected token ids, got {type(tokens).__name__}")
+    return [checked_int("token id", t) for t in tokens]
 
 
 @dataclass
@@ -53,11 +61,14 @@ class Timings:
 class Llama:
     """A llama-architecture GGUF model, ready to tokenize, evaluate and generate.
 
-    model_path: a llama GGUF file (default: the bundled Shakespeare model).
+    model_path: a llama GGUF file, str, bytes or path (default: the bundled Shakespeare model).
     n_ctx: KV cache size in tokens (0: the model's training context).
     n_batch: most tokens evaluated in one graph (longer inputs are split).
-    kv_type: 'f16' (default) or 'f32' cache. n_threads: default physical cores.
-    Raises ModelLoadError (a ValueError) naming the file if it cannot be used.
+    kv_type: 'f16' (default) or 'f32' cache.
+    n_threads: 1..256 (None: the physical cores).
+    kv_pad: the attention window grows in steps of this many slots.
+    Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
+    ValueError / TypeError naming the argument for a bad one.
     """
 
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
@@ -65,16 +76,19 @@ class Llama:
         t0 = time.perf_counter()
         if kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
-        if n_batch < 1:
-            raise ValueError(f"n_batch must be at least 1, got {n_batch}")
+        n_ctx = checked_int("n_ctx", n_ctx, low=0)
+        n_batch = checked_int("n_batch", n_batch, low=1)
+        kv_pad = checked_int("kv_pad", kv_pad, low=1)
+        if n_threads is not None:
+            n_threads = checked_int("n_threads", n_threads, low=1, high=MAX_THREADS)
         if model_path is None:
             from ggml_py.bundled import default_model_path
             model_path = default_model_path()
-        self.model_path = str(model_path)
-        self.model = LlamaModel(model_path, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type],
+        self.model_path = os.fsdecode(model_path)
+        self.model = LlamaModel(self.model_path, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type],
                                 n_threads=n_threads, kv_pad=kv_pad)
         self.tokenizer = self.model.file.tokenizer()
-        self.n_batch = int(n_batch)
+        self.n_batch = n_batch
         self.verbose = verbose
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.timings = Timings(load_s=time.perf_counter() - t0)
@@ -112,16 +126,25 @@ class Llama:
             from ggml_py import tune
             from ggml_py.tune_bench import model_shapes
             name, shapes = model_shapes(self.model.file)
-            data = tune.load(data, model=name, shapes=shapes)
+            data = tune.load(data, model=name, shapes=shapes, n_threads=self.n_threads())
         self.model.set_tune(data)
 
     # ---- text <-> ids -----------------------------------------------------------
 
     def tokenize(self, text, add_bos=True, special=False):
-        """Token ids of text (str or UTF-8 bytes); BOS if add_bos and the vocabulary adds it."""
+        """Token ids of text (str, or UTF-8 bytes / bytearray); BOS if add_bos and the
+        vocabulary adds it; special: control-token texts such as "<s>" become their ids."""
         if isinstance(text, (bytes, bytearray)):
             text = bytes(text).decode("utf-8", "replace")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be str, bytes or bytearray, got {type(text).__name__}")
         return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def _input_ids(self, text_or_ids, add_bos):
+        """Token ids of a prompt or perplexity input: text is tokenized, ids are checked."""
+        if isinstance(text_or_ids, TEXT_TYPES):
+            return self.tokenize(text_or_ids, add_bos=add_bos)
+        return token_ids(text_or_ids)
 
     def detokenize(self, tokens):
         """Text of token ids (control tokens such as BOS are not shown)."""
@@ -135,8 +158,9 @@ class Llama:
         self.model.cache.clear()
 
     def eval(self, tokens):
-        """Evaluate tokens after the current sequence; logits (len(tokens), n_vocab), a copy."""
-        tokens = [int(t) for t in tokens]
+        """Evaluate tokens (integer ids) after the current sequence; logits
+        (len(tokens), n_vocab), a copy."""
+        tokens = token_ids(tokens)
         out = np.empty((len(tokens), self.n_vocab()), np.float32)
         self._decode(tokens, out=out)
         return out
@@ -175,17 +199,23 @@ class Llama:
 
     def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True):
-        """Yield the text pieces generated after prompt (str or token ids), as produced.
+        """The text pieces generated after prompt (text, or token ids), an iterator that
+        produces them as they are generated; the arguments are checked now.
 
         Stops after max_tokens (< 0: until the end of the context), at an
         end-of-generation token unless ignore_eos, or when the context is full.
-        temperature <= 0 is greedy; same seed, same text.
+        temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
+        repeat_last_n -1: the penalty looks back over the whole context.
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 seed=seed)
+        return self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+
+    def _pieces(self, tokens):
+        """Text of the token ids, piece by piece (UTF-8 sequences split across tokens joined)."""
         decoder = self.tokenizer.decoder(strip_leading_space=False)
-        for token in self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos):
+        for token in tokens:
             piece = decoder.feed(token)
             if piece:
                 yield piece
@@ -195,9 +225,11 @@ class Llama:
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
                         add_bos=True):
-        """Yield generated token ids (see generate). Reuses the cached prefix of the prompt."""
-        ids = self.tokenize(prompt, add_bos=add_bos) if isinstance(prompt, (str, bytes)) \
-            else [int(t) for t in prompt]
+        """Generated token ids (see generate), an iterator. The prompt is checked now
+        (ValueError if it is empty or does not fit the context) and evaluated on the
+        first next(), reusing the cached prefix of the prompt."""
+        ids = self._input_ids(prompt, add_bos)
+        max_tokens = checked_int("max_tokens", max_tokens)
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= self.n_ctx():
@@ -205,7 +237,10 @@ class Llama:
         banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
+        return self._generate(ids, sampler, max_tokens)
 
+    def _generate(self, ids, sampler, max_tokens):
+        """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
         keep = self._common_prefix(ids)
         self.tokens = self.tokens[:keep]
         self.model.cache.truncate(keep)
@@ -244,7 +279,9 @@ class Llama:
     # ---- perplexity ---------------------------------------------------------------
 
     def perplexity(self, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
-        """llama.cpp's perplexity of text (see ggml_py.perplexity); a PerplexityResult."""
+        """llama.cpp's perplexity of text (str, bytes, or token ids with BOS) with chunks
+        of n_ctx tokens evaluated in batches of n_batch (None: this Llama's), at most
+        n_chunks of them (negative: all); a PerplexityResult (see ggml_py.perplexity)."""
         from ggml_py.perplexity import perplexity
         return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
                           callback=callback)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggml_py.sampling import checked_int
+
 
 @dataclass(frozen=True)
 class PerplexityResult:
@@ -43,14 +45,19 @@ def token_nll(logits, tokens):
 def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     """Perplexity of text under llm (a Llama) with chunks of n_ctx tokens.
 
-    text: str, or a list of token ids already tokenized with BOS.
+    text: str or UTF-8 bytes, or a list of token ids already tokenized with BOS.
+    n_batch: tokens per evaluation (None: llm.n_batch), capped at n_ctx.
+    n_chunks: score at most this many chunks (negative: all of them; 0 is refused).
     callback(i, n_chunk, running_ppl, seconds) is called after each chunk.
     Raises ValueError if the text is shorter than 2 * n_ctx tokens.
     """
     import time
-    tokens = llm.tokenize(text, add_bos=True) if isinstance(text, str) else list(text)
-    if n_ctx < 4:
-        raise ValueError(f"perplexity: n_ctx must be at least 4, got {n_ctx}")
+    n_ctx = checked_int("perplexity: n_ctx", n_ctx, low=4)
+    if n_batch is not None:
+        n_batch = checked_int("perplexity: n_batch", n_batch, low=1)
+    if checked_int("perplexity: n_chunks", n_chunks) == 0:
+        raise ValueError("perplexity: n_chunks must be at least 1, or negative for all chunks; got 0")
+    tokens = llm._input_ids(text, add_bos=True)
     if n_ctx > llm.n_ctx():
         raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context "
                          f"{llm.n_ctx()} (load it with a larger n_ctx)")
@@ -63,7 +70,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     add_bos = llm.tokenizer.add_bos
     first = n_ctx // 2
     saved_batch = llm.n_batch
-    llm.n_batch = min(n_batch or llm.n_batch, n_ctx)
+    llm.n_batch = min(saved_batch if n_batch is None else n_batch, n_ctx)
     logits = np.empty((n_ctx - first, llm.n_vocab()), np.float32)
     nll = nll2 = 0.0
     count = 0

@@ -5,28 +5,54 @@ repeat penalty -> top-k -> top-p -> min-p -> temperature -> draw. A temperature
 <= 0 means greedy: the highest logit after the penalty. Candidates are kept as
 (ids, logits) arrays sorted by logit, highest first, once top-k has run.
 
-The draw uses a numpy Generator: same seed, same tokens (seed None draws a
-seed from the OS). Its numbers differ from llama.cpp's mt19937, so sampled
+The draw uses a numpy Generator: same seed, same tokens (seed None or -1
+draws a seed from the OS). Its numbers differ from llama.cpp's mt19937, so sampled
 text matches llama.cpp only when greedy.
 """
+import math
+import numbers
 from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 
+def checked_int(name, value, low=None, high=None):
+    """value as an int if it is an integer (numpy's too) in low..high (None: unbounded);
+    else a TypeError or ValueError that names the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"at most {high}" if low is None \
+            else f"in {low}..{high}"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampler settings; defaults are llama.cpp's."""
+    """Sampler settings; defaults are llama.cpp's. Checked when made (ValueError, TypeError)."""
     temperature: float = 0.8
     top_k: int = 40               # <= 0: all tokens
     top_p: float = 0.95           # >= 1: off
     min_p: float = 0.05           # <= 0: off
-    repeat_penalty: float = 1.0   # 1: off
-    repeat_last_n: int = 64       # tokens the penalty looks back over (0: off)
+    repeat_penalty: float = 1.0   # 1: off; must be > 0
+    repeat_last_n: int = 64       # tokens the penalty looks back over (0: off, -1: all of them)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
-    seed: int | None = None
+    seed: int | None = None       # None or -1: a random seed
+
+    def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"):
+            if math.isnan(getattr(self, name)):
+                raise ValueError(f"{name} must be a number, got nan")
+        if not 0 < self.repeat_penalty < math.inf:
+            raise ValueError(f"repeat_penalty must be a positive number, got {self.repeat_penalty}")
+        checked_int("top_k", self.top_k)
+        checked_int("repeat_last_n", self.repeat_last_n, low=-1)
+        if self.seed is not None:
+            checked_int("seed", self.seed, low=-1)
 
     @property
     def greedy(self):
@@ -98,16 +124,19 @@ class Sampler:
 
     def __init__(self, params=SamplingParams(), banned=()):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
-        self.history = deque(maxlen=max(0, params.repeat_last_n))
+        self.rng = np.random.default_rng(None if params.seed == -1 else params.seed)
+        # repeat_last_n -1: every token accepted (a generation's whole context)
+        window = params.repeat_last_n
+        self.history = deque(maxlen=None if window == -1 else window)
         self.banned = np.asarray(sorted(banned), np.int64)   # e.g. EOS with --ignore-eos
 
     def accept(self, token):
         """Record a token (prompt or generated) for the repeat penalty."""
-        if self.history.maxlen:
+        if self.history.maxlen != 0:
             self.history.append(int(token))
 
     def accept_all(self, tokens):
+        """accept() each of tokens, in order."""
         for t in tokens:
             self.accept(t)
 

@@ -11,9 +11,11 @@ import time
 
 import pytest
 
-from llama_models import DATA, model_path, scratch_path
+from llama_models import DATA, N_VOCAB, model_path, scratch_path, vocab
 
 import ggml_py as gg
+from ggml_py.cli.common import read_prompt_file
+from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.tune_bench import bench
 
 # Subprocesses import the ggml_py these tests import (installed, or built in place),
@@ -77,6 +79,17 @@ def test_main_greedy_equals_api():
     (["-m", "M", "-t", "0"], "at least 1"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
+    # refused when parsed: nothing loaded, nothing echoed
+    (["-m", "M", "-t", "999"], "-t/--threads: thread count must be at most 256, got 999"),
+    (["-m", "M", "--repeat-last-n", "-5"], "must be at least -1"),
+    (["-m", "M", "--repeat-penalty", "0"], "--repeat-penalty: must be a positive number"),
+    (["-m", "M", "--repeat-penalty", "nan"], "--repeat-penalty: expected a number, got 'nan'"),
+    (["-m", "M", "--temp", "nan"], "--temp: expected a number"),
+    (["-m", "M", "--top-p", "nan"], "--top-p: expected a number"),
+    (["-m", "M", "--min-p", "nan"], "--min-p: expected a number"),
+    (["-m", "M", "-c", "-5"], "-c/--ctx-size: must be at least 0"),
+    (["-m", "", "-p", "x"], "-m/--model: expected a file name, got ''"),
+    (["-m", "M", "-f", ""], "-f/--file: expected a file name, got ''"),
 ])
 def test_main_bad_flags(args, fragment):
     args = [model_path("f32") if a == "M" else a for a in args]
@@ -95,6 +108,74 @@ def test_main_bad_files():
         assert path in line and fragment in line
     line = assert_one_line_error(main("-m", model_path("f32"), "-f", scratch_path("none.txt")), 1)
     assert "none.txt" in line
+
+
+def verbose_prompt_tokens(*args):
+    """The `id -> 'piece'` lines of `ggml-main --verbose-prompt -n 0` (the bundled model)."""
+    proc = main(*args, "--verbose-prompt", "-n", 0, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stderr.splitlines() if re.match(r" *\d+ -> '", line)]
+
+
+def test_main_prompt_is_read_as_llama_cli_reads_it(tmp_path):
+    plain = verbose_prompt_tokens("-p", "ROMEO.")
+    assert plain[0] == "     1 -> '<s>'" and len(plain) == 5
+    # special tokens are parsed, as common_tokenize(ctx, prompt, true, true)
+    assert verbose_prompt_tokens("-p", "<s>ROMEO.") == plain[:1] + plain
+    # -f drops one trailing newline (common/arg.cpp)
+    (tmp_path / "one.txt").write_bytes(b"ROMEO.\n")
+    assert verbose_prompt_tokens("-f", tmp_path / "one.txt") == plain
+    (tmp_path / "two.txt").write_bytes(b"ROMEO.\n\n")
+    assert len(verbose_prompt_tokens("-f", tmp_path / "two.txt")) == len(plain) + 1
+    # an invalid UTF-8 byte becomes its byte token, from -p (argv) and -f alike
+    (tmp_path / "byte.txt").write_bytes(b"ROMEO.\xff\n")
+    from_file = verbose_prompt_tokens("-f", tmp_path / "byte.txt")
+    assert from_file == verbose_prompt_tokens("-p", os.fsdecode(b"ROMEO.\xff"))
+    assert from_file[:-1] == plain and from_file[-1].startswith("   258 -> ")   # <0xFF>
+
+
+def test_read_prompt_file_keeps_bytes_and_drops_one_newline(tmp_path):
+    (tmp_path / "p.txt").write_bytes(b"a\xffb\n\n")
+    assert read_prompt_file(tmp_path / "p.txt") == "a\udcffb\n"
+
+
+def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
+    (tmp_path / "long.txt").write_text("ROMEO. " * 300)
+    proc = main("-f", tmp_path / "long.txt", "-n", 1, "-t", 1)
+    assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1].startswith("ggml-main: error: the prompt has")
+
+
+def test_context_sizes():
+    # -c 0: the model's training context; a larger one is warned about, as llama.cpp does
+    proc = main("-m", model_path("f32"), "-c", 0, "-p", "Hi", "-n", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_ctx = 512," in proc.stderr and "training context overflow" not in proc.stderr
+    proc = main("-m", model_path("f32"), "-c", 1024, "-p", "Hi", "-n", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "main: warning: n_ctx (1024) > n_ctx_train (512) -- possible training context " \
+           "overflow" in proc.stderr
+    proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 0,
+               "--chunks", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_ctx=512," in proc.stderr and proc.stdout.startswith("[1]")
+
+
+def test_a_model_without_a_training_context_needs_c(tmp_path):
+    path = tmp_path / "ctx0.gguf"
+    write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())
+    for module in ("ggml_py.cli.main", "ggml_py.cli.perplexity"):
+        line = assert_one_line_error(run(module, "-m", path, "-f", TEXT_FILE), code=1)
+        assert "context_length) is 0" in line and "argument -c" not in line
+
+
+def test_a_context_too_large_to_allocate_is_one_line():
+    huge = 10**12
+    for module, args in (("ggml_py.cli.main", ["-c", huge, "-p", "x"]),
+                         ("ggml_py.cli.perplexity", ["-c", huge]),
+                         ("ggml_py.bench", ["model", "-p", huge, "-n", 1, "-t", 1, "-r", 1])):
+        line = assert_one_line_error(run(module, *args), code=1)
+        assert f"cannot allocate the KV cache for n_ctx={huge}: " in line and "GiB" in line
 
 
 def run_into_closed_pipe(module, *args):
@@ -157,6 +238,12 @@ def test_perplexity_cli_matches_api():
 
 
 def test_perplexity_cli_errors():
+    for args, fragment in [(["--chunks", 0], "--chunks: must be at least 1, or -1 for all chunks"),
+                           (["-c", 2], "-c/--ctx-size: must be at least 4"),
+                           (["-c", -5], "-c/--ctx-size: must be at least 0"),
+                           (["-f", ""], "-f/--file: expected a file name")]:
+        line = assert_one_line_error(run("ggml_py.cli.perplexity", *args), code=2)
+        assert fragment in line
     short = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 4096)
     assert short.returncode == 1 and "Traceback" not in short.stderr
     assert short.stderr.strip().splitlines()[-1].startswith(
@@ -188,6 +275,15 @@ def test_bench_model_errors():
     assert "no such file" in line
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 1)
+    for threads in ("999", ","):
+        assert_one_line_error(run("ggml_py.bench", "model", "-p", 4, "-n", 1, "-r", 1,
+                                  "-t", threads), 1)
+    if os.path.exists("/dev/full"):   # stdout that cannot be written
+        with open("/dev/full", "w") as full:
+            proc = subprocess.run([sys.executable, "-m", "ggml_py.bench", "model", "-p", "4",
+                                   "-n", "1", "-t", "1", "-r", "1"], stdout=full,
+                                  stderr=subprocess.PIPE, text=True, env=ENV, cwd=CWD, timeout=120)
+        assert "No space left on device" in assert_one_line_error(proc, 1)
 
 
 # ---- --tune / --tune-file -----------------------------------------------------------

@@ -1,14 +1,18 @@
 """The Llama API: tokenize, eval, generate, perplexity."""
 import math
+import os
+import pathlib
 
 import numpy as np
 import pytest
 
-from llama_models import TEXT, model_path
+from llama_models import N_VOCAB, TEXT, model_path, vocab
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
+from ggml_py.llama import MAX_THREADS
 from ggml_py.perplexity import token_nll
+from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.sampling import Sampler
 
 
@@ -162,3 +166,100 @@ def test_llama_without_a_path_loads_the_bundled_model():
     assert ids[0] == llm.token_bos() and llm.detokenize(ids[1:]) == "ROMEO."
     text = "".join(llm.generate("ROMEO.", max_tokens=8, temperature=0))
     assert text == "".join(llm.generate("ROMEO.", max_tokens=8, temperature=0)) and text.strip()
+
+
+# ---- bad input: a clear TypeError / ValueError naming the argument ------------------
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(n_threads=999), ValueError, r"n_threads must be in 1\.\.256, got 999"),
+    (dict(n_threads=-1), ValueError, "n_threads must be in"),
+    (dict(n_threads=2.5), TypeError, "n_threads must be an integer"),
+    (dict(kv_pad=0), ValueError, "kv_pad must be at least 1"),
+    (dict(n_ctx=-5), ValueError, "n_ctx must be at least 0"),
+    (dict(n_batch=0), ValueError, "n_batch must be at least 1"),
+])
+def test_bad_constructor_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gg.Llama(model_path("f32"), **{"n_ctx": 16, **kwargs})
+
+
+def test_max_threads_is_the_pools_limit():
+    header = os.path.join(os.path.dirname(__file__), "..", "include", "ggml_py_pool.h")
+    assert f"#define GGML_PY_MAX_THREADS {MAX_THREADS}\n" in open(header).read()
+    with pytest.raises(ValueError):
+        gg.ThreadPool(MAX_THREADS + 1)
+
+
+def test_model_path_as_bytes_or_path():
+    path = model_path("f32")
+    assert gg.Llama(path.encode(), n_ctx=16, n_threads=1).model_path == path
+    assert gg.Llama(pathlib.Path(path), n_ctx=16, n_threads=1).model_path == path
+
+
+def test_a_context_too_large_to_allocate_is_a_value_error():
+    with pytest.raises(ValueError, match=r"cannot allocate the KV cache for n_ctx=1000000000000: "
+                                         r"[\d.]+ GiB"):
+        gg.Llama(model_path("f32"), n_ctx=10**12, n_threads=1)
+
+
+def test_training_context_of_zero_needs_an_n_ctx(tmp_path):
+    path = tmp_path / "ctx0.gguf"
+    write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())
+    with pytest.raises(gg.ModelLoadError, match="context_length is 0"):
+        gg.Llama(path, n_ctx=0)
+    assert gg.Llama(path, n_ctx=16, n_threads=1).n_ctx() == 16
+
+
+def test_text_is_str_bytes_or_bytearray(llm):
+    ids = llm.tokenize("Hello world")
+    assert llm.tokenize(bytearray(b"Hello world")) == ids
+    for bad in (None, 123, [1, 2]):
+        with pytest.raises(TypeError, match="text must be str, bytes or bytearray"):
+            llm.tokenize(bad)
+    greedy = dict(max_tokens=4, temperature=0, ignore_eos=True)
+    assert "".join(llm.generate(bytearray(b"The cat"), **greedy)) == \
+        "".join(llm.generate("The cat", **greedy))
+
+
+def test_token_ids_must_be_integers(llm):
+    llm.reset()
+    with pytest.raises(TypeError, match="token id must be an integer, got 1.7"):
+        llm.eval([1.7])
+    with pytest.raises(TypeError, match="expected token ids"):
+        llm.eval("abc")
+    assert llm.n_tokens == 0
+    assert llm.eval(np.array([1, 2], np.int32)).shape == (2, llm.n_vocab())   # numpy ints: fine
+    llm.reset()
+
+
+def test_generate_checks_its_arguments_when_called(llm):
+    for kwargs, match in [(dict(repeat_last_n=-5), "repeat_last_n must be at least -1"),
+                          (dict(seed=-2), "seed must be at least -1"),
+                          (dict(repeat_penalty=0), "repeat_penalty must be a positive number"),
+                          (dict(temperature=float("nan")), "temperature must be a number")]:
+        with pytest.raises(ValueError, match=match):
+            llm.generate("The", **kwargs)               # not even iterated
+    with pytest.raises(ValueError, match="the prompt has 200 tokens, the context 128"):
+        llm.generate_tokens([1] * 200)
+    assert len(list(llm.generate("The", max_tokens=3, seed=-1, ignore_eos=True))) >= 1
+
+
+def test_repeat_last_n_minus_one_is_the_whole_context(llm):
+    def tokens(repeat_last_n):
+        params = gg.SamplingParams(temperature=0, repeat_penalty=1.5, repeat_last_n=repeat_last_n)
+        return list(llm.generate_tokens("Once upon a time", params, max_tokens=24, ignore_eos=True))
+    assert tokens(-1) == tokens(llm.n_ctx()) != tokens(0)
+
+
+def test_perplexity_input_and_arguments(llm):
+    tokens = llm.tokenize(TEXT)[:200]
+    text = llm.detokenize(tokens[1:])
+    expected = llm.perplexity(text, n_ctx=64, n_chunks=2).ppl
+    assert llm.perplexity(text.encode(), n_ctx=64, n_chunks=2).ppl == expected
+    assert llm.perplexity(bytearray(text.encode()), n_ctx=64, n_chunks=2).ppl == expected
+    assert llm.perplexity(text, n_ctx=64, n_chunks=2, n_batch=None).ppl == expected
+    for kwargs, match in [(dict(n_chunks=0), "n_chunks must be at least 1, or negative"),
+                          (dict(n_batch=-3), "n_batch must be at least 1, got -3"),
+                          (dict(n_batch=0), "n_batch must be at least 1, got 0")]:
+        with pytest.raises(ValueError, match=match):
+            llm.perplexity(text, n_ctx=64, **kwargs)

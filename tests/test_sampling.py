@@ -88,3 +88,33 @@ def test_same_seed_same_tokens(seed):
     other = Sampler(SamplingParams(temperature=1.0, top_k=100, top_p=0.9, min_p=0.01, seed=seed + 1))
     a = Sampler(params)
     assert [a.sample(logits) for _ in range(30)] != [other.sample(logits) for _ in range(30)]
+
+
+def test_repeat_window_minus_one_is_every_token():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=10.0, repeat_last_n=-1))
+    s.accept_all([1, 3, 0])                            # llama.cpp's -1: the whole context
+    assert list(s.history) == [1, 3, 0]
+    assert s.sample(LOGITS) == 4                       # 1, 3 and 0 penalised
+
+
+def test_seed_minus_one_draws_a_random_seed():
+    s = Sampler(SamplingParams(temperature=1.0, seed=-1))    # as the CLI's -s -1
+    assert 0 <= s.sample(LOGITS) < len(LOGITS)
+
+
+@pytest.mark.parametrize("params, error, match", [
+    (dict(repeat_penalty=0.0), ValueError, "repeat_penalty must be a positive number"),
+    (dict(repeat_penalty=-1.0), ValueError, "repeat_penalty"),
+    (dict(repeat_penalty=float("inf")), ValueError, "repeat_penalty"),
+    (dict(repeat_penalty=float("nan")), ValueError, "repeat_penalty"),
+    (dict(temperature=float("nan")), ValueError, "temperature must be a number"),
+    (dict(top_p=float("nan")), ValueError, "top_p"),
+    (dict(min_p=float("nan")), ValueError, "min_p"),
+    (dict(repeat_last_n=-2), ValueError, "repeat_last_n must be at least -1, got -2"),
+    (dict(repeat_last_n=2.5), TypeError, "repeat_last_n must be an integer"),
+    (dict(top_k=1.5), TypeError, "top_k must be an integer"),
+    (dict(seed=-2), ValueError, "seed must be at least -1"),
+])
+def test_bad_params_are_refused(params, error, match):
+    with pytest.raises(error, match=match):
+        SamplingParams(**params)

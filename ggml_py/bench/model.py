@@ -7,7 +7,6 @@ Reported: tokens per second, mean ± standard deviation over the repetitions.
 """
 import json
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -16,19 +15,26 @@ from ggml_py.bench.mulmat import read_bandwidth
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.gguf_model import ModelLoadError
+from ggml_py.cli.common import file_name
+from ggml_py.cli.common import run as run_reporting_errors
+from ggml_py.llama import MAX_THREADS
+
+PROG = "ggml-bench model"
 
 
 def _int_list(text):
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+        values = []
+    if not values:
+        raise ValueError(f"expected comma-separated integers, got {text!r}")
     return values
 
 
 def add_arguments(parser):
-    parser.add_argument("-m", "--model", default=None, metavar="FNAME",
+    """The flags of `ggml-bench model` (llama-bench's names)."""
+    parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
                         help="GGUF model file (default: the bundled Shakespeare model)")
     parser.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated (default 512)")
     parser.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma-separated (default 128)")
@@ -77,20 +83,23 @@ def run_test(llm, kind, n, repetitions):
 
 
 def run(args):
-    try:
-        n_prompts, n_gens = _int_list(args.n_prompt), _int_list(args.n_gen)
-        threads = _int_list(args.threads) if args.threads else [gg.default_threads()]
-        if any(t < 1 for t in threads) or any(n < 0 for n in n_prompts + n_gens):
-            raise ValueError("thread counts must be >= 1 and token counts >= 0")
-        if args.repetitions < 1 or args.batch_size < 1:
-            raise ValueError("repetitions and batch size must be at least 1")
-        n_ctx = max([n for n in n_prompts + n_gens] + [1])
-        args.model = args.model or default_model_path()
-        llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
-                       kv_type=args.cache_type_k)
-    except (ModelLoadError, ValueError, OSError) as e:
-        print(f"ggml-bench model: error: {e}", file=sys.stderr)
-        return 1
+    """Run the benchmark; a bad flag value, model file or context size, or output that
+    cannot be written, ends in one line and exit status 1."""
+    return run_reporting_errors(PROG, bench_model, args)
+
+
+def bench_model(args):
+    """Time every test at every thread count; print the table (or JSON). Returns 0."""
+    n_prompts, n_gens = _int_list(args.n_prompt), _int_list(args.n_gen)
+    threads = _int_list(args.threads) if args.threads else [gg.default_threads()]
+    if any(not 1 <= t <= MAX_THREADS for t in threads) or any(n < 0 for n in n_prompts + n_gens):
+        raise ValueError(f"thread counts must be in 1..{MAX_THREADS} and token counts >= 0")
+    if args.repetitions < 1 or args.batch_size < 1:
+        raise ValueError("repetitions and batch size must be at least 1")
+    n_ctx = max([n for n in n_prompts + n_gens] + [1])
+    args.model = args.model or default_model_path()
+    llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
+                   kv_type=args.cache_type_k)
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]

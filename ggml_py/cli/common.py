@@ -1,6 +1,7 @@
 """What the command-line programs share: one-line errors, model loading, flags."""
 import argparse
 import functools
+import math
 import os
 import sys
 
@@ -30,6 +31,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def positive_int(text):
+    """An integer flag that must be at least 1."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -37,20 +39,68 @@ def positive_int(text):
 
 
 def thread_count(text):
+    """A thread count flag: 1..MAX_THREADS (the worker pool's limit)."""
+    from ggml_py.llama import MAX_THREADS
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"thread count must be at least 1, got {value}")
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"thread count must be at most {MAX_THREADS}, got {value}")
     return value
+
+
+def ctx_size(text):
+    """-c: a token count, or 0 for the model's training context."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0 (0: the model's training "
+                                         f"context), got {value}")
+    return value
+
+
+def file_name(text):
+    """A file flag: an empty name is refused (it must not fall back to a default file)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a file name, got ''")
+    return text
+
+
+def number(text):
+    """A float flag; NaN is refused (it compares false with everything)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    return value
+
+
+def positive_number(text):
+    """A float flag that must be finite and > 0."""
+    value = number(text)
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def read_prompt_file(path):
+    """The text of a prompt file as llama.cpp reads `-f`: the raw bytes (invalid UTF-8
+    kept as surrogate escapes, as for a command-line argument, so byte tokens stand
+    for them) with one trailing newline dropped."""
+    with open(path, "rb") as f:
+        text = f.read().decode("utf-8", "surrogateescape")
+    return text[:-1] if text.endswith("\n") else text
 
 
 def add_model_arguments(parser, ctx_default):
     """Flags every program has, with llama.cpp's names."""
-    parser.add_argument("-m", "--model", default=None, metavar="FNAME",
+    parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
                         help="model path (a llama-architecture GGUF file; default: the bundled "
                              "Shakespeare model)")
     parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
                         help="threads (default: physical cores)")
-    parser.add_argument("-c", "--ctx-size", type=int, default=None, metavar="N",
+    parser.add_argument("-c", "--ctx-size", type=ctx_size, default=None, metavar="N",
                         help=f"context size in tokens (default: {ctx_default}, or the model's "
                              f"training context when that is smaller; 0 = from model)")
     parser.set_defaults(ctx_default=ctx_default)
@@ -80,18 +130,21 @@ def setup_tune(llm, args, log):
     from ggml_py import tune
     from ggml_py.tune_bench import bench, model_shapes
     if args.tune:
+        if args.tune_file is not None:
+            tune.check_writable(args.tune_file, not_over=llm.model.file.path)
         name, shapes = model_shapes(llm.model.file)
-        m_values = [2 ** i for i in range(max(args.batch_size - 1, 1).bit_length() + 1)]
+        m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
+        m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
         log(f"tune: benched {len(shapes)} shapes x {len(m_values)} M at {llm.n_threads()} threads "
             f"in {time.perf_counter() - start:.1f} s")
-        if args.tune_file:
+        if args.tune_file is not None:
             data.save(args.tune_file)
             log(f"tune: saved {args.tune_file}")
             return True
         llm.set_tune(data)
-    elif args.tune_file:
+    elif args.tune_file is not None:
         try:
             llm.set_tune(args.tune_file)
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
@@ -101,13 +154,27 @@ def setup_tune(llm, args, log):
 
 
 def resolve_ctx_size(args):
-    """-c as given, else the program's default capped at the model's training context."""
-    if args.ctx_size is None:
+    """-c as given; -c 0: the model's training context; no -c: the program's default
+    capped at the training context. A model whose training context is not positive
+    needs a -c N."""
+    if not args.ctx_size:
         from ggml_py.gguf_model import GGUFModelFile
         from ggml_py.llama import LlamaConfig
-        n_ctx_train = LlamaConfig.from_gguf(GGUFModelFile(args.model)).n_ctx_train
-        args.ctx_size = min(args.ctx_default, n_ctx_train)
+        f = GGUFModelFile(args.model)
+        n_ctx_train = LlamaConfig.from_gguf(f).n_ctx_train
+        if n_ctx_train < 1:
+            raise f.error(f"the model's training context (context_length) is {n_ctx_train}; "
+                          f"give a context size with -c N")
+        args.ctx_size = n_ctx_train if args.ctx_size == 0 else min(args.ctx_default, n_ctx_train)
     return args.ctx_size
+
+
+def warn_past_training_context(llm, log, name):
+    """Warn, as llama.cpp does, when the context is longer than the model was trained on."""
+    n_ctx_train = llm.config.n_ctx_train
+    if llm.n_ctx() > n_ctx_train:
+        log(f"{name}: warning: n_ctx ({llm.n_ctx()}) > n_ctx_train ({n_ctx_train}) -- possible "
+            f"training context overflow")
 
 
 def kv_type(parser, args):

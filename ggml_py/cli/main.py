@@ -4,34 +4,46 @@ The prompt and the generated text go to stdout as they are produced; the
 system info, load time and the timings at the end go to stderr. Ctrl-C stops
 generation and still prints the timings (exit status 130).
 """
+import argparse
 import random
 import sys
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, kv_type,
-                                resolve_ctx_size, run, setup_tune)
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
+                                kv_type, number, positive_number, read_prompt_file,
+                                resolve_ctx_size, run, setup_tune, warn_past_training_context)
 from ggml_py.sampling import SamplingParams
 
 PROG = "ggml-main"
 
 
+def repeat_window(text):
+    """--repeat-last-n: a token count, 0 (off) or -1 (the whole context), as llama.cpp."""
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be at least -1 (-1: the context), got {value}")
+    return value
+
+
 def build_parser():
     p = ArgumentParser(prog=PROG, description="Generate text with a llama-architecture GGUF model.")
     add_model_arguments(p, ctx_default=2048)
-    p.add_argument("-p", "--prompt", default="", help="prompt to start generation with")
-    p.add_argument("-f", "--file", metavar="FNAME", help="a file holding the prompt (overrides -p)")
+    p.add_argument("-p", "--prompt", default="",
+                   help="prompt to start generation with (special tokens such as <s> are parsed)")
+    p.add_argument("-f", "--file", type=file_name, metavar="FNAME",
+                   help="a file holding the prompt, less one trailing newline (overrides -p)")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="tokens to predict (default: -1 = until end of text or full context)")
     p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
                    help="RNG seed (default: -1, a random seed)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
+    p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default: 40, 0 = off)")
-    p.add_argument("--top-p", type=float, default=0.95, help="top-p sampling (default: 0.95, 1.0 = off)")
-    p.add_argument("--min-p", type=float, default=0.05, help="min-p sampling (default: 0.05, 0.0 = off)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0,
-                   help="penalize repeated tokens (default: 1.0 = off)")
-    p.add_argument("--repeat-last-n", type=int, default=64,
+    p.add_argument("--top-p", type=number, default=0.95, help="top-p sampling (default: 0.95, 1.0 = off)")
+    p.add_argument("--min-p", type=number, default=0.05, help="min-p sampling (default: 0.05, 0.0 = off)")
+    p.add_argument("--repeat-penalty", type=positive_number, default=1.0,
+                   help="penalize repeated tokens (default: 1.0 = off; must be > 0)")
+    p.add_argument("--repeat-last-n", type=repeat_window, default=64,
                    help="last n tokens the penalty considers (default: 64, 0 = off, -1 = context)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never end at an end-of-text token (its logit is set to -inf)")
@@ -49,10 +61,7 @@ def main(argv=None):
     args.model = args.model or default_model_path()
     resolve_ctx_size(args)
     cache_type = kv_type(parser, args)
-    prompt = args.prompt
-    if args.file is not None:
-        with open(args.file, encoding="utf-8", errors="replace") as f:
-            prompt = f.read()
+    prompt = args.prompt if args.file is None else read_prompt_file(args.file)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm = gg.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
@@ -62,19 +71,24 @@ def main(argv=None):
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
         f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab}, "
         f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
+    warn_past_training_context(llm, log, "main")
     if setup_tune(llm, args, log):
         return 0
 
-    ids = llm.tokenize(prompt) or [llm.token_bos()]
+    # as llama-cli: special tokens in the prompt ("<s>") are parsed
+    ids = llm.tokenize(prompt, special=True) or [llm.token_bos()]
+    repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                            min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                            repeat_last_n=repeat_last_n, seed=seed)
+    # checks now that the prompt fits the context: nothing is echoed for one that does not
+    generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
+                                    ignore_eos=args.ignore_eos)
     if args.verbose_prompt:
         log(f"main: prompt: '{prompt}'")
         log(f"main: number of tokens in prompt = {len(ids)}")
         for t in ids:
             log(f"{t:6d} -> '{llm.tokenizer.token_to_piece(t).decode('utf-8', 'replace')}'")
-    repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
-                            min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                            repeat_last_n=repeat_last_n, seed=seed)
     log(f"sampler params: repeat_last_n = {repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}, "
         f"top_k = {args.top_k}, top_p = {args.top_p:.3f}, min_p = {args.min_p:.3f}, temp = {args.temp:.3f}")
     log(f"generate: n_ctx = {llm.n_ctx()}, n_batch = {args.batch_size}, "
@@ -87,8 +101,7 @@ def main(argv=None):
     try:
         out.write("".join(decoder.feed(t) for t in ids))
         out.flush()
-        for token in llm.generate_tokens(ids, params, max_tokens=args.n_predict,
-                                         ignore_eos=args.ignore_eos):
+        for token in generated:
             out.write(decoder.feed(token))
             out.flush()
         out.write(decoder.flush() + "\n")

@@ -6,24 +6,35 @@ bar with the time left. When stdout and stderr are the same terminal, the
 running values show in the bar and the `[i]` line is printed when done (a bar
 and a growing line cannot share one terminal line).
 """
+import argparse
 import sys
 import time
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path, default_text_path
-from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, kv_type,
-                                resolve_ctx_size, run, setup_tune)
+from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
+                                kv_type, read_prompt_file, resolve_ctx_size, run, setup_tune,
+                                warn_past_training_context)
 
 PROG = "ggml-perplexity"
+
+
+def chunk_count(text):
+    """--chunks: at least 1, or negative for all chunks (0 would score nothing)."""
+    value = int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1, or -1 for all chunks, got 0")
+    return value
 
 
 def build_parser():
     p = ArgumentParser(prog=PROG, description="Perplexity of a text file, llama.cpp's method.")
     add_model_arguments(p, ctx_default=512)
-    p.add_argument("-f", "--file", default=None, metavar="FNAME",
-                   help="text file to score (default: the bundled held-out Shakespeare text)")
-    p.add_argument("--chunks", type=int, default=-1, metavar="N",
-                   help="score at most N chunks (default: -1 = all)")
+    p.add_argument("-f", "--file", type=file_name, default=None, metavar="FNAME",
+                   help="text file to score, less one trailing newline (default: the bundled "
+                        "held-out Shakespeare text)")
+    p.add_argument("--chunks", type=chunk_count, default=-1, metavar="N",
+                   help="score at most N chunks (default: -1 = all; 0 is refused)")
     return p
 
 
@@ -36,24 +47,27 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.model = args.model or default_model_path()
-    resolve_ctx_size(args)
+    if args.ctx_size and args.ctx_size < 4:
+        parser.error(f"argument -c/--ctx-size: must be at least 4 (0: the model's training "
+                     f"context), got {args.ctx_size}")
+    n_ctx = resolve_ctx_size(args)
+    if n_ctx < 4:
+        raise ValueError(f"{args.model}: the model's training context is {n_ctx} tokens; "
+                         f"perplexity needs at least 4: give -c N")
     args.file = args.file or default_text_path()
     cache_type = kv_type(parser, args)
-    if args.ctx_size < 4:
-        parser.error(f"argument -c/--ctx-size: must be at least 4, got {args.ctx_size}")
-    with open(args.file, encoding="utf-8", errors="replace") as f:
-        text = f.read()
+    text = read_prompt_file(args.file)    # as llama.cpp's -f, for every program
 
-    n_ctx = args.ctx_size
     llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=args.threads, n_batch=args.batch_size,
                    kv_type=cache_type)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
+    warn_past_training_context(llm, log, "perplexity")
     if setup_tune(llm, args, log):
         return 0
     log("perplexity: tokenizing the input ..")
     t0 = time.perf_counter()
-    tokens = llm.tokenize(text, add_bos=True)
+    tokens = llm.tokenize(text, add_bos=True)   # as llama-perplexity: "<s>" etc. stay text
     log(f"perplexity: tokenization took {1e3 * (time.perf_counter() - t0):g} ms")
     if len(tokens) < 2 * n_ctx:
         raise ValueError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a "
