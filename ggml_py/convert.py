@@ -18,12 +18,18 @@ in llama.cpp's order and is written unchanged.
 
 Neither ``safetensors`` nor ``sentencepiece`` is needed: both formats are read
 here with numpy and a small protobuf reader.
+
+The weights are memory-mapped while the GGUF is written, so the output is written
+to a temporary file and renamed into place when complete, and an output that is
+one of the checkpoint's files is refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import struct
 import sys
 from dataclasses import dataclass
@@ -33,6 +39,7 @@ from typing import Iterator
 import numpy as np
 
 from ggml_py.cli.common import console_script
+from ggml_py.gguf_write import atomic_output
 
 
 class ConvertError(Exception):
@@ -63,7 +70,56 @@ class LlamaParams:
     eos_id: int | None
 
 
+def _positive_int(cfg: dict, key: str, path: Path, default: int | None = None) -> int:
+    """config.json's `key` as a positive int (4096.0 is taken as 4096); `default`
+    when absent or null, an error when absent without one."""
+    value = cfg.get(key)
+    if value is None:
+        if default is None:
+            raise ConvertError(f"{path}: missing key {key!r}")
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConvertError(f"{path}: {key} is {value!r}, not a positive integer")
+    if value >= 2**31:      # GGUF stores these as 32-bit integers
+        raise ConvertError(f"{path}: {key} is {value}, too large")
+    return value
+
+
+def _positive_float(value, what: str, path: Path, default: float | None = None) -> float:
+    """A positive, finite number from config.json (`what` names it); `default` for null."""
+    if value is None and default is not None:
+        return default
+    number = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:   # an int beyond float
+            pass
+    if number is None or not 0 < number < float("inf"):
+        raise ConvertError(f"{path}: {what} is {value!r}, not a positive number")
+    return number
+
+
+def _rope_scaling_linear(cfg: dict, path: Path) -> float | None:
+    """The factor of a linear `rope_scaling`; None without scaling; an error for other kinds."""
+    scaling = cfg.get("rope_scaling")
+    if not scaling:
+        return None
+    if not isinstance(scaling, dict):
+        raise ConvertError(f"{path}: rope_scaling is {scaling!r}, not an object "
+                           '(like {"type": "linear", "factor": 2.0})')
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "linear":
+        raise ConvertError(f"{path}: rope_scaling type {kind!r} is not supported (only 'linear')")
+    if "factor" not in scaling:
+        raise ConvertError(f"{path}: rope_scaling has no factor")
+    return _positive_float(scaling["factor"], "rope_scaling factor", path)
+
+
 def read_config(model_dir: Path) -> LlamaParams:
+    """config.json -> LlamaParams; every value checked, errors name the key."""
     path = model_dir / "config.json"
     if not path.is_file():
         raise ConvertError(f"{model_dir}: no config.json")
@@ -74,43 +130,47 @@ def read_config(model_dir: Path) -> LlamaParams:
     if not isinstance(cfg, dict):
         raise ConvertError(f"{path}: not a JSON object")
     archs = cfg.get("architectures") or []
-    if "LlamaForCausalLM" not in archs and cfg.get("model_type") != "llama":
-        found = ", ".join(archs) or cfg.get("model_type") or "none given"
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConvertError(f"{path}: architectures is {archs!r}, not a list of class names")
+    model_type = cfg.get("model_type")
+    if "LlamaForCausalLM" not in archs and model_type != "llama":
+        found = ", ".join(archs) or (model_type if isinstance(model_type, str) else "") or "none given"
         raise ConvertError(f"{path}: not a llama model (architectures: {found}); "
                            "only LlamaForCausalLM is supported")
-    try:
-        n_embd, n_head = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-        params = dict(
-            n_vocab=int(cfg["vocab_size"]), n_embd=n_embd, n_ff=int(cfg["intermediate_size"]),
-            n_layer=int(cfg["num_hidden_layers"]), n_head=n_head,
-            n_head_kv=int(cfg.get("num_key_value_heads") or n_head),
-            n_ctx=int(cfg.get("max_position_embeddings", 2048)),
-            rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", 10000.0)),
-            rope_dim=int(cfg.get("head_dim") or n_embd // n_head),
-        )
-    except KeyError as e:
-        raise ConvertError(f"{path}: missing key {e.args[0]!r}") from None
-    except (TypeError, ValueError) as e:
-        raise ConvertError(f"{path}: bad value ({e})") from None
-    if params["rope_dim"] * n_head != n_embd or params["rope_dim"] % 2 or n_head % params["n_head_kv"]:
-        raise ConvertError(f"{path}: inconsistent heads (hidden_size {n_embd}, heads {n_head}, "
-                           f"kv heads {params['n_head_kv']}, head_dim {params['rope_dim']})")
+    n_embd = _positive_int(cfg, "hidden_size", path)
+    n_head = _positive_int(cfg, "num_attention_heads", path)
+    n_head_kv = _positive_int(cfg, "num_key_value_heads", path, default=n_head)
+    if cfg.get("head_dim") is None and n_embd % n_head:
+        raise ConvertError(f"{path}: hidden_size {n_embd} is not a multiple of "
+                           f"num_attention_heads {n_head}")
+    head_dim = _positive_int(cfg, "head_dim", path, default=n_embd // n_head)
+    if head_dim * n_head != n_embd:
+        raise ConvertError(f"{path}: head_dim {head_dim} × num_attention_heads {n_head} is not "
+                           f"hidden_size {n_embd}")
+    if head_dim % 2:
+        raise ConvertError(f"{path}: the head size {head_dim} is odd (RoPE rotates pairs)")
+    if n_head % n_head_kv:
+        raise ConvertError(f"{path}: num_attention_heads {n_head} is not a multiple of "
+                           f"num_key_value_heads {n_head_kv}")
     pairing = cfg.get("rope_pairing", "half")
     if pairing not in ("half", "adjacent"):
         raise ConvertError(f"{path}: rope_pairing must be 'half' or 'adjacent', not {pairing!r}")
-    scaling, linear = cfg.get("rope_scaling"), None
-    if scaling:
-        kind = scaling.get("rope_type", scaling.get("type"))
-        if kind != "linear":
-            raise ConvertError(f"{path}: rope_scaling type {kind!r} is not supported (only 'linear')")
-        linear = float(scaling["factor"])
+    tied = cfg.get("tie_word_embeddings") or False
+    if not isinstance(tied, bool):
+        raise ConvertError(f"{path}: tie_word_embeddings is {tied!r}, not true or false")
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
-    return LlamaParams(**params, tied=bool(cfg.get("tie_word_embeddings", False)),
-                       adjacent_rope=pairing == "adjacent", rope_scaling_linear=linear,
-                       bos_id=cfg.get("bos_token_id"), eos_id=eos)
+    return LlamaParams(
+        n_vocab=_positive_int(cfg, "vocab_size", path), n_embd=n_embd,
+        n_ff=_positive_int(cfg, "intermediate_size", path),
+        n_layer=_positive_int(cfg, "num_hidden_layers", path), n_head=n_head, n_head_kv=n_head_kv,
+        n_ctx=_positive_int(cfg, "max_position_embeddings", path, default=2048),
+        rms_eps=_positive_float(cfg.get("rms_norm_eps"), "rms_norm_eps", path, default=1e-6),
+        rope_theta=_positive_float(cfg.get("rope_theta"), "rope_theta", path, default=10000.0),
+        rope_dim=head_dim, tied=tied, adjacent_rope=pairing == "adjacent",
+        rope_scaling_linear=_rope_scaling_linear(cfg, path),
+        bos_id=cfg.get("bos_token_id"), eos_id=eos)
 
 
 # ----------------------------------------------------------------------------- weights
@@ -118,6 +178,25 @@ def read_config(model_dir: Path) -> LlamaParams:
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
               "BOOL": np.bool_}
+
+
+def _is_count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
+def _safetensors_entry(info) -> tuple:
+    """(numpy dtype, begin, end, shape) of a header entry; (None, ...) when malformed:
+    an unknown dtype, offsets that are not two counts in order, a shape not of counts."""
+    bad = (None, 0, 0, ())
+    if not isinstance(info, dict):
+        return bad
+    dtype = _ST_DTYPES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+    offsets, shape = info.get("data_offsets"), info.get("shape")
+    if (dtype is None or not isinstance(offsets, list) or len(offsets) != 2
+            or not all(map(_is_count, offsets)) or offsets[0] > offsets[1]
+            or not isinstance(shape, list) or not all(map(_is_count, shape))):
+        return bad
+    return dtype, offsets[0], offsets[1], tuple(shape)
 
 
 def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
@@ -136,17 +215,16 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
             header = json.loads(f.read(n_header))
     except (json.JSONDecodeError, UnicodeDecodeError, struct.error):
         raise ConvertError(f"{path}: not a safetensors file (bad header)") from None
+    if not isinstance(header, dict):
+        raise ConvertError(f"{path}: not a safetensors file (the header is not a JSON object)")
     data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n_header)
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype = _ST_DTYPES[info["dtype"]]
-            begin, end = info["data_offsets"]
-            shape = tuple(int(n) for n in info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise ConvertError(f"{path}: tensor {name!r}: bad entry {info!r}") from None
-        count = int(np.prod(shape, dtype=np.int64))
+        dtype, begin, end, shape = _safetensors_entry(info)
+        if dtype is None:
+            raise ConvertError(f"{path}: tensor {name!r}: bad entry {info!r}")
+        count = math.prod(shape)
         if end - begin != count * np.dtype(dtype).itemsize or end > len(data):
             raise ConvertError(f"{path}: tensor {name!r}: data size does not match its shape")
         array = data[begin:end].view(dtype).reshape(shape)
@@ -528,6 +606,14 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
     w.close()
 
 
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The files of a checkpoint directory that ``convert`` reads."""
+    names = ("config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+    files = [model_dir / n for n in names]
+    files += [*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin")]
+    return [f for f in files if f.is_file()]
+
+
 def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: str = "f16",
             log=print, vocab_only: bool = False) -> Path:
     """Convert an HF-style llama checkpoint directory to a GGUF file; returns its path.
@@ -539,14 +625,20 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         raise ConvertError(f"unknown --outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     if not model_dir.is_dir():
         raise ConvertError(f"{model_dir}: not a directory")
+    out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
+    for f in checkpoint_files(model_dir):
+        if out.exists() and os.path.samefile(out, f):
+            raise ConvertError(f"{out}: is the checkpoint's {f.name}; write the GGUF to another path")
     params = read_config(model_dir)
     vocab = read_vocab(model_dir, params)
     tensors = {} if vocab_only else map_tensors(read_weights(model_dir), params)
-    out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
     log(f"{model_dir}: llama, {params.n_layer} layers, {params.n_embd} wide, vocab {params.n_vocab}, "
         f"rope pairs {'adjacent (kept)' if params.adjacent_rope else 'half (q/k permuted)'}")
     try:
-        write_gguf(out, params, tensors, vocab, outtype, model_dir.resolve().name, log)
+        # the weights are memory-mapped from the checkpoint: never write over a file
+        # in use, and let a failed run leave no half-written output
+        with atomic_output(out) as tmp:
+            write_gguf(Path(tmp), params, tensors, vocab, outtype, model_dir.resolve().name, log)
     except BrokenPipeError:
         raise   # `log`'s reader went away, not the output file (for console_script)
     except OSError as e:

@@ -1,5 +1,38 @@
-"""What every llama GGUF this project writes carries (convert, random models)."""
+"""What every llama GGUF this project writes carries (convert, random models),
+and how it reaches the disk (whole or not at all)."""
+import contextlib
+import os
+import secrets
+
 import gguf
+
+
+@contextlib.contextmanager
+def atomic_output(path):
+    """Yield a new, empty temporary path beside `path`; when the block completes it is
+    renamed to `path`, and when the block raises it is removed.
+
+    A failed run leaves neither a half-written file nor a damaged old one, and the
+    inputs of a run (memory-mapped) are never truncated under it. The temporary file
+    is made in the output's directory, so the rename does not cross file systems; it
+    gets the permissions a plain `open(path, "w")` would (0666 less the umask).
+    """
+    path = os.fspath(path)
+    folder, base = os.path.split(os.path.abspath(path))
+    while True:
+        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def add_llama_hparams(writer, *, n_vocab, n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv,

@@ -1,16 +1,21 @@
 """ggml-quantize: re-type the weights of a llama GGUF file with ggml_py's own
-quantizers, including llama.cpp's K-quant mixes.
+quantizers, in llama.cpp's type mixes.
 
     ggml-quantize model-f32.gguf model-q4_k_m.gguf Q4_K_M
 
-Which tensor gets which type follows llama.cpp's rules (llama-quant.cpp):
-1-D tensors (norms) stay as they are; the output matrix (or the token
-embeddings when the output is tied to them) takes Q6_K, unless the target is
-Q8_0 or its rows do not fill K-quant blocks (then Q8_0); in the _M mixes,
-attn_v and ffn_down of the layers `use_more_bits` picks take Q6_K; in Q4_K_S
-the first four attn_v and the first eighth of ffn_down take Q5_K. A row length
-a type's blocks do not divide falls back as llama.cpp does (Q4_K -> Q5_0,
-Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> Q4_0 here; then F16).
+Which tensor gets which type follows llama.cpp's rules for a llama model
+(`llama_tensor_get_type` in src/llama-quant.cpp); `tensor_type` is the table.
+Float targets (F32, F16, BF16) apply no mix. For quantized targets 1-D
+tensors (norms) stay as they are; the output matrix (or the token embeddings
+when the output is tied to them) takes Q6_K, or Q8_0 when the target is Q8_0
+or its row length is not a multiple of 256; attn_v, attn_output and ffn_down
+take more bits in Q2_K, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M and Q5_K_M. A row
+length a type's blocks do not divide falls back as llama.cpp does (Q2_K/Q3_K ->
+Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16). Q3_K, Q4_K and Q5_K
+are llama.cpp's aliases of Q3_K_M, Q4_K_M and Q5_K_M.
+
+The output is written to a temporary file beside it and renamed into place
+when complete; an output that is the input file is refused.
 """
 import os
 import re
@@ -22,22 +27,21 @@ import gguf
 import numpy as np
 
 from ggml_py.cli.common import console_script
+from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import quantize
 from ggml_py.tensor import type_traits
 from ggml_py.types import Type
 
-QK_K = 256
-
 
 @dataclass(frozen=True)
 class Target:
-    """A file type: the default tensor type and llama.cpp's ftype id."""
+    """A file type: llama.cpp's name of its mix, the default tensor type and the ftype id."""
     name: str
     default: Type
     ftype: int
 
 
-TARGETS = {t.name: t for t in (
+MIXES = (
     Target("F32", Type.F32, gguf.LlamaFileType.ALL_F32),
     Target("F16", Type.F16, gguf.LlamaFileType.MOSTLY_F16),
     Target("BF16", Type.BF16, gguf.LlamaFileType.MOSTLY_BF16),
@@ -47,17 +51,64 @@ TARGETS = {t.name: t for t in (
     Target("Q5_1", Type.Q5_1, gguf.LlamaFileType.MOSTLY_Q5_1),
     Target("Q8_0", Type.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
     Target("Q2_K", Type.Q2_K, gguf.LlamaFileType.MOSTLY_Q2_K),
-    Target("Q3_K", Type.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_M),
-    Target("Q4_K", Type.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
-    Target("Q5_K", Type.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_S),
-    Target("Q6_K", Type.Q6_K, gguf.LlamaFileType.MOSTLY_Q6_K),
+    Target("Q3_K_S", Type.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_S),
+    Target("Q3_K_M", Type.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_M),
+    Target("Q3_K_L", Type.Q3_K, gguf.LlamaFileType.MOSTLY_Q3_K_L),
     Target("Q4_K_S", Type.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_S),
     Target("Q4_K_M", Type.Q4_K, gguf.LlamaFileType.MOSTLY_Q4_K_M),
+    Target("Q5_K_S", Type.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_S),
     Target("Q5_K_M", Type.Q5_K, gguf.LlamaFileType.MOSTLY_Q5_K_M),
-)}
+    Target("Q6_K", Type.Q6_K, gguf.LlamaFileType.MOSTLY_Q6_K),
+)
+# llama.cpp's quantize (QUANT_OPTIONS): the bare K names are the _M mixes
+ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+TARGETS = {t.name: t for t in MIXES}
+TARGETS.update({alias: TARGETS[mix] for alias, mix in ALIASES.items()})
 
+FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
 FALLBACK = {Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1, Type.Q6_K: Type.Q8_0,
             Type.Q2_K: Type.Q4_0, Type.Q3_K: Type.Q4_0}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What llama.cpp's rules read besides a tensor's name and row length."""
+    n_layer: int
+    n_head: int = 1
+    n_head_kv: int = 1
+    tied_output: bool = False
+
+    @property
+    def n_gqa(self):
+        """Query heads per key/value head (llama.cpp's hparams.n_gqa())."""
+        return self.n_head // self.n_head_kv if self.n_head_kv else 0
+
+    @property
+    def is_70b(self):
+        """llama.cpp's LLM_TYPE_70B for a llama: 80 layers, fewer kv heads than heads."""
+        return self.n_layer == 80 and self.n_head != self.n_head_kv
+
+
+HELP_MIXES = """\
+types (llama.cpp's mixes for a llama model; 1-D tensors always stay as they are):
+  F32 F16 BF16           every matrix in that type, no mix
+  Q4_0 Q4_1 Q5_0 Q5_1    that type; output (or tied token_embd) Q6_K
+  Q8_0                   Q8_0 throughout
+  Q6_K Q5_K_S Q3_K_S     that type; output Q6_K
+  Q2_K                   Q2_K; attn_v Q3_K (Q4_K when heads/kv heads >= 4),
+                         attn_output and ffn_down Q3_K; output Q6_K
+  Q3_K_M (= Q3_K)        Q3_K; attn_v Q5_K in layers 0-1, else Q4_K; attn_output Q4_K;
+                         ffn_down Q5_K in the first 1/16 of layers, else Q4_K; output Q6_K
+  Q3_K_L                 Q3_K; attn_v, attn_output, ffn_down Q5_K; output Q6_K
+  Q4_K_S                 Q4_K; attn_v of layers 0-3 and ffn_down of the first 1/8 Q5_K;
+                         output Q6_K
+  Q4_K_M (= Q4_K)        Q4_K; attn_v and ffn_down Q6_K in the layers use_more_bits picks
+                         (first and last 1/8, every third between); output Q6_K
+  Q5_K_M (= Q5_K)        the same with Q5_K
+80-layer GQA models (70B) take Q5_K for a Q3_K/Q4_K attn_v. The output takes Q8_0 when its
+row length is not a multiple of 256; a row length a K type does not divide falls back to
+Q4_0 (Q2_K, Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K), Q8_0 (Q6_K), then F16.
+"""
 
 
 class QuantizeError(ValueError):
@@ -75,27 +126,51 @@ def layer_of(name):
     return int(m.group(1)) if m else -1
 
 
-def tensor_type(name, row_len, target, n_layer, tied_output):
-    """The type llama.cpp's rules give tensor `name` (a 2-D weight) under `target`."""
-    new = target.default
-    is_output = name == "output.weight" or (tied_output and name == "token_embd.weight")
-    i = layer_of(name)
-    if is_output:
-        if row_len % QK_K != 0:
-            new = Type.Q8_0
-        elif new != Type.Q8_0 and target.name not in ("F32", "F16", "BF16"):
-            new = Type.Q6_K
-    elif "attn_v.weight" in name:
-        if target.name in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n_layer):
-            new = Type.Q6_K
-        elif target.name == "Q4_K_S" and i < 4:
+def mix_type(name, row_len, target, model):
+    """The type target's mix gives a 2-D weight, before the row-length fallback."""
+    mix, new = target.name, target.default
+    i, n = layer_of(name), model.n_layer
+    if name == "output.weight" or (model.tied_output and name == "token_embd.weight"):
+        if row_len % type_traits(new)["blck_size"] != 0:
+            return Type.Q8_0
+        return new if new == Type.Q8_0 else Type.Q6_K
+    if "attn_v.weight" in name:
+        if mix == "Q2_K":
+            new = Type.Q4_K if model.n_gqa >= 4 else Type.Q3_K
+        elif mix == "Q3_K_M":
+            new = Type.Q5_K if i < 2 else Type.Q4_K
+        elif mix == "Q3_K_L":
             new = Type.Q5_K
+        elif mix in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
+            new = Type.Q6_K
+        elif mix == "Q4_K_S" and i < 4:
+            new = Type.Q5_K
+        if model.is_70b and new in (Type.Q3_K, Type.Q4_K):
+            new = Type.Q5_K     # 8 heads share attn_v: more bits cost little
+    elif "attn_output.weight" in name:
+        new = {"Q2_K": Type.Q3_K, "Q3_K_M": Type.Q4_K, "Q3_K_L": Type.Q5_K}.get(mix, new)
     elif "ffn_down" in name:
-        if target.name in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n_layer):
-            new = Type.Q6_K
-        elif target.name == "Q4_K_S" and i < n_layer // 8:
+        if mix == "Q2_K":
+            new = Type.Q3_K
+        elif mix == "Q3_K_M":
+            new = Type.Q5_K if i < n // 16 else Type.Q4_K
+        elif mix == "Q3_K_L":
             new = Type.Q5_K
+        elif mix in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
+            new = Type.Q6_K
+        elif mix == "Q4_K_S" and i < n // 8:
+            new = Type.Q5_K
+    return new
+
+
+def tensor_type(name, row_len, target, model):
+    """The type llama.cpp's rules give tensor `name` (a 2-D weight, rows of
+    `row_len`) under `target` in `model` (a ModelInfo)."""
+    if target.default in FLOAT_TYPES:
+        return target.default           # llama.cpp mixes only quantized file types
+    new = mix_type(name, row_len, target, model)
     while row_len % type_traits(new)["blck_size"] != 0:
+        # from a legacy type (Q4_0 .. Q8_0) llama.cpp has no fallback and stops; F16 here
         new = FALLBACK.get(new, Type.F16)
     return new
 
@@ -118,13 +193,45 @@ def to_f32(t):
     return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
 
 
-def quantize_file(src, dst, target_name, progress=True, log=print):
-    """Write `dst`: `src` with its weights re-typed to target_name. Returns (in bytes, out bytes)."""
-    target = TARGETS.get(target_name.upper())
-    if target is None:
-        raise QuantizeError(f"unknown type {target_name!r}; choose one of {', '.join(TARGETS)}")
+def dequantizable(qtype):
+    """Whether gguf reads tensors of `qtype` as floats (probed on one zero block)."""
+    type_size = gguf.GGML_QUANT_SIZES[qtype][1]
+    try:
+        gguf.quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def is_weight(t):
+    """Whether llama.cpp re-types tensor `t`: a matrix whose name ends in .weight."""
+    return len(t.shape) >= 2 and t.name.endswith(".weight")
+
+
+def hparam(reader, src, key, default=None):
+    """A positive integer `llama.*` value (the first where it is per layer); `default`
+    when absent, an error when absent without one."""
+    field = reader.fields.get(key)
+    if field is None:
+        if default is None:
+            raise QuantizeError(f"{src}: no {key} in the metadata")
+        return default
+    value = field.contents()
+    if isinstance(value, list) and value:
+        value = value[0]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise QuantizeError(f"{src}: {key} is {value!r}, not a positive integer")
+    return int(value)
+
+
+def open_input(src, dst):
+    """Read and check `src` (a llama GGUF, not the file `dst`): (reader, ModelInfo)."""
+    if os.path.isdir(src):
+        raise QuantizeError(f"{src}: is a directory, not a GGUF file")
     if not os.path.isfile(src):
         raise QuantizeError(f"{src}: no such file")
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        raise QuantizeError(f"{dst}: the output is the input file; write to another path")
     try:
         reader = gguf.GGUFReader(src)
     except Exception as exc:   # the reader raises many kinds on a bad file
@@ -133,12 +240,19 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
     arch = arch_field.contents() if arch_field is not None else None
     if arch != "llama":
         raise QuantizeError(f"{src}: architecture {arch!r} is not llama")
-    n_layer = int(reader.fields["llama.block_count"].contents())
-    names = {t.name for t in reader.tensors}
-    tied = "output.weight" not in names
+    for t in reader.tensors:
+        if is_weight(t) and not dequantizable(t.tensor_type):
+            raise QuantizeError(f"{src}: tensor {t.name} is {t.tensor_type.name}, "
+                                "which cannot be read as floats to re-type")
+    n_head = hparam(reader, src, "llama.attention.head_count", 1)
+    model = ModelInfo(n_layer=hparam(reader, src, "llama.block_count"), n_head=n_head,
+                      n_head_kv=hparam(reader, src, "llama.attention.head_count_kv", n_head),
+                      tied_output="output.weight" not in {t.name for t in reader.tensors})
+    return reader, model
 
-    writer = gguf.GGUFWriter(dst, arch)
-    copy_metadata(reader, writer, target.ftype)
+
+def add_tensors(writer, reader, target, model, progress):
+    """Add every tensor of `reader` to `writer`, re-typed; returns {type name: count}."""
     counts = {}
     tensors = sorted(reader.tensors, key=lambda t: (layer_of(t.name), t.name))  # llama.cpp's order
     bar = None
@@ -147,12 +261,12 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
         bar = tqdm(total=len(tensors), unit="tensor", desc="quantize", file=sys.stderr)
     for t in tensors:
         shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
-        if len(shape) < 2 or not t.name.endswith(".weight"):
+        if not is_weight(t):
             writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
                               raw_dtype=t.tensor_type)
             new = Type(int(t.tensor_type))
         else:
-            new = tensor_type(t.name, shape[-1], target, n_layer, tied)
+            new = tensor_type(t.name, shape[-1], target, model)
             values = to_f32(t).reshape(shape)
             if new == Type.F32:
                 writer.add_tensor(t.name, values)
@@ -167,10 +281,32 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
             bar.update(1)
     if bar is not None:
         bar.close()
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    return counts
+
+
+def quantize_file(src, dst, target_name, progress=True, log=print):
+    """Write `dst`: `src` with its weights re-typed to target_name. Returns (in bytes, out bytes).
+
+    `dst` appears only once complete (a temporary file beside it is renamed); a
+    `dst` that is `src` is refused, as `src` is memory-mapped while it is read.
+    """
+    target = TARGETS.get(target_name.upper())
+    if target is None:
+        raise QuantizeError(f"unknown type {target_name!r}; choose one of {', '.join(TARGETS)}")
+    reader, model = open_input(src, dst)
+    try:
+        with atomic_output(dst) as tmp:
+            writer = gguf.GGUFWriter(tmp, "llama")
+            copy_metadata(reader, writer, target.ftype)
+            counts = add_tensors(writer, reader, target, model, progress)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+    except BrokenPipeError:
+        raise   # the progress bar's reader went away, not the output (for console_script)
+    except OSError as exc:
+        raise QuantizeError(f"{dst}: cannot write ({exc.strerror or exc})") from None
     size_in, size_out = os.path.getsize(src), os.path.getsize(dst)
     log(f"ggml-quantize: {src} ({size_in / 2**20:.2f} MiB) -> {dst} ({size_out / 2**20:.2f} MiB), "
         f"{target.name}; tensors: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
@@ -181,10 +317,12 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
 def main(argv=None):
     """Entry point of the ggml-quantize console script."""
     import argparse
-    p = argparse.ArgumentParser(prog="ggml-quantize",
-                                description="Quantize a llama GGUF file with ggml_py's quantizers.")
+    p = argparse.ArgumentParser(
+        prog="ggml-quantize", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Quantize a llama GGUF file with ggml_py's quantizers, in llama.cpp's mixes.",
+        epilog=HELP_MIXES)
     p.add_argument("input")
-    p.add_argument("output")
+    p.add_argument("output", help="a new path (not the input); written whole or not at all")
     p.add_argument("type", help="one of " + ", ".join(TARGETS))
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)

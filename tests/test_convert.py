@@ -380,6 +380,99 @@ def test_error_corrupt_files(tmp_path, capsys):
     assert "not a SentencePiece model" in _error(capsys, [str(d)])
 
 
+def _set_config(d: Path, **changes) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"num_attention_heads": 0}, "num_attention_heads is 0, not a positive integer"),
+    ({"num_key_value_heads": -2}, "num_key_value_heads is -2, not a positive integer"),
+    ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ({"hidden_size": 16.7}, "hidden_size is 16.7, not a positive integer"),
+    ({"hidden_size": 18}, "hidden_size 18 is not a multiple of num_attention_heads 4"),
+    ({"head_dim": 8}, "head_dim 8 × num_attention_heads 4 is not hidden_size 16"),
+    ({"vocab_size": -1}, "vocab_size is -1, not a positive integer"),
+    ({"num_hidden_layers": True}, "num_hidden_layers is True, not a positive integer"),
+    ({"intermediate_size": "24"}, "intermediate_size is '24', not a positive integer"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings is 0"),
+    ({"vocab_size": 2**40}, f"vocab_size is {2**40}, too large"),
+    ({"rope_theta": 10**400}, "rope_theta is 1000"),
+    ({"rms_norm_eps": "tiny"}, "rms_norm_eps is 'tiny', not a positive number"),
+    ({"rope_theta": -1.0}, "rope_theta is -1.0, not a positive number"),
+    ({"rope_scaling": "linear"}, "rope_scaling is 'linear', not an object"),
+    ({"rope_scaling": {"type": "linear"}}, "rope_scaling has no factor"),
+    ({"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor is 'x', not a positive number"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn' is not supported"),
+    ({"architectures": 5}, "architectures is 5, not a list of class names"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes', not true or false"),
+])
+def test_error_bad_config_values_name_the_key(tmp_path, capsys, changes, message):
+    d, _ = make_checkpoint(tmp_path)
+    _set_config(d, **changes)
+    assert message in _error(capsys, [str(d), "--outfile", str(tmp_path / "o.gguf")])
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_config_integral_floats_and_nulls_take_their_defaults(tmp_path):
+    d, _ = make_checkpoint(tmp_path)
+    _set_config(d, hidden_size=16.0, max_position_embeddings=None, rope_theta=None, rope_scaling=None)
+    _, fields, _ = read(cv.convert(d, tmp_path / "o.gguf", "f32", log=lambda *a: None))
+    assert fields["llama.embedding_length"] == N_EMBD
+    assert fields["llama.context_length"] == 2048 and fields["llama.rope.freq_base"] == 10000.0
+
+
+def _safetensors_bytes(header) -> bytes:
+    head = json.dumps(header).encode()
+    return struct.pack("<Q", len(head)) + head + b"\0" * 8
+
+
+@pytest.mark.parametrize("header, message", [
+    ([1, 2], "the header is not a JSON object"),
+    (None, "the header is not a JSON object"),
+    ({"x": {"dtype": "F32", "shape": [2], "data_offsets": [-4, 4]}}, "tensor 'x': bad entry"),
+    ({"x": {"dtype": "F32", "shape": [2], "data_offsets": ["0", "8"]}}, "tensor 'x': bad entry"),
+    ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, "tensor 'x': bad entry"),
+    ({"x": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, "tensor 'x': bad entry"),
+    ({"x": {"dtype": "F8_E4M3", "shape": [1], "data_offsets": [0, 1]}}, "tensor 'x': bad entry"),
+    ({"x": 1}, "tensor 'x': bad entry"),
+    ({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, "data size does not match"),
+])
+def test_error_bad_safetensors_headers(tmp_path, capsys, header, message):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "model.safetensors").write_bytes(_safetensors_bytes(header))
+    assert message in _error(capsys, [str(d), "--outfile", str(tmp_path / "o.gguf")])
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.model"])
+def test_error_output_is_a_checkpoint_file(tmp_path, capsys, name):
+    d, _ = make_checkpoint(tmp_path)
+    before = {f.name: f.read_bytes() for f in d.iterdir()}
+    for out in (d / name, d / "." / name):
+        assert f"is the checkpoint's {name}" in _error(capsys, [str(d), "--outfile", str(out)])
+    assert {f.name: f.read_bytes() for f in d.iterdir()} == before
+
+
+def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
+    d, _ = make_checkpoint(tmp_path)
+    out = tmp_path / "out.gguf"
+    out.write_bytes(b"the previous output")
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    message = _error(capsys, [str(d), "--outfile", str(out)])
+    assert message.endswith("out.gguf: cannot write (No space left on device)")
+    assert out.read_bytes() == b"the previous output"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["out.gguf", "tiny-llama"]
+    monkeypatch.undo()
+    assert cv.main([str(d), "--outfile", str(out)]) == 0
+    assert read(out)[1]["general.architecture"] == "llama"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["out.gguf", "tiny-llama"]
+
+
 def test_example_entry_point_no_traceback(tmp_path):
     import os
 

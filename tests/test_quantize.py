@@ -13,7 +13,8 @@ from llama_reference import ReferenceLlama
 
 import ggml_py as gg
 from ggml_py.llama import LlamaModel
-from ggml_py.quantize_model import TARGETS, quantize_file, tensor_type, use_more_bits
+from ggml_py.quantize_model import (TARGETS, ModelInfo, QuantizeError, main, quantize_file,
+                                    tensor_type, use_more_bits)
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.types import Type
 
@@ -22,6 +23,9 @@ import llama_models
 
 def test_use_more_bits_matches_llama_cpp_for_22_layers():
     assert [i for i in range(22) if use_more_bits(i, 22)] == [0, 1, 4, 7, 10, 13, 16, 19, 20, 21]
+
+
+LLAMA_22 = ModelInfo(n_layer=22, n_head=32, n_head_kv=32)
 
 
 @pytest.mark.parametrize("name, target, expected", [
@@ -39,17 +43,84 @@ def test_use_more_bits_matches_llama_cpp_for_22_layers():
     ("output.weight", "Q8_0", Type.Q8_0),
     ("output.weight", "F16", Type.F16),
     ("token_embd.weight", "Q4_K_M", Type.Q4_K),
+    # Q2_K (llama.cpp's LLAMA_FTYPE_MOSTLY_Q2_K rules; 32 heads / 32 kv heads)
+    ("blk.0.attn_v.weight", "Q2_K", Type.Q3_K),
+    ("blk.9.attn_output.weight", "Q2_K", Type.Q3_K),
+    ("blk.21.ffn_down.weight", "Q2_K", Type.Q3_K),
+    ("blk.9.ffn_up.weight", "Q2_K", Type.Q2_K),
+    ("blk.9.attn_q.weight", "Q2_K", Type.Q2_K),
+    ("token_embd.weight", "Q2_K", Type.Q2_K),
+    ("output.weight", "Q2_K", Type.Q6_K),
+    # Q3_K_M: attn_v Q5_K in the first two layers, ffn_down Q5_K in the first 1/16
+    ("blk.1.attn_v.weight", "Q3_K_M", Type.Q5_K),
+    ("blk.2.attn_v.weight", "Q3_K_M", Type.Q4_K),
+    ("blk.0.ffn_down.weight", "Q3_K_M", Type.Q5_K),
+    ("blk.1.ffn_down.weight", "Q3_K_M", Type.Q4_K),
+    ("blk.5.attn_output.weight", "Q3_K_M", Type.Q4_K),
+    ("blk.5.ffn_gate.weight", "Q3_K_M", Type.Q3_K),
+    ("output.weight", "Q3_K_M", Type.Q6_K),
+    # Q3_K_L, Q3_K_S, Q5_K_S
+    ("blk.7.attn_v.weight", "Q3_K_L", Type.Q5_K),
+    ("blk.7.attn_output.weight", "Q3_K_L", Type.Q5_K),
+    ("blk.7.ffn_down.weight", "Q3_K_L", Type.Q5_K),
+    ("blk.7.ffn_up.weight", "Q3_K_L", Type.Q3_K),
+    ("blk.0.attn_v.weight", "Q3_K_S", Type.Q3_K),
+    ("blk.0.ffn_down.weight", "Q3_K_S", Type.Q3_K),
+    ("output.weight", "Q3_K_S", Type.Q6_K),
+    ("blk.0.attn_v.weight", "Q5_K_S", Type.Q5_K),
+    ("blk.0.ffn_down.weight", "Q5_K_S", Type.Q5_K),
+    ("output.weight", "Q5_K_S", Type.Q6_K),
 ])
 def test_tensor_types_follow_llama_cpp(name, target, expected):
-    assert tensor_type(name, 2048, TARGETS[target], 22, tied_output=False) == expected
+    assert tensor_type(name, 2048, TARGETS[target], LLAMA_22) == expected
+
+
+def test_aliases_are_the_m_mixes():
+    # llama.cpp's quantize: Q3_K, Q4_K, Q5_K name LLAMA_FTYPE_MOSTLY_Q3_K_M / Q4_K_M / Q5_K_M
+    for alias, ftype in [("Q3_K", gguf.LlamaFileType.MOSTLY_Q3_K_M),
+                         ("Q4_K", gguf.LlamaFileType.MOSTLY_Q4_K_M),
+                         ("Q5_K", gguf.LlamaFileType.MOSTLY_Q5_K_M)]:
+        assert TARGETS[alias] is TARGETS[alias + "_M"]
+        assert TARGETS[alias].ftype == ftype
+    assert tensor_type("blk.0.attn_v.weight", 2048, TARGETS["Q4_K"], LLAMA_22) == Type.Q6_K
+    assert tensor_type("blk.0.attn_output.weight", 2048, TARGETS["Q3_K"], LLAMA_22) == Type.Q4_K
+    assert tensor_type("blk.4.ffn_down.weight", 2048, TARGETS["Q5_K"], LLAMA_22) == Type.Q6_K
+
+
+def test_gqa_and_70b_rules():
+    gqa8 = ModelInfo(n_layer=32, n_head=32, n_head_kv=4)
+    assert tensor_type("blk.5.attn_v.weight", 4096, TARGETS["Q2_K"], gqa8) == Type.Q4_K
+    assert tensor_type("blk.5.attn_v.weight", 4096, TARGETS["Q2_K"],
+                       ModelInfo(n_layer=32, n_head=32, n_head_kv=16)) == Type.Q3_K
+    # llama.cpp's LLM_TYPE_70B (80 layers, GQA): a Q3_K / Q4_K attn_v becomes Q5_K
+    l70 = ModelInfo(n_layer=80, n_head=64, n_head_kv=8)
+    assert tensor_type("blk.5.attn_v.weight", 8192, TARGETS["Q3_K_S"], l70) == Type.Q5_K
+    assert tensor_type("blk.11.attn_v.weight", 8192, TARGETS["Q4_K_M"], l70) == Type.Q5_K
+    assert tensor_type("blk.12.attn_v.weight", 8192, TARGETS["Q4_K_M"], l70) == Type.Q6_K
+    assert tensor_type("blk.5.attn_q.weight", 8192, TARGETS["Q4_K_M"], l70) == Type.Q4_K
+    l65 = ModelInfo(n_layer=80, n_head=64, n_head_kv=64)
+    assert tensor_type("blk.5.attn_v.weight", 8192, TARGETS["Q3_K_S"], l65) == Type.Q3_K
 
 
 def test_tied_output_and_row_length_fallbacks():
-    assert tensor_type("token_embd.weight", 2048, TARGETS["Q4_K_M"], 22, tied_output=True) == Type.Q6_K
-    assert tensor_type("output.weight", 704, TARGETS["Q4_K_M"], 22, False) == Type.Q8_0
-    assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q4_K_M"], 22, False) == Type.Q5_0
-    assert tensor_type("blk.0.ffn_down.weight", 704, TARGETS["Q4_K_M"], 22, False) == Type.Q8_0
-    assert tensor_type("blk.3.ffn_up.weight", 48, TARGETS["Q4_0"], 22, False) == Type.F16
+    tied = ModelInfo(n_layer=22, tied_output=True)
+    assert tensor_type("token_embd.weight", 2048, TARGETS["Q4_K_M"], tied) == Type.Q6_K
+    assert tensor_type("output.weight", 704, TARGETS["Q4_K_M"], LLAMA_22) == Type.Q8_0
+    assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q4_K_M"], LLAMA_22) == Type.Q5_0
+    assert tensor_type("blk.0.ffn_down.weight", 704, TARGETS["Q4_K_M"], LLAMA_22) == Type.Q8_0
+    assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q3_K_M"], LLAMA_22) == Type.Q4_0
+    assert tensor_type("blk.3.ffn_up.weight", 48, TARGETS["Q4_0"], LLAMA_22) == Type.F16
+
+
+@pytest.mark.parametrize("target", ["F32", "F16", "BF16"])
+def test_float_targets_apply_no_mix(target):
+    # llama.cpp chooses per-tensor types only for quantized file types
+    expected = TARGETS[target].default
+    tied = ModelInfo(n_layer=22, tied_output=True)
+    for row_len in (704, 64, 2048, 48):
+        assert tensor_type("output.weight", row_len, TARGETS[target], LLAMA_22) == expected
+        assert tensor_type("token_embd.weight", row_len, TARGETS[target], tied) == expected
+        assert tensor_type("blk.0.attn_v.weight", row_len, TARGETS[target], LLAMA_22) == expected
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +132,8 @@ def f32_k_model():
     return path
 
 
-@pytest.mark.parametrize("target", ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q4_K_S", "Q6_K", "F16"])
+@pytest.mark.parametrize("target", ["Q8_0", "Q4_0", "Q4_K_M", "Q5_K_M", "Q4_K_S", "Q6_K", "F16",
+                                    "Q2_K", "Q3_K"])
 def test_quantized_file_loads_and_matches_its_reference(f32_k_model, target):
     out = scratch_path(f"k-{target}.gguf")
     size_in, size_out = quantize_file(f32_k_model, out, target, progress=False, log=lambda *a: None)
@@ -74,6 +146,14 @@ def test_quantized_file_loads_and_matches_its_reference(f32_k_model, target):
         # use_more_bits(i, 4) picks layers 2 and 3
         assert [types[f"blk.{i}.attn_v.weight"] for i in range(4)] == [Type.Q4_K] * 2 + [Type.Q6_K] * 2
         assert types["output.weight"] == Type.Q6_K
+    if target == "Q3_K":    # = Q3_K_M
+        assert [types[f"blk.{i}.attn_v.weight"] for i in range(4)] == [Type.Q5_K] * 2 + [Type.Q4_K] * 2
+        assert types["blk.1.attn_output.weight"] == types["blk.1.ffn_down.weight"] == Type.Q4_K
+        assert types["blk.1.attn_q.weight"] == Type.Q3_K and types["output.weight"] == Type.Q6_K
+    if target == "Q2_K":    # 4 heads / 2 kv heads: attn_v Q3_K
+        assert {types[f"blk.{i}.{n}.weight"] for i in range(4)
+                for n in ("attn_v", "attn_output", "ffn_down")} == {Type.Q3_K}
+        assert types["blk.1.ffn_up.weight"] == Type.Q2_K and types["output.weight"] == Type.Q6_K
     # the quantized file runs, and agrees with a float64 forward of its own weights
     # (40 tokens: the BLAS profiles, f32 sgemm on the de-quantized weights)
     tokens = np.arange(1, 41, dtype=np.int32)
@@ -89,6 +169,92 @@ def run_cli(*args):
     return subprocess.run([sys.executable, "-c", "import sys; from ggml_py.quantize_model import main; "
                            "sys.exit(main(sys.argv[1:]))", *map(str, args)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tempfile.gettempdir())
+
+
+def test_float_target_keeps_a_tied_embedding_whose_rows_are_not_k_blocks(tmp_path):
+    out = tmp_path / "f16.gguf"
+    quantize_file(model_path("variant"), out, "F16", progress=False, log=lambda *a: None)
+    types = {t.name: Type(int(t.tensor_type)) for t in gguf.GGUFReader(out).tensors}
+    assert types["token_embd.weight"] == Type.F16     # 64-wide rows: was Q8_0
+
+
+def write_gguf(path, arch="llama", kv=(), tensors=(("blk.0.attn_q.weight", np.ones((32, 32), np.float32)),)):
+    w = gguf.GGUFWriter(path, arch)
+    for key, value in kv:
+        if isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_uint32(key, value)
+    for name, array in tensors:
+        w.add_tensor(name, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def one_line_error(capsys, *argv):
+    assert main([*map(str, argv), "-q"]) == 1
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and err.startswith("ggml-quantize: error: "), err
+    return err
+
+
+def test_bad_metadata_tensor_types_and_folders_are_one_line_errors(tmp_path, capsys):
+    nobc = write_gguf(tmp_path / "nobc.gguf")
+    assert "no llama.block_count" in one_line_error(capsys, nobc, tmp_path / "o.gguf", "Q4_0")
+    for value in ("six", 0):
+        bad = write_gguf(tmp_path / "bc.gguf", kv=[("llama.block_count", value)])
+        err = one_line_error(capsys, bad, tmp_path / "o.gguf", "Q4_0")
+        assert f"llama.block_count is {value!r}, not a positive integer" in err
+    heads = write_gguf(tmp_path / "heads.gguf", kv=[("llama.block_count", 1),
+                                                    ("llama.attention.head_count", "x")])
+    assert "head_count is 'x'" in one_line_error(capsys, heads, tmp_path / "o.gguf", "Q2_K")
+    i8 = write_gguf(tmp_path / "i8.gguf", kv=[("llama.block_count", 1)],
+                    tensors=[("blk.0.attn_q.weight", np.ones((32, 32), np.int8))])
+    err = one_line_error(capsys, i8, tmp_path / "o.gguf", "Q4_0")
+    assert "blk.0.attn_q.weight is I8" in err
+    assert "is a directory" in one_line_error(capsys, tmp_path, tmp_path / "o.gguf", "Q4_0")
+    assert "cannot write" in one_line_error(capsys, model_path("f32"), tmp_path, "Q4_0")
+    assert "cannot write" in one_line_error(capsys, model_path("f32"), tmp_path / "no" / "o.gguf", "Q4_0")
+    assert sorted(os.listdir(tmp_path)) == ["bc.gguf", "heads.gguf", "i8.gguf", "nobc.gguf"]
+
+
+def test_output_that_is_the_input_is_refused(tmp_path, capsys):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(open(model_path("f32"), "rb").read())
+    before = src.read_bytes()
+    os.link(src, tmp_path / "hard.gguf")
+    for dst in (src, tmp_path / "." / "m.gguf", tmp_path / "hard.gguf"):
+        assert "the output is the input file" in one_line_error(capsys, src, dst, "Q4_0")
+    assert src.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["hard.gguf", "m.gguf"]
+
+
+def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, monkeypatch):
+    dst = tmp_path / "out.gguf"
+    dst.write_bytes(b"the previous output")
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    with pytest.raises(QuantizeError, match="out.gguf: cannot write \\(No space left on device\\)"):
+        quantize_file(model_path("f32"), dst, "Q4_0", progress=False, log=lambda *a: None)
+    assert dst.read_bytes() == b"the previous output"
+    assert os.listdir(tmp_path) == ["out.gguf"]
+    monkeypatch.undo()
+    quantize_file(model_path("f32"), dst, "Q4_0", progress=False, log=lambda *a: None)
+    assert gguf.GGUFReader(dst).fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q4_0
+    assert os.listdir(tmp_path) == ["out.gguf"]
+    assert os.stat(dst).st_mode & 0o777 == 0o666 & ~current_umask()
+
+
+def current_umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_cli_errors_are_one_line(tmp_path):
