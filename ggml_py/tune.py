@@ -5,7 +5,7 @@ estimates that let the planner pick the fastest profile for any M.
 A tune file is JSON, self-contained and versioned (see docs/tune.md):
 
     {"format": "ggml_py-mulmat-tune", "version": 1,
-     "system": {"features": ..., "kernels": ..., "blas": ..., "ggml_py": ..., "cpu": ...},
+     "system": {"features": ..., "kernels": ..., "ggml_py": ..., "cpu": ...},
      "model": "tinyllama-1.1b", "m_values": [1, 2, 4, ...], "thread_counts": [1, 2],
      "shapes": [{"n": 2048, "k": 2048, "type": "Q4_0",
                  "profiles": [{"id": 0, "name": "cpu", "stages": [[1,1,0],[1,1,0],[0,0,0]],
@@ -15,12 +15,13 @@ Times are the fastest of the passes, in microseconds, one per M of m_values.
 """
 import json
 import math
+import os
 import platform
 from dataclasses import dataclass, field
 
-from ggml_py.profiles import STAGES, TaskProfile
+from ggml_py.profiles import STAGES, TaskProfile, task_profiles
 from ggml_py.system import kernels, system_info
-from ggml_py.types import Type
+from ggml_py.types import Op, Type
 
 FORMAT = "ggml_py-mulmat-tune"
 VERSION = 1
@@ -137,80 +138,201 @@ class TuneData:
         }
 
     def save(self, path):
-        """Write the tune file (JSON)."""
-        with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
+        """Write the tune file (JSON): into a new file beside it, renamed over
+        `path` once complete, so that a failed write leaves any old file whole."""
+        check_writable(path)
+        tmp = _scratch_name(path)
+        try:
+            with open(tmp, "x") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
-def load(path, model=None, check_system=True, shapes=None):
+def _scratch_name(path):
+    """Where save() writes before renaming: beside `path`, this process's own."""
+    return f"{path}.{os.getpid()}.tmp"
+
+
+def check_writable(path, not_over=None):
+    """Raise TuneFileError unless a tune file can be saved at `path` — before
+    a bench, not after it. not_over: a file (the model) it must not replace."""
+    if not path:
+        raise TuneFileError("the tune file needs a name")
+    if os.path.isdir(path):
+        raise TuneFileError(f"{path}: is a directory")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise TuneFileError(f"{path}: not a regular file")
+    if not_over is not None and os.path.exists(path) and os.path.samefile(path, not_over):
+        raise TuneFileError(f"{path}: is the model file; the tune file needs a name of its own")
+    try:
+        os.close(os.open(_scratch_name(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        os.unlink(_scratch_name(path))
+    except OSError as exc:
+        raise TuneFileError(f"{path}: cannot write there: {exc.strerror}") from None
+
+
+MAX_FILE_BYTES = 64 << 20   # far above any real tune file (a 70B model's is well under 1 MB)
+
+
+def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     """Read a tune file; raises TuneFileError saying why it cannot be used.
 
     model: when given, the file must have been benched for this model name.
-    check_system: the file must come from this CPU, build and ggml_py version.
+    check_system: the file must come from this CPU, build and ggml_py version,
+    and its profiles must be this build's MUL_MAT profiles.
     shapes: when given, (N, K, type) triples the file must all cover.
+    n_threads: when given, a thread count the file must have been benched at.
     """
     try:
-        with open(path) as f:
-            obj = json.load(f)
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TuneFileError(f"{path}: cannot read tune file: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    if len(raw) > MAX_FILE_BYTES:
+        raise TuneFileError(f"{path}: not a tune file (over {MAX_FILE_BYTES >> 20} MiB)")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError
         raise TuneFileError(f"{path}: not a tune file (corrupt or truncated JSON: {exc})") from None
     try:
         data = _from_json(obj, path, model, check_system)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        if isinstance(exc, TuneFileError):
-            raise
+    except TuneFileError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         raise TuneFileError(f"{path}: malformed tune file ({type(exc).__name__}: {exc})") from None
     missing = [s for s in (shapes or ()) if data.shape(*s) is None]
     if missing:
         n, k, t = missing[0]
         raise TuneFileError(f"{path}: has no times for {len(missing)} of the model's matrix shapes "
                             f"(e.g. N={n} K={k} {Type(t).name}); bench again with ggml-tune")
+    if n_threads is not None and n_threads not in data.thread_counts:
+        raise TuneFileError(f"{path}: benched at {_threads(data.thread_counts)}, not at "
+                            f"{n_threads}; bench again with ggml-tune --n-threads {n_threads}")
     return data
 
 
+def _threads(counts):
+    return f"{', '.join(map(str, counts))} thread{'s' if counts != [1] else ''}"
+
+
+class _Malformed:
+    """Checks of the JSON values of one file; each failure is a TuneFileError naming `path`."""
+
+    KINDS = {list: "a list", dict: "an object", str: "a string", int: "an integer"}
+
+    def __init__(self, path):
+        self.path = path
+
+    def fail(self, what):
+        raise TuneFileError(f"{self.path}: malformed tune file ({what})")
+
+    def of_type(self, value, kind, what):
+        # bool is an int in Python, never a valid JSON number or list here
+        if not isinstance(value, kind) or isinstance(value, bool):
+            self.fail(f"{what} must be {self.KINDS[kind]}, not {value!r:.40}")
+        return value
+
+    def integer(self, value, what, minimum):
+        self.of_type(value, int, what)
+        if value < minimum:
+            self.fail(f"{what} must be >= {minimum}, not {value}")
+        return value
+
+    def ascending(self, values, what):
+        values = [self.integer(v, what, 1) for v in self.of_type(values, list, what)]
+        if not values or values != sorted(set(values)):
+            self.fail(f"{what} must be distinct, ascending and >= 1, not {values!r:.60}")
+        return values
+
+    def times(self, values, n_m, what):
+        values = self.of_type(values, list, what)
+        if len(values) != n_m or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v >= 0 for v in values):
+            self.fail(f"{what}: need one finite time >= 0 per M ({n_m})")
+        return [float(v) for v in values]
+
+
 def _from_json(obj, path, model, check_system):
+    check = _Malformed(path)
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         raise TuneFileError(f"{path}: not a {FORMAT} file")
-    if obj.get("version") != VERSION:
-        raise TuneFileError(f"{path}: tune file version {obj.get('version')} is not {VERSION}; "
+    version = obj.get("version")
+    if type(version) is not int or version != VERSION:
+        raise TuneFileError(f"{path}: tune file version {version!r} is not {VERSION}; "
                             f"bench again with ggml-tune")
-    system = obj["system"]
+    system = check.of_type(obj["system"], dict, "system")
     if check_system:
         here = current_system()
         for key in ("cpu", "features", "kernels", "ggml_py"):
             if system.get(key) != here[key]:
                 raise TuneFileError(f"{path}: benched with {key} {system.get(key)!r}, "
                                     f"this run has {here[key]!r}; bench again with ggml-tune")
-    if model is not None and obj["model"] != model:
-        raise TuneFileError(f"{path}: benched for model {obj['model']!r}, not {model!r}")
-    m_values = [int(m) for m in obj["m_values"]]
-    if not m_values or m_values != sorted(set(m_values)) or m_values[0] < 1:
-        raise TuneFileError(f"{path}: m_values must be distinct, ascending and >= 1")
-    thread_counts = [int(t) for t in obj["thread_counts"]]
-    data = TuneData(model=obj["model"], m_values=m_values, thread_counts=thread_counts,
-                    system=system)
-    for s in obj["shapes"]:
-        shape = ShapeTimes(int(s["n"]), int(s["k"]), Type[s["type"]])
-        for p in s["profiles"]:
-            stages = [tuple(bool(x) for x in flags) for flags in p["stages"]]
-            if len(stages) != len(STAGES):
-                raise TuneFileError(f"{path}: profile {p['name']!r} needs {len(STAGES)} stages")
-            profile = TaskProfile._from_raw((int(p["id"]), str(p["name"]), stages))
-            times = {}
-            for t, per in p["times_us"].items():
-                times[int(t)] = {}
-                for stage, values in per.items():
-                    if stage not in STAGES:
-                        raise TuneFileError(f"{path}: unknown stage {stage!r}")
-                    values = [float(v) for v in values]
-                    if len(values) != len(m_values) or not all(math.isfinite(v) and v >= 0
-                                                               for v in values):
-                        raise TuneFileError(f"{path}: {shape.key} {profile.name}: need one finite "
-                                            f"time >= 0 per M for stage {stage}")
-                    times[int(t)][stage] = values
-            shape.profiles.append(ProfileTimes(profile, times))
+    name = check.of_type(obj["model"], str, "model")
+    if model is not None and name != model:
+        raise TuneFileError(f"{path}: benched for model {name!r}, not {model!r}")
+    m_values = check.ascending(obj["m_values"], "m_values")
+    thread_counts = check.ascending(obj["thread_counts"], "thread_counts")
+    data = TuneData(model=name, m_values=m_values, thread_counts=thread_counts, system=system)
+    shapes = check.of_type(obj["shapes"], list, "shapes")
+    if not shapes:
+        check.fail("no shapes")
+    for s in shapes:
+        shape = _shape_from_json(check.of_type(s, dict, "a shape"), check, data, check_system)
+        if data.shape(shape.n, shape.k, shape.type) is not None:
+            check.fail(f"{_describe(shape)} appears twice")
         data.shapes.append(shape)
     return data
+
+
+def _describe(shape):
+    return f"{shape.n}x{shape.k} {Type(shape.type).name}"
+
+
+def _shape_from_json(s, check, data, check_system):
+    """ShapeTimes of one shape's JSON; every profile a known one (this build's,
+    with check_system), benched at the file's thread counts, one time per M
+    for each stage it runs and no other."""
+    type_name = check.of_type(s["type"], str, "type")
+    if type_name not in Type.__members__:
+        check.fail(f"unknown weight type {type_name!r}")
+    shape = ShapeTimes(check.integer(s["n"], "n", 1), check.integer(s["k"], "k", 1), Type[type_name])
+    where = _describe(shape)
+    profiles = check.of_type(s["profiles"], list, f"{where} profiles")
+    if not profiles:
+        check.fail(f"{where} has no profiles")
+    real = {p.id: p for p in task_profiles(Op.MUL_MAT, shape.type)}
+    for p in profiles:
+        p = check.of_type(p, dict, f"{where} profile")
+        flags = check.of_type(p["stages"], list, f"{where} stages")
+        if len(flags) != len(STAGES) or not all(
+                isinstance(f, list) and len(f) == 3 and all(x in (0, 1) for x in f) for f in flags):
+            check.fail(f"{where}: stages must be {len(STAGES)} lists of 3 flags (0 or 1)")
+        profile = TaskProfile._from_raw((check.integer(p["id"], "profile id", 0),
+                                         check.of_type(p["name"], str, "profile name"),
+                                         [tuple(bool(x) for x in f) for f in flags]))
+        if check_system and real.get(profile.id) != profile:
+            check.fail(f"{where}: profile {profile.name!r} (id {profile.id}) is not one of this "
+                       f"build's MUL_MAT profiles for {type_name}")
+        if any(pt.profile.id == profile.id for pt in shape.profiles):
+            check.fail(f"{where}: profile id {profile.id} appears twice")
+        valid = [st for st, f in zip(STAGES, profile.stages) if f.valid]
+        times = {}
+        for t, per in check.of_type(p["times_us"], dict, f"{where} times_us").items():
+            n_threads = int(t) if t.isdigit() else None
+            if n_threads not in data.thread_counts:
+                check.fail(f"{where} {profile.name}: times for {t!r} threads, which thread_counts "
+                           f"does not list")
+            per = check.of_type(per, dict, f"{where} {profile.name} times")
+            if sorted(per) != sorted(valid):
+                check.fail(f"{where} {profile.name}: times for stages {sorted(per)}, but it runs "
+                           f"{sorted(valid)}")
+            times[n_threads] = {st: check.times(per[st], len(data.m_values),
+                                                f"{where} {profile.name} {st}") for st in valid}
+        shape.profiles.append(ProfileTimes(profile, times))
+    return shape

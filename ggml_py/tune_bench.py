@@ -87,10 +87,21 @@ def model_shapes(model):
                                                   and not f.has_tensor("output.weight"))
         if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
             k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
-            shapes.add((n, k, gg.Type(int(t.tensor_type))))
+            shapes.add((n, k, weight_type(int(t.tensor_type), f"{f.path}: {t.name}")))
     if not shapes:
         raise ValueError(f"{f.path}: no llama matrix products found")
     return model_name(f), sorted(shapes)
+
+
+def weight_type(value, what):
+    """The Type of a matrix product's weight, or ValueError saying why it has none."""
+    try:
+        type = gg.Type(value)
+    except ValueError:
+        raise ValueError(f"{what}: tensor type {value} is not supported") from None
+    if not type_traits(type)["has_vec_dot"]:
+        raise ValueError(f"{what}: {type.name} weights have no matrix product kernel")
+    return type
 
 
 def model_name(f):
@@ -308,7 +319,7 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     """
     m_values = sorted(set(m_values or DEFAULT_M_VALUES))
     rng = np.random.default_rng(seed)
-    data = TuneData(model=model, m_values=m_values, thread_counts=list(thread_counts))
+    data = TuneData(model=model, m_values=m_values, thread_counts=sorted(set(thread_counts)))
     pools = {t: gg.ThreadPool(t) for t in thread_counts}
     try:
         bar = progress(passes * len(shapes) * len(m_values)) if progress else None

@@ -6,30 +6,31 @@ or plot a tune file.
     ggml-tune analyze tune.json [--plot tune.png]
 """
 import argparse
+import os
 import sys
 import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import console_script, run
-from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
+from ggml_py.cli.common import console_script, run, thread_count
+from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weight_type
 
 
 def parse_threads(text):
     try:
-        counts = sorted({int(t) for t in text.split(",")})
+        counts = sorted({thread_count(t) for t in text.split(",")})
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not counts or counts[0] < 1:
-        raise argparse.ArgumentTypeError("thread counts must be >= 1")
     return counts
 
 
 def parse_type(text):
     try:
-        return gg.Type[text.upper()]
+        return weight_type(gg.Type[text.upper()], "--type")
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown type {text!r}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def bench_parser():
@@ -39,8 +40,8 @@ def bench_parser():
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("-m", "--model", help="GGUF model: bench its matrix shapes and weight types")
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
-    p.add_argument("--type", type=parse_type, default=gg.Type.Q4_0,
-                   help="weight type with --model-shape (default Q4_0)")
+    p.add_argument("--type", type=parse_type,
+                   help="weight type with --model-shape (default Q4_0; a model has its own)")
     p.add_argument("--n-threads", type=parse_threads, default=[1, 2], help="e.g. 1,2,4 (default 1,2)")
     p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")
     p.add_argument("--passes", type=int, default=1,
@@ -61,10 +62,14 @@ def run_bench(args):
         raise SystemExit("ggml-tune: --m-max must be in 0..12")
     if args.passes < 1:
         raise SystemExit("ggml-tune: --passes must be >= 1")
+    if args.model and args.type is not None:
+        raise SystemExit("ggml-tune: --type goes with --model-shape; a model's weights have their own")
+    tune.check_writable(args.file, not_over=args.model)
     if args.model:
         name, shapes = model_shapes(args.model)
     else:
-        name, shapes = f"llama-{args.model_shape}-{args.type.name}", preset_shapes(args.model_shape, args.type)
+        type = gg.Type.Q4_0 if args.type is None else args.type
+        name, shapes = f"llama-{args.model_shape}-{type.name}", preset_shapes(args.model_shape, type)
     m_values = [2 ** i for i in range(args.m_max + 1)]
     start = time.perf_counter()
     data = bench(shapes, model=name, m_values=m_values, thread_counts=args.n_threads,
@@ -109,9 +114,21 @@ def analyze(data, out=None):
             print(file=out)
 
 
+def plot_path(path):
+    """Where --plot PATH draws: PATH, with .png added when it names no format."""
+    if not path:
+        raise ValueError("--plot needs a file name")
+    if os.path.isdir(path):
+        raise ValueError(f"--plot {path}: is a directory")
+    return path if os.path.splitext(path)[1] else path + ".png"
+
+
 def plot(data, path):
     """Time vs M per profile and thread count (log axes), one panel per shape."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     n = len(data.shapes)
@@ -145,11 +162,12 @@ def run_analyze(argv):
     p.add_argument("file")
     p.add_argument("--plot", metavar="PNG", help="also draw time vs M per profile (matplotlib)")
     args = p.parse_args(argv)
+    path = plot_path(args.plot) if args.plot is not None else None
     data = tune.load(args.file, check_system=False)
     analyze(data)
-    if args.plot:
-        plot(data, args.plot)
-        print(f"plot -> {args.plot}")
+    if path is not None:
+        plot(data, path)
+        print(f"plot -> {path}")
     return 0
 
 

@@ -216,6 +216,32 @@ def write_json(path, obj):
     (lambda o: o["shapes"][0].update(type="Q9_9"), "malformed"),
     (lambda o: o["shapes"][0].pop("n"), "malformed"),
     (lambda o: o["shapes"][0]["profiles"][0].update(stages=[[1, 1, 0]]), "stages"),
+    # values of the wrong kind, which Python would otherwise take in its stride
+    (lambda o: o.update(system=["a", "list"]), "system must be an object"),
+    (lambda o: o.update(version=True), "version True"),
+    (lambda o: o.update(m_values="1248"), "m_values must be a list"),
+    (lambda o: o.update(m_values=[1.5, 2, 4, 8, 16, 32, 64]), "m_values must be an integer"),
+    (lambda o: o.update(thread_counts=[]), "thread_counts must be distinct"),
+    (lambda o: o.update(thread_counts=[0, 1, 2]), "thread_counts must be >= 1"),
+    (lambda o: o.update(shapes=[]), "no shapes"),
+    (lambda o: o["shapes"].append(o["shapes"][0]), "64x64 F32 appears twice"),
+    (lambda o: o["shapes"][0].update(n=0), "n must be >= 1"),
+    (lambda o: o["shapes"][0].update(profiles=[]), "has no profiles"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute="1234567"),
+     "compute must be a list"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[True] * 7),
+     "one finite time"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].pop("compute"),
+     r"times for stages \['init'\], but it runs \['compute', 'init'\]"),
+    (lambda o: o["shapes"][0]["profiles"][1]["times_us"]["1"].update(init=[1.0] * 7),
+     "but it runs"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"].update({"4": {}}), "'4' threads"),
+    (lambda o: o["shapes"][0]["profiles"].append(o["shapes"][0]["profiles"][0]),
+     "profile id 0 appears twice"),
+    # flags that are not this build's: the executor would run the kernels wrongly
+    (lambda o: o["shapes"][0]["profiles"][1].update(stages=[[0, 0, 0], [1, 1, 1], [0, 0, 0]]),
+     "'blas' \\(id 1\\) is not one of this build's MUL_MAT profiles for F32"),
+    (lambda o: o["shapes"][0]["profiles"][1].update(name="turbo"), "'turbo'"),
 ])
 def test_bad_files_are_rejected_with_a_reason(tmp_path, edit, match):
     obj = synthetic_data().to_json()
@@ -238,6 +264,74 @@ def test_truncated_missing_and_other_model_files(tmp_path):
     (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(TuneFileError):
         tune.load(tmp_path / "binary.json")
+
+
+@pytest.mark.parametrize("text", ['{"format": "ggml_py-mulmat-tune", "version": 1e999}',
+                                  "[" * 100000 + "]" * 100000])
+def test_numbers_and_nesting_beyond_python_are_rejected(tmp_path, text):
+    obj = synthetic_data().to_json()
+    (tmp_path / "big.json").write_text(json.dumps(obj).replace('"n": 64', '"n": 1e999'))
+    with pytest.raises(TuneFileError, match="n must be an integer"):
+        tune.load(tmp_path / "big.json")
+    (tmp_path / "odd.json").write_text(text)
+    with pytest.raises(TuneFileError):
+        tune.load(tmp_path / "odd.json")
+
+
+def test_a_huge_or_endless_file_is_not_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "MAX_FILE_BYTES", 1000)
+    (tmp_path / "big.json").write_text(" " * 2000)
+    with pytest.raises(TuneFileError, match="over"):
+        tune.load(tmp_path / "big.json")
+    with pytest.raises(TuneFileError, match="over"):
+        tune.load("/dev/zero")
+
+
+def test_a_file_benched_at_other_thread_counts_is_refused_when_asked(tmp_path):
+    synthetic_data(thread_counts=(1,)).save(tmp_path / "t.json")
+    assert tune.load(tmp_path / "t.json", n_threads=1).thread_counts == [1]
+    with pytest.raises(TuneFileError, match="benched at 1 thread, not at 2"):
+        tune.load(tmp_path / "t.json", n_threads=2)
+
+
+def test_the_plan_runs_the_nodes_own_flags_whatever_the_file_says(tmp_path):
+    # read without the build check (as `ggml-tune analyze` does), a file whose
+    # blas COMPUTE claims to run on every thread must still not make it so
+    obj = synthetic_data().to_json()
+    obj["shapes"][0]["profiles"][1]["stages"] = [[0, 0, 0], [1, 1, 0], [0, 0, 0]]
+    obj["shapes"][0]["profiles"][1]["times_us"]["2"]["compute"] = [1.0] * 7   # the fastest
+    data = tune.load(write_json(tmp_path / "flags.json", obj), check_system=False)
+    graph, y, ref = mul_mat_graph(64)
+    row = graph.plan(2, tune=data).rows[-1]
+    assert row.reason == "tuned" and row.profile == graph.nodes[-1].profiles()[1]
+    assert not row.profile.compute.parallel
+    graph.compute(n_threads=2)
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_save_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = tmp_path / "t.json"
+    synthetic_data().save(path)
+    before = path.read_text()
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(json, "dump", fail)
+    with pytest.raises(OSError):
+        synthetic_data(thread_counts=(1,)).save(path)
+    assert path.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
+def test_where_a_tune_file_cannot_go(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    for path, match in [("", "needs a name"), (tmp_path, "is a directory"),
+                        (tmp_path / "no" / "t.json", "cannot write there"),
+                        ("/dev/null", "not a regular file"), (model, "is the model file")]:
+        with pytest.raises(TuneFileError, match=match):
+            tune.check_writable(str(path), not_over=model)
+    tune.check_writable(str(tmp_path / "t.json"), not_over=model)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]   # leaves nothing behind
 
 
 def mul_mat_graph(m, contiguous=True):
@@ -329,6 +423,59 @@ def test_cli_errors(tmp_path, capsys):
         tune_main(["--model-shape", "1.1B", "--m-max", "40", "-o", str(tmp_path / "x")])
 
 
+def test_cli_checks_its_output_before_benching(tmp_path, capsys, monkeypatch):
+    def no_bench(*args, **kwargs):
+        raise AssertionError("benched before finding the output unwritable")
+    monkeypatch.setattr("ggml_py.tune_cli.bench", no_bench)
+    for out in (tmp_path / "missing" / "t.json", tmp_path):
+        assert tune_main(["--model-shape", "1.1B", "-o", str(out), "-q"]) == 1
+        assert "ggml-tune: error:" in capsys.readouterr().err
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    assert tune_main(["-m", str(model), "-o", str(model), "-q"]) == 1
+    assert "is the model file" in capsys.readouterr().err
+    assert model.read_bytes() == b"GGUF"
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--type", "I8"], "I8 weights have no matrix product kernel"),
+    (["--type", "Q8_K"], "Q8_K weights have no matrix product kernel"),
+    (["--n-threads", "1,99999999999999999999"], "n-threads"),
+])
+def test_cli_refuses_types_and_thread_counts_it_cannot_run(tmp_path, capsys, args, match):
+    with pytest.raises(SystemExit):
+        tune_main(["--model-shape", "1.1B", *args, "-o", str(tmp_path / "t.json")])
+    assert match in capsys.readouterr().err
+
+
+def test_cli_type_goes_with_a_preset_only(tmp_path):
+    with pytest.raises(SystemExit, match="--type goes with --model-shape"):
+        tune_main(["-m", "model.gguf", "--type", "F16", "-o", str(tmp_path / "t.json")])
+
+
+def test_weight_types_of_a_model_must_have_a_kernel():
+    from ggml_py.tune_bench import weight_type
+    assert weight_type(int(gg.Q4_0), "w") == gg.Q4_0
+    with pytest.raises(ValueError, match="w: tensor type 9999 is not supported"):
+        weight_type(9999, "w")
+    with pytest.raises(ValueError, match="w: I8 weights have no matrix product kernel"):
+        weight_type(int(gg.Type.I8), "w")
+
+
+def test_analyze_plot_paths(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "t.json"
+    synthetic_data().save(path)
+    assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "pic")]) == 0
+    assert f"plot -> {tmp_path / 'pic.png'}" in capsys.readouterr().out
+    assert (tmp_path / "pic.png").stat().st_size > 1000
+    for bad, match in [(tmp_path, "is a directory"), ("", "needs a file name")]:
+        assert tune_main(["analyze", str(path), "--plot", str(bad)]) == 1
+        assert match in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 1
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
 def test_analyze_reports_crossovers():
     import io
     out = io.StringIO()
@@ -341,3 +488,19 @@ def test_cache_sizes_are_read():
     sizes = cache_sizes(2)
     assert sizes == sorted(sizes) and all((1 << 16) <= s <= (1 << 34) for s in sizes)
     assert parse_cpu_list("0-3,8\n") == [0, 1, 2, 3, 8]
+
+
+def test_main_tune_checks_the_file_first_and_benches_ms_up_to_the_context(tmp_path, capsys,
+                                                                          monkeypatch):
+    from ggml_py.cli.main import cli
+    benched = []
+
+    def recording_bench(shapes, model, m_values, thread_counts):
+        benched.append(m_values)
+        return TuneData(model=model, m_values=m_values, thread_counts=thread_counts)
+    monkeypatch.setattr("ggml_py.tune_bench.bench", recording_bench)
+    for bad in ("", str(tmp_path)):
+        assert cli(["-c", "64", "--tune", "--tune-file", bad]) == 1
+        assert "ggml-main: error:" in capsys.readouterr().err and not benched
+    assert cli(["-c", "64", "-b", "65536", "--tune", "--tune-file", str(tmp_path / "t.json")]) == 0
+    assert benched == [[1, 2, 4, 8, 16, 32, 64]]     # a batch is never larger than the context
