@@ -78,15 +78,17 @@ class LlamaConfig:
         if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
             raise f.error(f"rope.dimension_count {n_rot} must be even and at most {head_dim}")
 
-        freq_scale = 1.0
-        scaling = f.get(f"{ARCH}.rope.scaling.type", "none", type=str)
-        factor = f.get(f"{ARCH}.rope.scaling.factor", 0.0, type=float)
-        if scaling == "linear" and factor > 0:
-            freq_scale = 1.0 / factor
-        elif scaling not in ("none", "linear"):
+        # as llama.cpp reads them: the type is linear unless named, the factor the
+        # scaling.factor key or else the older scale_linear, 0 (or none given) no scaling
+        scaling = f.get(f"{ARCH}.rope.scaling.type", "linear", type=str)
+        if scaling not in ("none", "linear"):
             raise f.error(f"rope scaling {scaling!r} is not supported (only linear)")
-        elif f.has(f"{ARCH}.rope.scale_linear"):          # older files
-            freq_scale = 1.0 / f.get(f"{ARCH}.rope.scale_linear", type=float)
+        factor_key = next((k for k in ("rope.scaling.factor", "rope.scale_linear")
+                           if f.has(f"{ARCH}.{k}")), None)
+        factor = key(factor_key, type=float) if factor_key else 0.0
+        if not (factor >= 0 and math.isfinite(factor)):
+            raise f.error(f"{factor_key} {factor} must be a finite number >= 0")
+        freq_scale = 1.0 if scaling == "none" or factor == 0 else 1.0 / factor
 
         token_embd = f.tensors.get("token_embd.weight")
         if token_embd is None:
@@ -386,13 +388,15 @@ class LlamaModel:
         Writes the batch's K/V rows into the cache. The returned array is the
         graph's own output buffer: copy it to keep it past the next call.
         """
-        tokens = np.asarray(tokens, np.int32).reshape(-1)
+        tokens = np.asarray(tokens).reshape(-1)
         positions = np.asarray(positions, np.int32).reshape(-1)
         T = tokens.size
         if T == 0 or positions.size != T:
             raise ValueError(f"forward: {T} tokens and {positions.size} positions")
-        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
-            raise ValueError(f"forward: token ids must be in 0..{self.config.n_vocab - 1}")
+        if tokens.dtype.kind not in "iu" or not all(0 <= int(t) < self.config.n_vocab
+                                                     for t in (tokens.min(), tokens.max())):
+            raise ValueError(f"forward: token ids must be integers in 0..{self.config.n_vocab - 1}")
+        tokens = tokens.astype(np.int32)
         slots = self.cache.slots_for(positions)
         n_out = T if n_out is None else n_out
         if not 1 <= n_out <= T:

@@ -165,6 +165,12 @@ class Llama:
         self._decode(tokens, out=out)
         return out
 
+    def _check_vocab(self, tokens):
+        """ValueError unless every token id is in 0..n_vocab - 1."""
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab()), None)
+        if bad is not None:
+            raise ValueError(f"token id {bad} is not in 0..{self.n_vocab() - 1}")
+
     def _decode(self, tokens, out=None, first_output=0):
         """Run tokens through the model in n_batch pieces, appending them to the sequence.
 
@@ -174,6 +180,7 @@ class Llama:
         """
         if not tokens:
             raise ValueError("no tokens to evaluate")
+        self._check_vocab(tokens)    # all of them before any batch runs
         if self.n_tokens + len(tokens) > self.n_ctx():
             raise ValueError(f"{self.n_tokens} + {len(tokens)} tokens do not fit the context "
                              f"of {self.n_ctx()} tokens")
@@ -232,6 +239,7 @@ class Llama:
         max_tokens = checked_int("max_tokens", max_tokens)
         if not ids:
             raise ValueError("the prompt is empty")
+        self._check_vocab(ids)
         if len(ids) >= self.n_ctx():
             raise ValueError(f"the prompt has {len(ids)} tokens, the context {self.n_ctx()}")
         banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()

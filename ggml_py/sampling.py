@@ -44,8 +44,12 @@ class SamplingParams:
     seed: int | None = None       # None or -1: a random seed
 
     def __post_init__(self):
-        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"):
-            if math.isnan(getattr(self, name)):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+                     "presence_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{name} must be a number, got {value!r}")
+            if math.isnan(value):
                 raise ValueError(f"{name} must be a number, got nan")
         if not 0 < self.repeat_penalty < math.inf:
             raise ValueError(f"repeat_penalty must be a positive number, got {self.repeat_penalty}")

@@ -24,9 +24,10 @@ class ReferenceLlama:
         self.n_rot = _field(r, "llama.rope.dimension_count", self.head_dim)
         self.eps = _field(r, "llama.attention.layer_norm_rms_epsilon")
         self.base = _field(r, "llama.rope.freq_base", 10000.0)
-        factor = _field(r, "llama.rope.scaling.factor", 0.0)
-        linear = _field(r, "llama.rope.scaling.type", "none") == "linear" and factor > 0
-        self.freq_scale = 1.0 / factor if linear else 1.0
+        # llama.cpp: type linear unless named; factor from scaling.factor, else scale_linear
+        factor = _field(r, "llama.rope.scaling.factor", _field(r, "llama.rope.scale_linear", 0.0))
+        scaled = _field(r, "llama.rope.scaling.type", "linear") != "none" and factor != 0
+        self.freq_scale = 1.0 / factor if scaled else 1.0
         self.w = {}
         for t in r.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))

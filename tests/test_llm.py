@@ -232,6 +232,18 @@ def test_token_ids_must_be_integers(llm):
     llm.reset()
 
 
+def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=4)
+    for bad in (N_VOCAB, 2 ** 31, 2 ** 70, -1):
+        with pytest.raises(ValueError, match=f"token id {bad} is not in 0..{N_VOCAB - 1}"):
+            llm.eval([5] * 6 + [bad])
+        assert llm.n_tokens == 0                 # the first batches were not kept
+        with pytest.raises(ValueError, match=f"token id {bad} is not in"):
+            llm.generate_tokens([1, bad])        # when called, not when iterated
+    with pytest.raises(ValueError, match="token ids must be integers in 0..511"):
+        llm.model.forward([2 ** 31], [0])        # the model's own check, not an OverflowError
+
+
 def test_generate_checks_its_arguments_when_called(llm):
     for kwargs, match in [(dict(repeat_last_n=-5), "repeat_last_n must be at least -1"),
                           (dict(seed=-2), "seed must be at least -1"),

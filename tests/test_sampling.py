@@ -114,6 +114,9 @@ def test_seed_minus_one_draws_a_random_seed():
     (dict(repeat_last_n=2.5), TypeError, "repeat_last_n must be an integer"),
     (dict(top_k=1.5), TypeError, "top_k must be an integer"),
     (dict(seed=-2), ValueError, "seed must be at least -1"),
+    (dict(temperature=None), TypeError, "temperature must be a number, got None"),
+    (dict(repeat_penalty=None), TypeError, "repeat_penalty must be a number, got None"),
+    (dict(top_p="0.9"), TypeError, "top_p must be a number"),
 ])
 def test_bad_params_are_refused(params, error, match):
     with pytest.raises(error, match=match):
