@@ -13,7 +13,8 @@ The behaviour follows llama.cpp's ``llama_tokenize`` / ``llama_detokenize`` /
 partitioning, the SentencePiece space prefix, the ``clean_spaces`` rules of
 byte-level vocabularies and the end-of-generation token detection.
 
-Only the standard library and the ``regex`` package are needed; a
+The code is pure Python on the standard library and the ``regex`` package
+(its error type derives from ggml_py's ``ModelLoadError``); a
 ``gguf.GGUFReader`` can be passed in but the module reads GGUF metadata itself
 (faster than ``GGUFReader`` for 100k+ entry vocabularies).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import codecs
 import heapq
 import mmap
+import operator
 import os
 import re
 import struct
@@ -30,8 +32,12 @@ from typing import Any, Iterable, Mapping
 
 import regex
 
+# ggml_py's own package __init__ has imported this already; no extra cost.
+from ggml_py.gguf_model import ModelLoadError
+
 __all__ = [
     "Tokenizer",
+    "TokenizerError",
     "IncrementalDecoder",
     "read_gguf_metadata",
     "TOKEN_TYPE_UNDEFINED",
@@ -184,14 +190,29 @@ def _parse_gguf_kv(data: mmap.mmap, path: str) -> dict[str, Any]:
     (n_kv,) = _U64.unpack_from(data, 16)
     offset = 24
     fields: dict[str, Any] = {}
+    key = None  # the key being read, for the message
     try:
+        # A key/value pair takes at least 13 bytes: key length, value type, a u8.
+        _check_count(data, offset, n_kv, 13, "key/value")
         for _ in range(n_kv):
+            key = None
             key, offset = _read_gguf_string(data, offset)
             (value_type,) = _U32.unpack_from(data, offset)
             fields[key], offset = _read_gguf_value(data, offset + 4, value_type)
-    except (struct.error, IndexError, KeyError) as e:
-        raise ValueError(f"{path}: truncated or corrupt GGUF metadata ({e})") from e
+    except (struct.error, IndexError, ValueError) as e:
+        where = f"key {key!r}: " if key is not None else ""
+        raise ValueError(f"{path}: truncated or corrupt GGUF metadata ({where}{e})") from e
     return fields
+
+
+def _check_count(data: mmap.mmap, offset: int, count: int, min_item_size: int, what: str) -> None:
+    """Refuse a count the rest of the file cannot hold, before allocating for it.
+
+    The count comes from the file; without this a corrupt one (2^40) makes a
+    list of that many items, or fails with a bare MemoryError.
+    """
+    if count * min_item_size > len(data) - offset:
+        raise ValueError(f"{what} count {count} is more than the file can hold")
 
 
 def _read_gguf_string(data: mmap.mmap, offset: int) -> tuple[str, int]:
@@ -202,6 +223,13 @@ def _read_gguf_string(data: mmap.mmap, offset: int) -> tuple[str, int]:
     return data[offset + 8:end].decode("utf-8", "surrogateescape"), end
 
 
+def _scalar_code(value_type: int) -> str:
+    code = _GGUF_SCALAR_CODES.get(value_type)
+    if code is None:
+        raise ValueError(f"unknown value type {value_type}")
+    return code
+
+
 def _read_gguf_value(data: mmap.mmap, offset: int, value_type: int) -> tuple[Any, int]:
     if value_type == _GGUF_STRING:
         return _read_gguf_string(data, offset)
@@ -210,22 +238,27 @@ def _read_gguf_value(data: mmap.mmap, offset: int, value_type: int) -> tuple[Any
         (count,) = _U64.unpack_from(data, offset + 4)
         offset += 12
         if item_type == _GGUF_STRING:
+            _check_count(data, offset, count, 8, "array")  # each string: its 8-byte length
             return _read_gguf_string_array(data, offset, count)
         if item_type == _GGUF_ARRAY:
+            # Each item is an array without its own value type: item type, count, items.
+            _check_count(data, offset, count, 12, "array")
             items = []
             for _ in range(count):
-                (sub_type,) = _U32.unpack_from(data, offset)
-                item, offset = _read_gguf_value(data, offset + 4, sub_type)
+                item, offset = _read_gguf_value(data, offset, _GGUF_ARRAY)
                 items.append(item)
             return items, offset
-        array = struct.Struct(f"<{count}{_GGUF_SCALAR_CODES[item_type]}")
+        code = _scalar_code(item_type)
+        _check_count(data, offset, count, struct.calcsize("<" + code), "array")
+        array = struct.Struct(f"<{count}{code}")
         return list(array.unpack_from(data, offset)), offset + array.size
-    scalar = struct.Struct("<" + _GGUF_SCALAR_CODES[value_type])
+    scalar = struct.Struct("<" + _scalar_code(value_type))
     return scalar.unpack_from(data, offset)[0], offset + scalar.size
 
 
 def _read_gguf_string_array(data: mmap.mmap, offset: int, count: int) -> tuple[list[str], int]:
     # The hot loop of loading a 128k vocabulary: keep it to the bare minimum.
+    # The caller has checked that the file can hold ``count`` strings.
     unpack_length = _U64.unpack_from
     items = [""] * count
     size = len(data)
@@ -271,6 +304,93 @@ def _reader_field_value(field: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------
+# Invalid UTF-8 in the input
+# ---------------------------------------------------------------------------
+# llama.cpp tokenizes bytes. Invalid UTF-8 reaches Python as surrogate escapes
+# (U+DC80..U+DCFF, what ``surrogateescape`` makes of argv and of files read
+# that way), so those are the raw bytes again. Any other lone surrogate is no
+# text at all and counts as U+FFFD.
+
+_SURROGATE_RUN = re.compile("[\ud800-\udfff]+")
+_NOT_AN_ESCAPE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
+# llama.cpp's unicode_len_utf8: a symbol's length from its lead byte's high nibble.
+_UTF8_LEN_BY_NIBBLE = (1,) * 12 + (2, 2, 3, 4)
+
+
+def _is_clean(text: str) -> bool:
+    """True if ``text`` holds no surrogates (so it is plain UTF-8 text)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text_bytes(text: str) -> bytes:
+    """The bytes llama.cpp would be given for ``text`` (escaped bytes restored)."""
+    return _NOT_AN_ESCAPE.sub("\ufffd", text).encode("utf-8", "surrogateescape")
+
+
+def _utf8_symbol_lengths(data: bytes) -> list[int]:
+    """Initial SentencePiece symbols as llama.cpp cuts them: ``lengths[i]`` at each start, else 0.
+
+    Only the lead byte counts: a stray 0xE9 takes the next two bytes along
+    whatever they are; the last symbol is cut short at the end.
+    """
+    n = len(data)
+    lengths = [0] * n
+    i = 0
+    while i < n:
+        size = min(_UTF8_LEN_BY_NIBBLE[data[i] >> 4], n - i)
+        lengths[i] = size
+        i += size
+    return lengths
+
+
+def _llama_code_points(text: str) -> str:
+    """``text`` as llama.cpp's byte-level BPE sees it (``unicode_cpts_from_utf8``).
+
+    Valid text is unchanged. Escaped bytes are decoded as llama.cpp decodes
+    its input: a lead byte with enough continuation bytes (10xxxxxx) gives
+    its code point, even an overlong one (C0 80 -> U+0000) or a surrogate
+    (ED A0 80 -> U+D800); every other byte becomes one U+FFFD. Decoding each
+    run of escapes alone gives the same result, since a valid character
+    never starts with a continuation byte.
+    """
+    return _SURROGATE_RUN.sub(lambda run: _llama_decode_utf8(_text_bytes(run.group())), text)
+
+
+def _llama_decode_utf8(data: bytes) -> str:
+    """llama.cpp's unicode_cpts_from_utf8 on ``data``, as a str."""
+    out = []
+    i, n = 0, len(data)
+    while i < n:
+        lead = data[i]
+        if lead < 0x80:
+            size = 1
+        elif lead < 0xC0 or lead >= 0xF8:
+            size = 0  # a continuation byte, or no UTF-8 lead at all
+        else:
+            size = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+        tail = data[i + 1:i + size]
+        if size and len(tail) == size - 1 and all(0x80 <= b < 0xC0 for b in tail):
+            cpt = lead if size == 1 else lead & (0x7F >> size)
+            for b in tail:
+                cpt = (cpt << 6) | (b & 0x3F)
+            # Above U+10FFFF llama.cpp decodes, then fails to encode the word
+            # again (an exception out of llama_tokenize); taken as invalid here.
+            if cpt <= 0x10FFFF:
+                out.append(chr(cpt))
+                i += size
+                continue
+        out.append("\ufffd")
+        i += 1
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------
 # Byte-level BPE helpers
 # ---------------------------------------------------------------------------
 
@@ -296,8 +416,10 @@ _UNICODE_TO_BYTE = {ch: byte for byte, ch in enumerate(_BYTE_TO_UNICODE)}
 def _byte_encode(word: str) -> str:
     """Map the UTF-8 bytes of ``word`` through the GPT-2 byte-to-unicode table."""
     # latin-1 turns each byte into the character with the same ordinal, which
-    # str.translate then maps through the 256-entry table in C.
-    return word.encode("utf-8").decode("latin-1").translate(_BYTE_TO_UNICODE)
+    # str.translate then maps through the 256-entry table in C. A surrogate
+    # code point (llama.cpp decodes ED A0 80 to U+D800) is encoded back to
+    # its three bytes, as llama.cpp's unicode_cpt_to_utf8 does.
+    return word.encode("utf-8", "surrogatepass").decode("latin-1").translate(_BYTE_TO_UNICODE)
 
 
 def _byte_decode(token_text: str) -> bytes:
@@ -412,6 +534,59 @@ def _clean_spaces(text: bytes) -> bytes:
 # Tokenizer
 # ---------------------------------------------------------------------------
 
+class TokenizerError(ModelLoadError):
+    """Metadata without a usable tokenizer; the message is '<source>: <problem>'.
+
+    A ``ModelLoadError`` (so a ``ValueError``): the model loader passes it on
+    unchanged and the command-line programs print it as their one-line error.
+    """
+
+
+# Metadata value kinds ("x[]": an array of x): how messages name them, and the
+# Python types that are one. A bool is an int to Python but not to GGUF.
+_KINDS = {
+    "str": ("a string", "strings", (str,)),
+    "int": ("an integer", "integers", (int,)),
+    "bool": ("a bool", "bools", (bool,)),
+    "number": ("a number", "numbers", (int, float)),
+}
+
+
+def _is_kind(value_type: type, kind: str) -> bool:
+    return issubclass(value_type, _KINDS[kind][2]) and (kind == "bool" or not issubclass(value_type, bool))
+
+
+def _kind_of(value: Any) -> str:
+    """How an error message names what a metadata value turned out to be."""
+    for kind in ("bool", "int", "str"):
+        if _is_kind(type(value), kind):
+            return _KINDS[kind][0]
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return f"a {type(value).__name__}"
+
+
+def _check_kind(value: Any, kind: str, key: str, source: str) -> Any:
+    """``value`` if it is of ``kind`` ('int', 'str[]', ...), else a TokenizerError naming ``key``."""
+    if not kind.endswith("[]"):
+        if not _is_kind(type(value), kind):
+            raise TokenizerError(f"{source}: {key} must be {_KINDS[kind][0]}, got {_kind_of(value)}")
+        return value
+    item_kind = kind[:-2]
+    plural = _KINDS[item_kind][1]
+    if not isinstance(value, (list, tuple)):
+        raise TokenizerError(f"{source}: {key} must be an array of {plural}, got {_kind_of(value)}")
+    # Check the few distinct item types, not every item (128k-entry arrays).
+    bad = {t for t in set(map(type, value)) if not _is_kind(t, item_kind)}
+    if bad:
+        index = next(i for i, item in enumerate(value) if type(item) in bad)
+        raise TokenizerError(f"{source}: {key} must be an array of {plural}, "
+                             f"got {_kind_of(value[index])} at index {index}")
+    return value
+
+
 class Tokenizer:
     """A llama.cpp-compatible tokenizer built from GGUF ``tokenizer.*`` metadata.
 
@@ -429,28 +604,28 @@ class Tokenizer:
 
         Values may be plain Python values, numpy arrays or ``gguf.ReaderField``
         objects. ``source`` names the origin (e.g. the file path) in error
-        messages. Raises ``ValueError`` if the metadata holds no usable
-        tokenizer.
+        messages. Raises :class:`TokenizerError` (a ``ValueError``) if the
+        metadata holds no usable tokenizer or a value of the wrong type.
         """
         self.source = source
-        get = self._field_getter(fields)
+        get = self._field_getter(fields, source)
 
-        self.model = get("model")
+        self.model = get("model", "str")
         if self.model is None:
-            raise ValueError(f"{source}: no tokenizer in GGUF metadata (missing '{_KEY}model')")
+            raise TokenizerError(f"{source}: no tokenizer in GGUF metadata (missing '{_KEY}model')")
         if self.model == "llama":
             self.is_spm = True
         elif self.model == "gpt2":
             self.is_spm = False
         else:
-            raise ValueError(f"{source}: unsupported tokenizer model {self.model!r} "
-                             "(supported: 'llama' = SentencePiece, 'gpt2' = byte-level BPE)")
+            raise TokenizerError(f"{source}: unsupported tokenizer model {self.model!r} "
+                                 "(supported: 'llama' = SentencePiece, 'gpt2' = byte-level BPE)")
 
         self._load_tokens(get)
         self._configure(get)
         self._load_special_ids(get)
         self._detect_special_tokens_by_text()
-        self._finish_special_tokens(str(get("name", "general.") or ""))
+        self._finish_special_tokens(get("name", "str", "", prefix="general."))
 
         self._pieces: list[bytes | None] = [None] * self.n_vocab
         self._word_cache: dict[str, list[int]] = {}
@@ -459,19 +634,22 @@ class Tokenizer:
     # -- construction -------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, path_or_reader: Any) -> "Tokenizer":
+    def from_gguf(cls, path_or_reader: Any, source: str | None = None) -> "Tokenizer":
         """Load the tokenizer of a GGUF file (a path) or of a ``gguf.GGUFReader``.
 
-        Raises ``ValueError`` naming the file if it is not a GGUF file or has
-        no tokenizer.
+        ``source`` names the file in error messages (default: the path, or
+        the absolute path a reader has mapped). Raises ``ValueError`` naming
+        the file if it is not a GGUF file, :class:`TokenizerError` (also a
+        ``ValueError``) if it has no usable tokenizer.
         """
         if hasattr(path_or_reader, "fields"):
-            # GGUFReader memory-maps the file; numpy's memmap knows its name.
-            source = str(getattr(getattr(path_or_reader, "data", None), "filename", None)
-                         or "<GGUFReader>")
+            if source is None:
+                # GGUFReader memory-maps the file; numpy's memmap knows its name.
+                source = str(getattr(getattr(path_or_reader, "data", None), "filename", None)
+                             or "<GGUFReader>")
             return cls(_fields_from_reader(path_or_reader), source)
         path = os.fspath(path_or_reader)
-        return cls(read_gguf_metadata(path), path)
+        return cls(read_gguf_metadata(path), path if source is None else source)
 
     @classmethod
     def from_metadata(cls, fields: Mapping[str, Any], source: str = "<metadata>") -> "Tokenizer":
@@ -479,31 +657,36 @@ class Tokenizer:
         return cls(fields, source)
 
     @staticmethod
-    def _field_getter(fields: Mapping[str, Any]):
-        def get(name: str, prefix: str = _KEY, default: Any = None) -> Any:
+    def _field_getter(fields: Mapping[str, Any], source: str):
+        def get(name: str, kind: str, default: Any = None, prefix: str = _KEY) -> Any:
+            """The value of key ``prefix + name`` (``default`` if absent), checked to be of ``kind``."""
             value = fields.get(prefix + name)
-            return default if value is None else _plain_value(value)
+            if value is None:
+                return default
+            return _check_kind(_plain_value(value), kind, prefix + name, source)
         return get
 
     def _load_tokens(self, get) -> None:
-        tokens = list(get("tokens", default=()))  # a copy: empty texts get renamed below
+        tokens = get("tokens", "str[]")
         if not tokens:
-            raise ValueError(f"{self.source}: no tokenizer vocabulary (missing '{_KEY}tokens')")
+            problem = f"'{_KEY}tokens' is empty" if tokens is not None else f"missing '{_KEY}tokens'"
+            raise TokenizerError(f"{self.source}: no tokenizer vocabulary ({problem})")
+        tokens = list(tokens)  # a copy: empty texts get renamed below
         n_vocab = len(tokens)
-        scores = get("scores")
-        types = get("token_type")
+        scores = get("scores", "number[]")
+        types = get("token_type", "int[]")
         if scores is not None and len(scores) < n_vocab:
-            raise ValueError(f"{self.source}: {len(scores)} scores for {n_vocab} tokens")
+            raise TokenizerError(f"{self.source}: {len(scores)} scores for {n_vocab} tokens")
         if types is not None and len(types) < n_vocab:
-            raise ValueError(f"{self.source}: {len(types)} token types for {n_vocab} tokens")
+            raise TokenizerError(f"{self.source}: {len(types)} token types for {n_vocab} tokens")
 
         token_to_id: dict[str, int] = {}
         for i, text in enumerate(tokens):
             if not text:
                 text = tokens[i] = f"[EMPTY_{i}]"
             if token_to_id.setdefault(text, i) != i:
-                raise ValueError(f"{self.source}: duplicate token in vocabulary: {text!r} "
-                                 f"has ids {token_to_id[text]} and {i}")
+                raise TokenizerError(f"{self.source}: duplicate token in vocabulary: {text!r} "
+                                     f"has ids {token_to_id[text]} and {i}")
         self._tokens: list[str] = tokens
         self._token_to_id = token_to_id
         self._scores: list[float] = [float(s) for s in scores[:n_vocab]] if scores is not None \
@@ -515,7 +698,7 @@ class Tokenizer:
 
     def _configure(self, get) -> None:
         """Vocabulary-type defaults, then the flags the metadata overrides."""
-        self.pre = get("pre", default="")
+        self.pre = get("pre", "str", "")
         self._merge_ranks: dict[str, int] = {}
         self._pre_tokenizer: _PreTokenizer | None = None
         self.ignore_merges = False
@@ -525,10 +708,10 @@ class Tokenizer:
             self.add_bos, self.add_eos = True, False
             self.bos_id, self.eos_id, self.unk_id = 1, 2, 0
         else:
-            merges = get("merges")
+            merges = get("merges", "str[]")
             if merges is None:
-                raise ValueError(f"{self.source}: byte-level BPE vocabulary without merges "
-                                 f"(missing '{_KEY}merges')")
+                raise TokenizerError(f"{self.source}: byte-level BPE vocabulary without merges "
+                                     f"(missing '{_KEY}merges')")
             # Merges are "left right" strings, rank = index, first one wins.
             # Lookups build the same "left right" key: byte-encoded symbols
             # never contain a space, so this equals splitting each merge at
@@ -537,15 +720,15 @@ class Tokenizer:
             pre_name = self.pre or "default"
             self._pre_tokenizer = _PRE_TOKENIZERS.get(pre_name)
             if self._pre_tokenizer is None:
-                raise ValueError(f"{self.source}: unsupported pre-tokenizer {pre_name!r} "
-                                 f"(supported: {', '.join(sorted(_PRE_TOKENIZERS))})")
+                raise TokenizerError(f"{self.source}: unsupported pre-tokenizer {pre_name!r} "
+                                     f"(supported: {', '.join(sorted(_PRE_TOKENIZERS))})")
             self.add_space_prefix = False
             self.clean_spaces = self._pre_tokenizer.clean_spaces
             self.ignore_merges = self._pre_tokenizer.ignore_merges
             self.add_bos = self._pre_tokenizer.add_bos
             self.add_eos = False
             self.bos_id, self.eos_id, self.unk_id = 11, 11, None
-        self.add_space_prefix = bool(get("add_space_prefix", default=self.add_space_prefix))
+        self.add_space_prefix = get("add_space_prefix", "bool", self.add_space_prefix)
         self.eot_id = self.eom_id = self.sep_id = self.pad_id = self.mask_id = None
         self.fim_pre_id = self.fim_suf_id = self.fim_mid_id = None
         self.fim_pad_id = self.fim_rep_id = self.fim_sep_id = None
@@ -556,16 +739,17 @@ class Tokenizer:
             default = getattr(self, attr + "_id")
             if default is not None and default >= n_vocab:
                 default = None  # a built-in default outside a small vocabulary
-            value = get(key)
-            if value is not None and 0 <= int(value) < n_vocab:
-                default = int(value)
+            value = get(key, "int")
+            if value is not None and 0 <= value < n_vocab:
+                default = value
             setattr(self, attr + "_id", default)
-        self.add_bos = bool(get("add_bos_token", default=self.add_bos))
-        self.add_eos = bool(get("add_eos_token", default=self.add_eos))
+        # llama.cpp reads these as GGUF bools; the string "false" is not false.
+        self.add_bos = get("add_bos_token", "bool", self.add_bos)
+        self.add_eos = get("add_eos_token", "bool", self.add_eos)
         if self.add_bos and self.bos_id is None:
-            raise ValueError(f"{self.source}: {_KEY}add_bos_token is true, but there is no BOS token")
+            raise TokenizerError(f"{self.source}: {_KEY}add_bos_token is true, but there is no BOS token")
         if self.add_eos and self.eos_id is None:
-            raise ValueError(f"{self.source}: {_KEY}add_eos_token is true, but there is no EOS token")
+            raise TokenizerError(f"{self.source}: {_KEY}add_eos_token is true, but there is no EOS token")
 
     def _mark_control(self, token_id: int) -> None:
         # llama.cpp treats control-looking tokens of other types as control
@@ -684,14 +868,22 @@ class Tokenizer:
 
     # -- tokenize -----------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str | bytes, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
         """Convert ``text`` to token ids, like llama.cpp's ``llama_tokenize``.
 
-        ``add_special`` adds BOS (and EOS) if the vocabulary asks for them.
-        ``parse_special`` turns control-token texts in ``text`` (``<s>``,
-        ``<|begin_of_text|>``, ...) into their ids; user-defined tokens are
-        always recognised.
+        ``text`` is a str or UTF-8 bytes / bytearray. Invalid UTF-8 (in bytes,
+        or as the surrogate escapes of a str read with ``surrogateescape``)
+        is tokenized as llama.cpp tokenizes those bytes; other lone
+        surrogates count as U+FFFD. ``add_special`` adds BOS (and EOS) if the
+        vocabulary asks for them. ``parse_special`` turns control-token texts
+        in ``text`` (``<s>``, ``<|begin_of_text|>``, ...) into their ids;
+        user-defined tokens are always recognised.
         """
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", "surrogateescape")
+        elif not isinstance(text, str):
+            raise TypeError(f"text must be str, bytes or bytearray, got {type(text).__name__}")
         fragments: list[str | int] = self._split_special(text, parse_special) if text else []
         output: list[int] = []
         if add_special and self.add_bos:
@@ -774,32 +966,67 @@ class Tokenizer:
     def _tokenize_spm_text(self, text: str, output: list[int]) -> None:
         """llama.cpp's ``llm_tokenizer_spm``: merge the best-scoring adjacent pair first.
 
-        Symbols start as single characters. Symbol ``i`` always begins at
-        character ``i`` (merges only extend a symbol to the right), so a
-        symbol is just a length; merged-away symbols have length 0.
+        llama.cpp starts from one symbol per UTF-8 sequence, its length read
+        from the lead byte alone. For valid text that is one symbol per
+        character. Text with invalid UTF-8 (surrogate escapes) is worked on
+        as bytes, one character per byte (latin-1), so that a stray lead
+        byte takes the bytes after it into its symbol exactly as in llama.cpp.
+        """
+        if _is_clean(text):
+            self._spm_merge(text, None, self._token_to_id.get, "utf-8", output)
+            return
+        data = _text_bytes(text)
+        token_to_id = self._token_to_id
+
+        def lookup(piece: str) -> int | None:
+            return token_to_id.get(piece.encode("latin-1").decode("utf-8", "surrogateescape"))
+
+        self._spm_merge(data.decode("latin-1"), _utf8_symbol_lengths(data), lookup, "latin-1", output)
+
+    def _spm_merge(self, text: str, lengths: list[int] | None, lookup, encoding: str,
+                   output: list[int]) -> None:
+        """The merges of :meth:`_tokenize_spm_text` on ``text``.
+
+        ``lengths[i]`` is the length of the initial symbol starting at
+        character ``i`` (0 inside a symbol); None means one per character.
+        A symbol always begins where it began (merges only extend a symbol
+        to the right), so a symbol is just a length; merged-away symbols have
+        length 0. ``lookup`` maps a piece of ``text`` to its token id;
+        ``encoding`` turns a piece back into bytes for the byte fallback.
         """
         n = len(text)
         if n == 0:
             return
-        token_to_id = self._token_to_id
         scores = self._scores
-        length = [1] * n
-        next_sym = list(range(1, n + 1))
-        next_sym[-1] = -1
-        prev_sym = list(range(-1, n - 1))
+        if lengths is None:
+            length = [1] * n
+            next_sym = list(range(1, n + 1))
+            next_sym[-1] = -1
+            prev_sym = list(range(-1, n - 1))
+        else:
+            length = lengths
+            next_sym = [-1] * n
+            prev_sym = [-1] * n
+            last = -1
+            for i, size in enumerate(length):
+                if size:
+                    if last >= 0:
+                        next_sym[last] = i
+                    prev_sym[i] = last
+                    last = i
         queue: list[tuple[float, int, int, int]] = []
 
         def push_pair(left: int, right: int) -> None:
             if left < 0 or right < 0:
                 return
             size = length[left] + length[right]
-            token_id = token_to_id.get(text[left:left + size])
+            token_id = lookup(text[left:left + size])
             if token_id is not None:
                 # Highest score first, then leftmost.
                 heapq.heappush(queue, (-scores[token_id], left, right, size))
 
         for i in range(1, n):
-            push_pair(i - 1, i)
+            push_pair(prev_sym[i], i)  # -1 (nothing) where i is inside a symbol
         while queue:
             _, left, right, size = heapq.heappop(queue)
             # Skip pairs made stale by an earlier merge of either side.
@@ -818,11 +1045,11 @@ class Tokenizer:
         i = 0
         while i != -1:
             piece = text[i:i + length[i]]
-            token_id = token_to_id.get(piece)
+            token_id = lookup(piece)
             if token_id is not None:
                 output.append(token_id)
             else:
-                output.extend(self._byte_token(b) for b in piece.encode("utf-8", "surrogateescape"))
+                output.extend(self._byte_token(b) for b in piece.encode(encoding))
             i = next_sym[i]
 
     def _byte_token(self, byte: int) -> int:
@@ -838,6 +1065,8 @@ class Tokenizer:
     # Byte-level BPE --------------------------------------------------------
 
     def _tokenize_bpe_fragment(self, text: str, output: list[int]) -> None:
+        if not _is_clean(text):
+            text = _llama_code_points(text)
         cache = self._word_cache
         for word in self._pre_tokenizer.split(text):
             ids = cache.get(word)
@@ -916,6 +1145,11 @@ class Tokenizer:
         nothing. Up to ``lstrip`` leading spaces are removed. A piece may be
         part of a multi-byte UTF-8 character.
         """
+        try:
+            token_id = operator.index(token_id)  # numpy integers too, not 1.5
+        except TypeError:
+            raise TypeError(f"token ids must be integers, got {type(token_id).__name__} "
+                            f"{token_id!r}") from None
         if not 0 <= token_id < self.n_vocab:
             raise IndexError(f"token id {token_id} out of range [0, {self.n_vocab})")
         if not special and self._attrs[token_id] & _ATTR_SPECIAL:

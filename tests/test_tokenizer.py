@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ggml_py.tokenizer import Tokenizer, read_gguf_metadata
+from ggml_py.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
 
 DATA = Path(__file__).parent / "data"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2")
@@ -291,3 +291,228 @@ def test_from_gguf_reader_and_metadata_agree(tmp_path):
         assert tok.tokenize("Hi!") == [1, 260, 3 + ord("i"), 3 + ord("!")]
         assert tok.detokenize(tok.tokenize("Hi!", add_special=False)) == "Hi!"
     assert "tiny-spm.gguf" in from_reader.source
+
+
+# -- wrong-typed tokenizer metadata -----------------------------------------
+
+# GGUF value types
+GGUF_U32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 7, 8, 9
+
+
+def gguf_string(s: str) -> bytes:
+    data = s.encode("utf-8")
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf_array(item_type: int, items: list) -> bytes:
+    """An array value: item type, count, items (strings or u32 / f32 numbers)."""
+    if item_type == GGUF_STRING:
+        body = b"".join(gguf_string(s) for s in items)
+    else:
+        body = struct.pack(f"<{len(items)}{'f' if item_type == 6 else 'I'}", *items)
+    return struct.pack("<IQ", item_type, len(items)) + body
+
+
+TINY_TOKENS = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["\u2581", "\u2581H"]
+
+
+def tiny_spm_fields() -> dict[str, tuple[int, bytes]]:
+    """A small SentencePiece vocabulary as raw GGUF key -> (value type, encoded value)."""
+    n = len(TINY_TOKENS)
+    return {
+        "general.architecture": (GGUF_STRING, gguf_string("llama")),
+        "tokenizer.ggml.model": (GGUF_STRING, gguf_string("llama")),
+        "tokenizer.ggml.tokens": (GGUF_ARRAY, gguf_array(GGUF_STRING, TINY_TOKENS)),
+        "tokenizer.ggml.scores": (GGUF_ARRAY, gguf_array(6, [0.0] * n)),
+        "tokenizer.ggml.token_type": (GGUF_ARRAY, gguf_array(GGUF_U32, [2, 3, 3] + [6] * 256 + [1, 1])),
+        "tokenizer.ggml.bos_token_id": (GGUF_U32, struct.pack("<I", 1)),
+        "tokenizer.ggml.add_bos_token": (GGUF_BOOL, b"\x01"),
+    }
+
+
+def write_tiny_spm(path: Path, **changes: tuple[int, bytes] | None) -> Path:
+    """tiny_spm_fields() with some keys (short names under tokenizer.ggml.) replaced or removed."""
+    fields = tiny_spm_fields()
+    for name, value in changes.items():
+        key = "tokenizer.ggml." + name
+        if value is None:
+            del fields[key]
+        else:
+            fields[key] = value
+    write_gguf(path, [(key, kind, value) for key, (kind, value) in fields.items()])
+    return path
+
+
+WRONG_TYPES = [  # key, (type, value), what the message says
+    ("bos_token_id", (GGUF_ARRAY, gguf_array(GGUF_U32, [1])),
+     "bos_token_id must be an integer, got an array"),
+    ("eos_token_id", (GGUF_STRING, gguf_string("2")), "eos_token_id must be an integer, got a string"),
+    ("tokens", (GGUF_U32, struct.pack("<I", 5)), "tokens must be an array of strings, got an integer"),
+    ("tokens", (GGUF_ARRAY, gguf_array(GGUF_U32, [1, 2, 3])),
+     "tokens must be an array of strings, got an integer at index 0"),
+    ("tokens", (GGUF_STRING, gguf_string("abc")), "tokens must be an array of strings, got a string"),
+    ("scores", (GGUF_U32, struct.pack("<I", 5)), "scores must be an array of numbers, got an integer"),
+    ("token_type", (GGUF_U32, struct.pack("<I", 5)),
+     "token_type must be an array of integers, got an integer"),
+    ("add_bos_token", (GGUF_STRING, gguf_string("false")), "add_bos_token must be a bool, got a string"),
+]
+
+
+@pytest.mark.parametrize("name, value, message", WRONG_TYPES,
+                         ids=[f"{case[0]}-{i}" for i, case in enumerate(WRONG_TYPES)])
+def test_wrong_typed_metadata_is_a_load_error_naming_the_key(tmp_path, name, value, message):
+    """Each used to escape as a TypeError / AttributeError, or load a wrong vocabulary."""
+    path = write_tiny_spm(tmp_path / "bad.gguf", **{name: value})
+    with pytest.raises(TokenizerError, match=f"^{path}: tokenizer.ggml.{message}$"):
+        Tokenizer.from_gguf(path)
+    gguf = pytest.importorskip("gguf")
+    with pytest.raises(TokenizerError, match=f"tokenizer.ggml.{message}$"):
+        Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+
+
+def test_merges_must_be_strings():
+    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+              "tokenizer.ggml.merges": 7}
+    with pytest.raises(TokenizerError, match="merges must be an array of strings, got an integer"):
+        Tokenizer.from_metadata(fields, "m.gguf")
+
+
+def test_tiny_vocabulary_file_loads(tmp_path):
+    """The well-typed base of the cases above loads, and a bool add_bos_token is honoured."""
+    tok = Tokenizer.from_gguf(write_tiny_spm(tmp_path / "good.gguf"))
+    assert tok.tokenize("H") == [1, 260]
+    tok = Tokenizer.from_gguf(write_tiny_spm(tmp_path / "nobos.gguf", add_bos_token=(GGUF_BOOL, b"\x00")))
+    assert tok.tokenize("H") == [260]
+
+
+def test_tokenizer_error_is_the_loaders_error_and_names_the_file_once(tmp_path):
+    """The model loader passes a TokenizerError on as its one-line ModelLoadError."""
+    from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
+    path = write_tiny_spm(tmp_path / "no-vocab.gguf", tokens=None)
+    with pytest.raises(ModelLoadError) as info:
+        GGUFModelFile(path).tokenizer()
+    message = str(info.value)
+    assert message.count("no-vocab.gguf") == 1, message
+    assert "no tokenizer vocabulary (missing 'tokenizer.ggml.tokens')" in message
+    assert issubclass(TokenizerError, ModelLoadError) and issubclass(TokenizerError, ValueError)
+
+
+# -- counts the file cannot hold --------------------------------------------
+
+def patched_vocab(tmp_path: Path, key: bytes, count: int) -> Path:
+    """The llama-spm vocabulary with the element count of array ``key`` replaced."""
+    data = bytearray(vocab_path("llama-spm").read_bytes())
+    at = data.index(key) + len(key) + 4 + 4  # past the key, the value type and the item type
+    struct.pack_into("<Q", data, at, count)
+    path = tmp_path / "patched.gguf"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("key, count", [
+    (b"tokenizer.ggml.tokens", 2**28),   # used to take 2 GiB and 1.5 s before failing
+    (b"tokenizer.ggml.tokens", 2**40),   # used to be a bare MemoryError
+    (b"tokenizer.ggml.scores", 2**40),
+    (b"tokenizer.ggml.token_type", 2**64 - 1),
+])
+def test_array_count_larger_than_the_file_is_refused_before_allocating(tmp_path, key, count):
+    path = patched_vocab(tmp_path, key, count)
+    with pytest.raises(ValueError, match=f"patched.gguf: .*key '{key.decode()}': "
+                                         f"array count {count} is more than the file can hold"):
+        read_gguf_metadata(path)
+
+
+def test_key_value_count_larger_than_the_file_is_refused(tmp_path):
+    path = tmp_path / "many-keys.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 2**40) + b"\0" * 64)
+    with pytest.raises(ValueError, match="key/value count 1099511627776 is more than the file can hold"):
+        read_gguf_metadata(path)
+
+
+def test_array_of_arrays_is_read_as_gguf_writes_it(tmp_path):
+    """Each inner array is item type, count, items (no value type of its own)."""
+    nested = struct.pack("<IQ", GGUF_ARRAY, 2) + gguf_array(GGUF_U32, [1, 2]) + gguf_array(GGUF_U32, [3])
+    path = tmp_path / "nested.gguf"
+    write_gguf(path, [("a.nested", GGUF_ARRAY, nested), ("b.after", GGUF_U32, struct.pack("<I", 7))])
+    assert read_gguf_metadata(path) == {"a.nested": [[1, 2], [3]], "b.after": 7}
+
+
+# -- invalid UTF-8 and lone surrogates in the text --------------------------
+
+@pytest.mark.parametrize("name", ["llama-bpe", "gpt-2"])
+def test_bpe_invalid_utf8_bytes_become_u_fffd_one_per_byte(name):
+    """llama.cpp's unicode_cpts_from_utf8 turns each byte it cannot decode into U+FFFD.
+
+    Invalid bytes arrive as surrogate escapes (argv, files read with
+    surrogateescape) or as bytes; both used to raise UnicodeEncodeError.
+    """
+    tok = tokenizer(name)
+    expected = tok.tokenize("caf\ufffd ok", add_special=False)
+    assert tok.tokenize("caf\udce9 ok", add_special=False) == expected
+    assert tok.tokenize(b"caf\xe9 ok", add_special=False) == expected
+    # A truncated sequence is one U+FFFD per byte (Python's "replace" gives one).
+    assert tok.tokenize(b"\xe2\x82x", add_special=False) == tok.tokenize("\ufffd\ufffdx", add_special=False)
+    # What llama.cpp's decoder accepts although Python's does not: an overlong
+    # NUL, and an encoded surrogate that it encodes back to the same bytes.
+    assert tok.tokenize(b"\xc0\x80", add_special=False) == tok.tokenize("\x00", add_special=False)
+    assert tok.detokenize_bytes(tok.tokenize(b"\xed\xa0\x80", add_special=False)) == b"\xed\xa0\x80"
+    # Above U+10FFFF llama.cpp cannot encode the code point again; each byte is invalid here.
+    assert tok.tokenize(b"\xf5\x80\x80\x80", add_special=False) == \
+        tok.tokenize("\ufffd" * 4, add_special=False)
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_lone_surrogate_that_is_not_an_escaped_byte_is_u_fffd(name):
+    tok = tokenizer(name)
+    assert tok.tokenize("a\ud800b") == tok.tokenize("a\ufffdb")
+    assert tok.tokenize("\udfff") == tok.tokenize("\ufffd")
+
+
+def test_spm_invalid_utf8_symbols_are_cut_by_the_lead_byte_as_in_llama_cpp():
+    """llm_tokenizer_spm starts with one symbol per unicode_len_utf8(lead byte).
+
+    "caf\\xe9 ok" with the SentencePiece space prefix and escaping is the bytes
+    E2 96 81 'c' 'a' 'f' E9 E2 96 81 'o' 'k'. Symbols: "\u2581", c, a, f, then
+    E9 (a 3-byte lead) takes E2 96 with it, the lone 81 is its own symbol, o, k.
+    No vocabulary token spans the invalid symbols, so "\u2581caf" tokenizes as it
+    does alone ("\u2581c" 274, "af" 2142), E9 E2 96 and 81 fall back to byte
+    tokens (<0xNN> is id NN + 3: 236, 229, 153, 132) and "o" "k" merge into
+    "ok" 554 -- without "\u2581", whose bytes went to the other symbols.
+    """
+    spm = tokenizer("llama-spm")
+    assert spm.tokenize("caf", add_special=False) == [274, 2142]
+    assert spm.token_id("ok") == 554
+    expected = [274, 2142, 0xE9 + 3, 0xE2 + 3, 0x96 + 3, 0x81 + 3, 554]
+    assert spm.tokenize("caf\udce9 ok", add_special=False) == expected
+    assert spm.tokenize(b"caf\xe9 ok", add_special=False) == expected
+    # "\u2581" then E2 82 78: the 3-byte lead takes the "x" along, as byte <0x78>.
+    assert spm.tokenize(b"\xe2\x82x", add_special=False) == [29871, 0xE2 + 3, 0x82 + 3, 0x78 + 3]
+    # The bytes come back as they went in; decoded, E2 96 81 is a literal "\u2581".
+    ids = spm.tokenize(b"caf\xe9 ok", add_special=False)
+    assert spm.detokenize_bytes(ids) == b"caf\xe9\xe2\x96\x81ok"
+    assert spm.detokenize(ids) == "caf\ufffd\u2581ok"
+
+
+# -- argument types ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_tokenize_accepts_str_and_utf8_bytes_only(name):
+    tok = tokenizer(name)
+    expected = tok.tokenize("Hello world")
+    assert tok.tokenize(b"Hello world") == tok.tokenize(bytearray(b"Hello world")) == expected
+    for bad in (None, 3, ["Hello"]):
+        with pytest.raises(TypeError, match="text must be str, bytes or bytearray"):
+            tok.tokenize(bad)
+
+
+def test_detokenize_wants_integer_token_ids():
+    np = pytest.importorskip("numpy")
+    spm = tokenizer("llama-spm")
+    assert spm.detokenize([np.int64(15043), np.int32(3186)]) == "Hello world"
+    assert spm.detokenize(np.array([15043, 3186])) == "Hello world"
+    with pytest.raises(TypeError, match="token ids must be integers, got float 1.5"):
+        spm.detokenize([1.5])
+    with pytest.raises(TypeError, match="token ids must be integers"):
+        spm.token_to_piece("1")
+    with pytest.raises(IndexError, match="out of range"):
+        spm.detokenize([32000])
