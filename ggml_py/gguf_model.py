@@ -8,6 +8,7 @@ shapes here are numpy order (reversed).
 Every problem with a file becomes one `ModelLoadError` naming the file and the
 problem; command-line programs print its message and exit non-zero.
 """
+import functools
 import os
 from dataclasses import dataclass
 
@@ -41,8 +42,18 @@ class Weight:
         return self.data.nbytes
 
 
+class _FileProblem(Exception):
+    """A problem the reader's checks found in the file's header (message: the problem)."""
+
+
+@functools.lru_cache(maxsize=None)
 def _reader_class():
-    """gguf.GGUFReader, with its per-item read made ~3x cheaper.
+    """gguf.GGUFReader, checking the header as llama.cpp's gguf reader does, and with
+    its per-item read made ~3x cheaper.
+
+    The checks run before the reader builds its tensor views, so that each problem
+    gets its own message (the reader itself stops at the first numpy error, or
+    accepts overlapping and misaligned tensor data).
 
     The reader parses every metadata item (32k-128k vocabulary strings) with
     one numpy slice each; slicing the np.memmap subclass costs most of that
@@ -66,7 +77,77 @@ def _reader_class():
             order = self.byte_order if override_order is None else override_order
             return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
 
-    return Reader if hasattr(gguf.GGUFReader, "_get") else gguf.GGUFReader
+        def _push_field(self, field, skip_sum=False):
+            if field.name in self.fields:
+                raise _FileProblem(f"duplicate metadata key {field.name!r}")
+            return super()._push_field(field, skip_sum)
+
+        def _build_tensor_info(self, offs, count):
+            # called once the metadata is read, before the reader uses general.alignment
+            field = self.fields.get("general.alignment")
+            if field is not None:
+                value = field.contents()
+                if field.types != [gguf.GGUFValueType.UINT32] or value == 0 or value & (value - 1):
+                    raise _FileProblem(f"general.alignment = {_shown(field, value)} must be a "
+                                       f"UINT32 power of two")
+            return super()._build_tensor_info(offs, count)
+
+        def _build_tensors(self, start_offs, fields):
+            _check_tensor_infos(fields, int(self.alignment), start_offs, self.data.size)
+            return super()._build_tensors(start_offs, fields)
+
+    return Reader
+
+
+def _check_tensor_infos(fields, alignment, data_start, file_size):
+    """Tensor infos as llama.cpp's gguf reader wants them: unique names, known types,
+    whole blocks per row, and data laid out in order, each tensor at the running sum
+    of the sizes before it padded to the alignment; then no tensor past the file's end."""
+    import gguf
+    seen, expected = set(), 0
+    for field in fields:
+        name, dims, raw_type, offset = field.name, field.parts[3], field.parts[4], field.parts[5]
+        if name in seen:
+            raise _FileProblem(f"duplicate tensor name {name!r}")
+        seen.add(name)
+        raw = int(raw_type[0])
+        try:
+            qtype = gguf.GGMLQuantizationType(raw)
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise _FileProblem(f"tensor {name!r} has type id {raw}, a tensor type ggml_py does "
+                               f"not know") from None
+        ne = [int(d) for d in dims.tolist()]
+        if ne and ne[0] % block:
+            raise _FileProblem(f"tensor {name!r} of type {qtype.name} has {ne[0]} elements per "
+                               f"row, not a multiple of its block size {block}")
+        if int(offset[0]) != expected:
+            raise _FileProblem(f"tensor {name!r} has offset {int(offset[0])}, expected {expected} "
+                               f"(tensor data must follow in order, aligned to {alignment} bytes)")
+        nbytes = int(np.prod(ne, dtype=object)) // block * type_size
+        if data_start + expected + nbytes > file_size:
+            raise _FileProblem(f"truncated: tensor {name!r} ends at byte "
+                               f"{data_start + expected + nbytes}, the file has {file_size}")
+        expected += -(-nbytes // alignment) * alignment
+
+
+def _shown(field, value):
+    """A metadata value for a message: short, with its GGUF type."""
+    types = [t.name for t in field.types]
+    if len(types) > 1:
+        return f"an array of {len(field.data)} {types[-1]}"
+    text = repr(value)
+    return f"{text[:40]}... ({types[0]})" if len(text) > 40 else f"{text} ({types[0]})"
+
+
+@functools.lru_cache(maxsize=None)
+def _value_types():
+    """GGUF value types a `get(key, type=...)` accepts, by Python type: as llama.cpp, a
+    key of another type is refused (here integers of any width are accepted as int,
+    and integers or floats as float)."""
+    from gguf import GGUFValueType as V
+    ints = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
+    return {int: ints, float: ints | {V.FLOAT32, V.FLOAT64}, str: {V.STRING}, bool: {V.BOOL}}
 
 
 def _gguf_type_name(raw):
@@ -84,6 +165,7 @@ class GGUFModelFile:
         self.path = os.fspath(path)
         self.reader = self._open(self.path)
         self.tensors = {t.name: t for t in self.reader.tensors}
+        self.used = set()          # names of the tensors weight() has handed out
         self.architecture = self.get("general.architecture", type=str)
 
     def _open(self, path):
@@ -99,15 +181,11 @@ class GGUFModelFile:
         if magic != b"GGUF":
             raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
-            reader = _reader_class()(path)
+            return _reader_class()(path)
+        except _FileProblem as e:
+            raise ModelLoadError(f"{path}: {e}") from None
         except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
             raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
-        size = os.path.getsize(path)
-        for t in reader.tensors:
-            if t.data_offset + t.n_bytes > size:
-                raise ModelLoadError(f"{path}: truncated: tensor {t.name!r} ends at byte "
-                                     f"{t.data_offset + t.n_bytes}, the file has {size}")
-        return reader
 
     def error(self, problem):
         """A ModelLoadError about this file."""
@@ -119,21 +197,30 @@ class GGUFModelFile:
         return key in self.reader.fields
 
     def get(self, key, default=REQUIRED, type=None):
-        """Metadata value of `key` (plain Python), or default; `type` checks/converts it."""
+        """Metadata value of `key` (plain Python), or default.
+
+        type: int, float, str or bool: the key's GGUF type must be one of that kind
+        (int: an integer type; float: an integer or float type), else ModelLoadError.
+        """
         field = self.reader.fields.get(key)
         if field is None:
             if default is REQUIRED:
                 raise self.error(f"missing metadata key {key!r}")
             return default
         value = field.contents()
-        if type is not None:
-            try:
-                if type is str and not isinstance(value, str):
-                    raise TypeError
-                value = type(value)
-            except (TypeError, ValueError):
-                raise self.error(f"metadata {key!r} = {value!r} is not {type.__name__}") from None
-        return value
+        if type is None:
+            return value
+        if field.types and field.types[0] in _value_types()[type]:
+            return type(value)
+        raise self.error(f"metadata {key!r} = {_shown(field, value)} is not {type.__name__}")
+
+    def array_len(self, key):
+        """Number of items of array key `key`; None if it is absent or not an array."""
+        import gguf
+        field = self.reader.fields.get(key)
+        if field is None or field.types[:1] != [gguf.GGUFValueType.ARRAY]:
+            return None
+        return len(field.data)
 
     def metadata(self):
         """All metadata as plain values (large arrays included)."""
@@ -183,14 +270,22 @@ class GGUFModelFile:
         if data.nbytes != expected:
             raise self.error(f"tensor {name!r} has {data.nbytes} bytes, {wtype.name} "
                              f"{file_shape} needs {expected}")
+        self.used.add(name)
         return Weight(name, wtype, file_shape, data)
+
+    def unused_tensors(self):
+        """Names of the file's tensors weight() has not handed out, in file order."""
+        return [t.name for t in self.reader.tensors if t.name not in self.used]
 
     @staticmethod
     def _to_f32(t, wtype):
+        """An F16 or BF16 tensor as a new F32 array (numpy-order shape)."""
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if wtype == Type.F16:
-            return np.asarray(t.data, np.float16).astype(np.float32)
-        raw = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16
-        return raw.view(np.float32).reshape(t.data.shape)
+            return np.asarray(t.data, np.float16).astype(np.float32).reshape(shape)
+        # the reader hands BF16 over as raw bytes: (2n,) uint8
+        raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
+        return raw.view(np.float32).reshape(shape)
 
     @property
     def weights_nbytes(self):
@@ -204,14 +299,15 @@ class GGUFModelFile:
 
     def file_type_name(self):
         """The file type, like llama.cpp's ftype ('Q4_K_M', 'F16', ...): general.file_type
-        when the file records it, else the weight type holding most bytes."""
+        when the file records it ('unknown type' if it is not a known integer), else the
+        weight type holding most bytes."""
         import gguf
-        ftype = self.get("general.file_type", default=None)
-        if ftype is not None:
+        if self.has("general.file_type"):
             try:
-                return gguf.LlamaFileType(int(ftype)).name.replace("MOSTLY_", "").replace("ALL_", "")
-            except ValueError:
-                pass
+                ftype = gguf.LlamaFileType(self.get("general.file_type", type=int))
+            except ValueError:    # ModelLoadError (not an integer) or an unknown value
+                return "unknown type"
+            return ftype.name.replace("MOSTLY_", "").replace("ALL_", "")
         counts = {}
         for t in self.reader.tensors:
             if len(t.shape) >= 2:
@@ -223,7 +319,7 @@ class GGUFModelFile:
         """The file's tokenizer (ggml_py.tokenizer.Tokenizer)."""
         from ggml_py.tokenizer import Tokenizer
         try:
-            return Tokenizer.from_gguf(self.reader)
+            return Tokenizer.from_gguf(self.reader, source=self.path)
         except ModelLoadError:
             raise
         except ValueError as e:

@@ -61,18 +61,36 @@ class LlamaConfig:
         def key(name, default=REQUIRED, type=int):
             return f.get(f"{ARCH}.{name}", default, type=type)
 
-        n_embd = key("embedding_length")
-        n_head = key("attention.head_count")
-        n_head_kv = key("attention.head_count_kv", n_head)
-        if n_head <= 0 or n_embd % n_head:
+        def count(name, default=REQUIRED, low=1):
+            """An integer key that must be at least `low` (a count or a size)."""
+            value = key(name, default)
+            if value < low:
+                raise f.error(f"metadata '{ARCH}.{name}' = {value} must be at least {low}")
+            return value
+
+        def finite(name, default, positive):
+            """A float key that must be finite and > 0 (positive) or >= 0."""
+            value = key(name, default, type=float)
+            if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+                raise f.error(f"metadata '{ARCH}.{name}' = {value} must be a finite number "
+                              f"{'> 0' if positive else '>= 0'}")
+            return value
+
+        n_embd = count("embedding_length")
+        n_head = count("attention.head_count")
+        n_head_kv = count("attention.head_count_kv", n_head)
+        n_layer = count("block_count")
+        n_ff = count("feed_forward_length")
+        n_ctx_train = count("context_length", low=0)    # 0: unknown, n_ctx must be given
+        if n_embd % n_head:
             raise f.error(f"embedding_length {n_embd} is not a multiple of head_count {n_head}")
-        if n_head_kv <= 0 or n_head % n_head_kv:
+        if n_head % n_head_kv:
             raise f.error(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         head_dim = n_embd // n_head
         if key("attention.key_length", head_dim) != head_dim or \
                 key("attention.value_length", head_dim) != head_dim:
             raise f.error("attention key/value length differs from embedding_length / head_count")
-        if key("expert_count", 0) > 0:
+        if count("expert_count", 0, low=0) > 0:
             raise f.error("mixture-of-experts llama models are not supported")
         n_rot = key("rope.dimension_count", head_dim)
         if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
@@ -93,14 +111,20 @@ class LlamaConfig:
         token_embd = f.tensors.get("token_embd.weight")
         if token_embd is None:
             raise f.error("missing tensor 'token_embd.weight'")
-        n_vocab = key("vocab_size", int(token_embd.shape[-1]))
+        n_vocab = count("vocab_size", int(token_embd.shape[-1]))
+        # as llama.cpp (whose n_vocab is the token count): every token needs its rows
+        n_tokens = f.array_len("tokenizer.ggml.tokens")
+        if n_tokens is not None and n_tokens != n_vocab:
+            source = f"{ARCH}.vocab_size" if f.has(f"{ARCH}.vocab_size") else \
+                "rows of token_embd.weight"
+            raise f.error(f"the tokenizer has {n_tokens} tokens, the model {n_vocab} ({source})")
         return cls(
-            n_vocab=n_vocab, n_ctx_train=key("context_length"), n_embd=n_embd,
-            n_layer=key("block_count"), n_head=n_head, n_head_kv=n_head_kv,
-            n_ff=key("feed_forward_length"), head_dim=head_dim, n_rot=n_rot,
-            rope_freq_base=key("rope.freq_base", 10000.0, type=float),
+            n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd,
+            n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+            n_ff=n_ff, head_dim=head_dim, n_rot=n_rot,
+            rope_freq_base=finite("rope.freq_base", 10000.0, positive=True),
             rope_freq_scale=freq_scale,
-            rms_eps=key("attention.layer_norm_rms_epsilon", 1e-5, type=float),
+            rms_eps=finite("attention.layer_norm_rms_epsilon", 1e-5, positive=False),
         )
 
 
@@ -148,8 +172,16 @@ class LlamaWeights:
         if output is None:   # tied embeddings
             output = f.weight("token_embd.weight", (V, E), USE_MATMUL)
         rope_freqs = f.weight("rope_freqs.weight", (c.n_rot // 2,), USE_NORM, required=False)
-        return cls(token_embd=token_embd, layers=tuple(layers),
-                   output_norm=f.weight("output_norm.weight", (E,), USE_NORM),
+        output_norm = f.weight("output_norm.weight", (E,), USE_NORM)
+        # as llama.cpp: a tensor the model does not use means the file is not what its
+        # metadata says (a wrong block_count, another architecture's extra weights)
+        unused = f.unused_tensors()
+        if unused:
+            names = ", ".join(repr(n) for n in unused[:4]) + (", ..." if len(unused) > 4 else "")
+            n_file = len(f.tensors)
+            raise f.error(f"wrong number of tensors: a llama model of block_count {c.n_layer} "
+                          f"uses {n_file - len(unused)} of the file's {n_file}; not used: {names}")
+        return cls(token_embd=token_embd, layers=tuple(layers), output_norm=output_norm,
                    output=output, rope_freqs=rope_freqs)
 
 
@@ -174,7 +206,7 @@ class KVCache:
             self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
             self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
             self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
-        except MemoryError:
+        except (MemoryError, ValueError, OverflowError):   # numpy: "array is too big"
             size = 2 * n_layer * n_ctx * n_embd_kv * np.dtype(dtype).itemsize
             raise ValueError(f"cannot allocate the KV cache for n_ctx={n_ctx}: "
                              f"{size / 2**30:.1f} GiB") from None

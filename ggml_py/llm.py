@@ -134,10 +134,9 @@ class Llama:
     def tokenize(self, text, add_bos=True, special=False):
         """Token ids of text (str, or UTF-8 bytes / bytearray); BOS if add_bos and the
         vocabulary adds it; special: control-token texts such as "<s>" become their ids."""
-        if isinstance(text, (bytes, bytearray)):
-            text = bytes(text).decode("utf-8", "replace")
-        if not isinstance(text, str):
+        if not isinstance(text, TEXT_TYPES):
             raise TypeError(f"text must be str, bytes or bytearray, got {type(text).__name__}")
+        # bytes go through as they are: invalid UTF-8 is handled as llama.cpp handles it
         return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
 
     def _input_ids(self, text_or_ids, add_bos):

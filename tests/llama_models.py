@@ -8,7 +8,11 @@ import atexit
 import functools
 import os
 import shutil
+import struct
 import tempfile
+
+import gguf
+import numpy as np
 
 from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
 
@@ -49,6 +53,68 @@ def model_path(kind="f32"):
 def scratch_path(name):
     """A path in the tests' temporary folder."""
     return os.path.join(_dir, name)
+
+
+# ---- raw GGUF files, for bad ones ------------------------------------------------
+
+V = gguf.GGUFValueType
+_CODES = {V.UINT8: "B", V.INT8: "b", V.UINT16: "H", V.INT16: "h", V.UINT32: "I", V.INT32: "i",
+          V.FLOAT32: "f", V.BOOL: "?", V.UINT64: "Q", V.INT64: "q", V.FLOAT64: "d"}
+
+
+def gguf_parts(path):
+    """(kvs, tensors) of a GGUF file: kvs [(key, types, value)], types [T] or
+    [ARRAY, T]; tensors [[name, ne (ggml order), type id, data bytes]]."""
+    reader = gguf.GGUFReader(path)
+    kvs = [(k, list(f.types), f.contents()) for k, f in reader.fields.items()
+           if not k.startswith("GGUF.")]
+    tensors = [[t.name, [int(d) for d in t.shape], int(t.tensor_type), t.data.tobytes()]
+               for t in reader.tensors]
+    return kvs, tensors
+
+
+def _value_bytes(t, value):
+    if t == V.STRING:
+        data = value.encode() if isinstance(value, str) else bytes(value)
+        return struct.pack("<Q", len(data)) + data
+    return struct.pack("<" + _CODES[t], value)
+
+
+def gguf_bytes(kvs, tensors, offsets=None, alignment=32):
+    """A GGUF v3 file, written byte by byte (nothing checked): kvs and tensors as
+    gguf_parts gives them; offsets: the offset written for each tensor (None: the
+    usual running, aligned one), its data stays where it would be anyway."""
+    out = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(kvs))]
+    for key, types, value in kvs:
+        out += [_value_bytes(V.STRING, key), struct.pack("<I", types[0])]
+        if types[0] == V.ARRAY:
+            out.append(struct.pack("<IQ", types[1], len(value)))
+            out += [_value_bytes(types[1], v) for v in value]
+        else:
+            out.append(_value_bytes(types[0], value))
+    data, natural = b"", []
+    for name, ne, type_id, raw in tensors:
+        natural.append(len(data))
+        data += raw + b"\0" * (-len(raw) % alignment)
+    for (name, ne, type_id, raw), offset in zip(tensors, offsets or natural):
+        out += [_value_bytes(V.STRING, name), struct.pack(f"<I{len(ne)}Q", len(ne), *ne),
+                struct.pack("<IQ", type_id, offset)]
+    header = b"".join(out)
+    return header + b"\0" * (-len(header) % alignment) + data
+
+
+def edited_model(name, kind="f32", keys=None, tensors=None, **layout):
+    """A copy of model_path(kind) with metadata `keys` ({key: (types, value)}; None
+    removes the key) and `tensors(list)` edited; layout: gguf_bytes' offsets, alignment."""
+    kvs, parts = gguf_parts(model_path(kind))
+    for key, typed in (keys or {}).items():
+        kvs = [kv for kv in kvs if kv[0] != key] + ([(key, *typed)] if typed else [])
+    if tensors is not None:
+        parts = tensors(parts)
+    path = scratch_path(name)
+    with open(path, "wb") as f:
+        f.write(gguf_bytes(kvs, parts, **layout))
+    return path
 
 
 TEXT = open(os.path.join(DATA, "ggml-vocab-llama-spm.gguf.inp"), encoding="utf-8").read()

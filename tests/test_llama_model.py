@@ -4,7 +4,8 @@ import gguf
 import numpy as np
 import pytest
 
-from llama_models import SPECS, model_path, scratch_path, vocab
+from llama_models import (SPECS, V, edited_model, gguf_bytes, gguf_parts, model_path,
+                          scratch_path, vocab)
 from llama_reference import ReferenceLlama
 
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
@@ -233,7 +234,7 @@ def bad_files():
     good = open(model_path("f32"), "rb").read()
     truncated = scratch_path("truncated.gguf")
     open(truncated, "wb").write(good[: len(good) // 2])
-    files.append((truncated, "truncated"))
+    files.append((truncated, "truncated: tensor 'blk.0.ffn_down.weight' ends at byte"))
     header_only = scratch_path("header.gguf")
     open(header_only, "wb").write(good[:100])
     files.append((header_only, "truncated or corrupt"))
@@ -253,3 +254,226 @@ def test_bad_files_raise_one_clear_error():
         assert fragment in message, message
         assert "\n" not in message
         assert isinstance(info.value, ValueError)
+
+
+# ---- bad metadata and tensor infos (raw GGUF files) ---------------------------------
+
+def load_error(path):
+    """The one-line ModelLoadError message of loading path, checked to name the file."""
+    with pytest.raises(ModelLoadError) as info:
+        LlamaModel(path, n_ctx=16, n_threads=1)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message, message
+    return message[len(path) + 2:]
+
+
+U32, I32, U64, F32, STR, BOOL = [V.UINT32], [V.INT32], [V.UINT64], [V.FLOAT32], [V.STRING], [V.BOOL]
+
+
+@pytest.mark.parametrize("key, typed, problem", [
+    # as llama.cpp: an integer key must have an integer GGUF type (no cutting 4.5 to 4)
+    ("attention.head_count", (F32, float("inf")), "= inf (FLOAT32) is not int"),
+    ("attention.head_count", (F32, 4.5), "= 4.5 (FLOAT32) is not int"),
+    ("attention.head_count", (F32, 4.0), "= 4.0 (FLOAT32) is not int"),
+    ("attention.head_count", (STR, "4"), "= '4' (STRING) is not int"),
+    ("attention.head_count", (BOOL, True), "= True (BOOL) is not int"),
+    ("context_length", (F32, float("inf")), "= inf (FLOAT32) is not int"),
+    ("feed_forward_length", ([V.ARRAY, V.UINT32], [160, 160]), "= an array of 2 UINT32 is not int"),
+    ("rope.freq_base", (STR, "1e4"), "= '1e4' (STRING) is not float"),
+    # counts and sizes
+    ("block_count", (I32, -1), "= -1 must be at least 1"),
+    ("block_count", (U32, 0), "= 0 must be at least 1"),
+    ("embedding_length", (U32, 0), "= 0 must be at least 1"),
+    ("feed_forward_length", (I32, -160), "= -160 must be at least 1"),
+    ("attention.head_count", (U32, 0), "= 0 must be at least 1"),
+    ("attention.head_count_kv", (I32, -2), "= -2 must be at least 1"),
+    ("context_length", (I32, -5), "= -5 must be at least 0"),
+    ("vocab_size", (U32, 0), "= 0 must be at least 1"),
+    # values the forward pass cannot use
+    ("rope.freq_base", (F32, 0.0), "= 0.0 must be a finite number > 0"),
+    ("rope.freq_base", (F32, -1e4), "= -10000.0 must be a finite number > 0"),
+    ("rope.freq_base", (F32, float("nan")), "= nan must be a finite number > 0"),
+    ("rope.freq_base", (F32, float("inf")), "= inf must be a finite number > 0"),
+    ("attention.layer_norm_rms_epsilon", (F32, -1.0), "= -1.0 must be a finite number >= 0"),
+    ("attention.layer_norm_rms_epsilon", (F32, float("nan")), "= nan must be a finite number >= 0"),
+    ("attention.layer_norm_rms_epsilon", (F32, float("inf")), "= inf must be a finite number >= 0"),
+])
+def test_bad_metadata_is_refused_naming_the_key(key, typed, problem):
+    path = edited_model("bad-key.gguf", keys={f"llama.{key}": typed})
+    assert load_error(path) == f"metadata 'llama.{key}' {problem}"
+
+
+def test_metadata_of_any_integer_width_is_read():
+    path = edited_model("int-widths.gguf", keys={
+        "llama.attention.head_count": (I32, 4), "llama.block_count": (U64, 2),
+        "llama.rope.freq_base": (U32, 20000), "llama.attention.layer_norm_rms_epsilon": (F32, 0.0)})
+    c = LlamaConfig.from_gguf(GGUFModelFile(path))
+    assert (c.n_head, c.n_layer, c.rope_freq_base, c.rms_eps) == (4, 2, 20000.0, 0.0)
+    assert type(c.rope_freq_base) is float
+
+
+@pytest.mark.parametrize("typed, name", [
+    (None, "F32"),                                    # absent: the type of most weight bytes
+    ((U32, 1), "F16"),
+    ((U32, 9999), "unknown type"),
+    ((F32, float("inf")), "unknown type"),
+    (([V.ARRAY, V.UINT32], [1, 2]), "unknown type"),
+])
+def test_file_type_name_never_fails(typed, name):
+    path = edited_model("ftype.gguf", keys={"general.file_type": typed})
+    assert GGUFModelFile(path).file_type_name() == name
+
+
+def resized_vocab(n):
+    """Metadata edits giving model_path('f32') a tokenizer of n tokens (cut, or padded
+    with made-up ones)."""
+    keys = {}
+    for key, types, value in gguf_parts(model_path("f32"))[0]:
+        if key == "tokenizer.ggml.tokens":
+            keys[key] = (types, (value + [f"<extra_{i}>" for i in range(n)])[:n])
+        elif key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+            keys[key] = (types, (value + [value[-1]] * n)[:n])
+    return keys
+
+
+@pytest.mark.parametrize("n_tokens, vocab_size, problem", [
+    (500, None, "the tokenizer has 500 tokens, the model 512 (rows of token_embd.weight)"),
+    (600, None, "the tokenizer has 600 tokens, the model 512 (rows of token_embd.weight)"),
+    (512, (U32, 600), "the tokenizer has 512 tokens, the model 600 (llama.vocab_size)"),
+])
+def test_vocabulary_must_match_the_model(n_tokens, vocab_size, problem):
+    # as llama.cpp, whose n_vocab is the token count: refused at load, not mid-generation
+    keys = {**resized_vocab(n_tokens), "llama.vocab_size": vocab_size}
+    assert load_error(edited_model("vocab.gguf", keys=keys)) == problem
+
+
+def extra_tensor(name, ne=(4,)):
+    return lambda ts: ts + [[name, list(ne), 0, np.zeros(int(np.prod(ne)), np.float32).tobytes()]]
+
+
+@pytest.mark.parametrize("edit, problem", [
+    # a 2-layer file read as 1 layer would run a different (truncated) model
+    (dict(keys={"llama.block_count": (U32, 1)}),
+     "wrong number of tensors: a llama model of block_count 1 uses 12 of the file's 21; not used: "
+     "'blk.1.attn_norm.weight', 'blk.1.attn_q.weight', 'blk.1.attn_k.weight', "
+     "'blk.1.attn_v.weight', ..."),
+    (dict(tensors=extra_tensor("foo.bar")),
+     "wrong number of tensors: a llama model of block_count 2 uses 21 of the file's 22; "
+     "not used: 'foo.bar'"),
+    (dict(tensors=extra_tensor("blk.2.attn_q.weight", (64, 64))),
+     "not used: 'blk.2.attn_q.weight'"),
+    (dict(tensors=extra_tensor("blk.0.attn_rot_embd")), "not used: 'blk.0.attn_rot_embd'"),
+])
+def test_every_tensor_must_be_used(edit, problem):
+    message = load_error(edited_model("extra.gguf", **edit))
+    assert message.endswith(problem), message
+
+
+def natural_offsets(tensors, alignment=32):
+    offsets, at = [], 0
+    for _, _, _, raw in tensors:
+        offsets.append(at)
+        at += -(-len(raw) // alignment) * alignment
+    return offsets
+
+
+def with_offset(name, shift=0, like=None):
+    """gguf_bytes offsets where tensor `name` is moved by shift bytes or onto tensor `like`."""
+    _, tensors = gguf_parts(model_path("f32"))
+    names = [t[0] for t in tensors]
+    offsets = natural_offsets(tensors)
+    i = names.index(name)
+    offsets[i] = offsets[names.index(like)] if like else offsets[i] + shift
+    return offsets
+
+
+@pytest.mark.parametrize("offsets, problem", [
+    # as llama.cpp's gguf reader: data in order, each tensor at the aligned running sum
+    (with_offset("output.weight", like="token_embd.weight"),
+     "tensor 'output.weight' has offset 0, expected 476416"),
+    (with_offset("blk.1.ffn_down.weight", shift=2),
+     "tensor 'blk.1.ffn_down.weight' has offset 435202, expected 435200"),
+    (with_offset("token_embd.weight", shift=1),
+     "tensor 'token_embd.weight' has offset 1, expected 0"),
+])
+def test_overlapping_or_misaligned_tensor_data_is_refused(offsets, problem):
+    message = load_error(edited_model("offsets.gguf", offsets=offsets))
+    assert message == problem + " (tensor data must follow in order, aligned to 32 bytes)"
+
+
+def retyped(name, type_id, nbytes=None):
+    def edit(ts):
+        for t in ts:
+            if t[0] == name:
+                t[2] = type_id
+                if nbytes is not None:
+                    t[3] = bytes(nbytes)
+        return ts
+    return edit
+
+
+def duplicate(name):
+    return lambda ts: ts + [next(list(t) for t in ts if t[0] == name)]
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (dict(tensors=retyped("blk.0.attn_q.weight", 99)),
+     "tensor 'blk.0.attn_q.weight' has type id 99, a tensor type ggml_py does not know"),
+    (dict(tensors=retyped("blk.0.attn_q.weight", 4)),       # Q4_2, removed from ggml
+     "tensor 'blk.0.attn_q.weight' has type id 4, a tensor type ggml_py does not know"),
+    (dict(tensors=retyped("blk.0.ffn_down.weight", gguf.GGMLQuantizationType.Q4_K, 64 * 144)),
+     "tensor 'blk.0.ffn_down.weight' of type Q4_K has 160 elements per row, not a multiple of "
+     "its block size 256"),
+    (dict(tensors=duplicate("output_norm.weight")), "duplicate tensor name 'output_norm.weight'"),
+    (dict(keys={"general.alignment": (U32, 0)}),
+     "general.alignment = 0 (UINT32) must be a UINT32 power of two"),
+    (dict(keys={"general.alignment": (U32, 48)}, alignment=48),
+     "general.alignment = 48 (UINT32) must be a UINT32 power of two"),
+    (dict(keys={"general.alignment": (U64, 32)}),
+     "general.alignment = 32 (UINT64) must be a UINT32 power of two"),
+])
+def test_bad_tensor_infos_each_have_their_own_message(edit, problem):
+    assert load_error(edited_model("infos.gguf", **edit)) == problem
+
+
+def test_duplicate_metadata_keys_are_refused():
+    kvs, tensors = gguf_parts(model_path("f32"))
+    path = scratch_path("dup-key.gguf")
+    open(path, "wb").write(gguf_bytes(kvs + [("llama.block_count", U32, 1)], tensors))
+    assert load_error(path) == "duplicate metadata key 'llama.block_count'"
+
+
+def test_tensor_past_the_end_of_the_file_is_truncation():
+    good = open(model_path("f32"), "rb").read()
+    path = scratch_path("short.gguf")
+    open(path, "wb").write(good[:-1000])
+    assert load_error(path) == f"truncated: tensor 'output.weight' ends at byte {len(good)}, " \
+                               f"the file has {len(good) - 1000}"
+
+
+@pytest.mark.parametrize("dtype, type_id", [(np.float16, 1), ("bf16", 30)])
+def test_half_precision_norms_and_rope_freqs_equal_f32_ones(dtype, type_id):
+    # the same values stored as F16 / BF16 and as F32 give the same model
+    def rounded(values):
+        if dtype == "bf16":
+            half = (values.view(np.uint32) >> 16).astype(np.uint16)
+            return half, (half.astype(np.uint32) << 16).view(np.float32)
+        half = values.astype(np.float16)
+        return half, half.astype(np.float32)
+
+    def norms(as_half):
+        def edit(ts):
+            for t in ts:
+                if len(t[1]) == 1:                  # norms and rope_freqs
+                    half, wide = rounded(np.frombuffer(t[3], np.float32))
+                    t[2], t[3] = (type_id, half.tobytes()) if as_half else (0, wide.tobytes())
+            return ts
+        return edit
+
+    half = LlamaModel(edited_model("norms-half.gguf", "variant", tensors=norms(True)), n_ctx=16,
+                      kv_type=Type.F32, n_threads=1)
+    wide = LlamaModel(edited_model("norms-f32.gguf", "variant", tensors=norms(False)), n_ctx=16,
+                      kv_type=Type.F32, n_threads=1)
+    assert half.weights.rope_freqs.type == half.weights.layers[0].attn_norm.type == Type.F32
+    np.testing.assert_array_equal(forward_all(half, TOKENS[:8], 8),
+                                  forward_all(wide, TOKENS[:8], 8))

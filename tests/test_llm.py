@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from llama_models import N_VOCAB, TEXT, model_path, vocab
+from llama_models import N_VOCAB, TEXT, V, edited_model, model_path, vocab
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
@@ -202,6 +202,14 @@ def test_a_context_too_large_to_allocate_is_a_value_error():
         gg.Llama(model_path("f32"), n_ctx=10**12, n_threads=1)
 
 
+def test_a_training_context_too_large_to_allocate_is_a_value_error():
+    # numpy says "array is too big" (a ValueError), not MemoryError, past 2^63 bytes
+    path = edited_model("ctx-2-62.gguf", keys={"llama.context_length": ([V.UINT64], 2**62)})
+    with pytest.raises(ValueError, match=r"cannot allocate the KV cache for "
+                                         r"n_ctx=4611686018427387904: [\d.]+ GiB"):
+        gg.Llama(path, n_ctx=0, n_threads=1)
+
+
 def test_training_context_of_zero_needs_an_n_ctx(tmp_path):
     path = tmp_path / "ctx0.gguf"
     write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())
@@ -213,6 +221,8 @@ def test_training_context_of_zero_needs_an_n_ctx(tmp_path):
 def test_text_is_str_bytes_or_bytearray(llm):
     ids = llm.tokenize("Hello world")
     assert llm.tokenize(bytearray(b"Hello world")) == ids
+    # invalid UTF-8 bytes reach the tokenizer as they are (no U+FFFD in between)
+    assert llm.tokenize(b"caf\xe9 ok") == llm.tokenizer.tokenize(b"caf\xe9 ok", add_special=True)
     for bad in (None, 123, [1, 2]):
         with pytest.raises(TypeError, match="text must be str, bytes or bytearray"):
             llm.tokenize(bad)
