@@ -6,8 +6,8 @@
 
 Shapes: `tinyllama` (TinyLlama 1.1B: 2048 wide, 22 layers, 32 heads, 4 KV heads,
 FFN 5632, 32000 tokens) or `WIDTHxLAYERS` (head size 64, FFN ~2.7x, MHA).
-Types: F32, F16, BF16, or a type the `gguf` package can quantize (Q8_0, Q4_0, ...):
-the quantized types load once the quant kernels are in this build. The vocabulary
+Types: F32, F16, BF16, or a type the `gguf` package can quantize (Q8_0, Q4_0, ...).
+The vocabulary
 is llama.cpp's SentencePiece test vocabulary (tests/data), so prompts tokenize
 like LLaMA 2's.
 """

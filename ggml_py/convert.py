@@ -38,7 +38,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ggml_py.cli.common import console_script
+from ggml_py.cli.common import ArgumentParser, console_script
 from ggml_py.gguf_write import atomic_output
 
 
@@ -651,7 +651,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
 
 @console_script
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="ggml-convert",
         description="Convert a Hugging Face-style llama checkpoint directory to GGUF.")
     parser.add_argument("model", help="directory with config.json, weights and tokenizer")

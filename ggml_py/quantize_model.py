@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-from ggml_py.cli.common import console_script
+from ggml_py.cli.common import ArgumentParser, console_script
 from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import quantize
 from ggml_py.tensor import type_traits
@@ -317,7 +317,7 @@ def quantize_file(src, dst, target_name, progress=True, log=print):
 def main(argv=None):
     """Entry point of the ggml-quantize console script."""
     import argparse
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="ggml-quantize", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Quantize a llama GGUF file with ggml_py's quantizers, in llama.cpp's mixes.",
         epilog=HELP_MIXES)

@@ -93,14 +93,16 @@ def model_shapes(model):
     return model_name(f), sorted(shapes)
 
 
-def weight_type(value, what):
-    """The Type of a matrix product's weight, or ValueError saying why it has none."""
+def weight_type(value, what=None):
+    """The Type of a matrix product's weight, or ValueError saying why it has
+    none (what: the tensor, named first in the message)."""
+    where = f"{what}: " if what else ""
     try:
         type = gg.Type(value)
     except ValueError:
-        raise ValueError(f"{what}: tensor type {value} is not supported") from None
+        raise ValueError(f"{where}tensor type {value} is not supported") from None
     if not type_traits(type)["has_vec_dot"]:
-        raise ValueError(f"{what}: {type.name} weights have no matrix product kernel")
+        raise ValueError(f"{where}{type.name} weights have no matrix product kernel")
     return type
 
 

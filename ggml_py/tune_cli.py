@@ -12,7 +12,7 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import console_script, run, thread_count
+from ggml_py.cli.common import ArgumentParser, console_script, run, thread_count
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weight_type
 
 
@@ -26,7 +26,7 @@ def parse_threads(text):
 
 def parse_type(text):
     try:
-        return weight_type(gg.Type[text.upper()], "--type")
+        return weight_type(gg.Type[text.upper()])
     except KeyError:
         raise argparse.ArgumentTypeError(f"unknown type {text!r}") from None
     except ValueError as exc:
@@ -34,7 +34,7 @@ def parse_type(text):
 
 
 def bench_parser():
-    p = argparse.ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
+    p = ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
                                 "shape, M and thread count; write a tune file. "
                                 "'ggml-tune analyze FILE' reads one.")
     src = p.add_mutually_exclusive_group(required=True)
@@ -58,12 +58,6 @@ def tqdm_progress(total):
 
 
 def run_bench(args):
-    if not 0 <= args.m_max <= 12:
-        raise SystemExit("ggml-tune: --m-max must be in 0..12")
-    if args.passes < 1:
-        raise SystemExit("ggml-tune: --passes must be >= 1")
-    if args.model and args.type is not None:
-        raise SystemExit("ggml-tune: --type goes with --model-shape; a model's weights have their own")
     tune.check_writable(args.file, not_over=args.model)
     if args.model:
         name, shapes = model_shapes(args.model)
@@ -156,7 +150,7 @@ def plot(data, path):
 
 
 def run_analyze(argv):
-    p = argparse.ArgumentParser(prog="ggml-tune analyze",
+    p = ArgumentParser(prog="ggml-tune analyze",
                                 description="Per shape and thread count: the fastest profile at "
                                             "each M and the crossover points, as CSV blocks.")
     p.add_argument("file")
@@ -175,7 +169,15 @@ def analyze_or_bench(argv):
     """`analyze FILE ...` or a bench run, by the first argument."""
     if argv[:1] == ["analyze"]:
         return run_analyze(argv[1:])
-    return run_bench(bench_parser().parse_args(argv))
+    parser = bench_parser()
+    args = parser.parse_args(argv)
+    if args.model and args.type is not None:
+        parser.error("--type goes with --model-shape; a model's weights have their own")
+    if not 0 <= args.m_max <= 12:
+        parser.error("--m-max must be in 0..12")
+    if args.passes < 1:
+        parser.error("--passes must be >= 1")
+    return run_bench(args)
 
 
 @console_script

@@ -539,3 +539,10 @@ def test_error_bad_tokenizer_json(tmp_path, capsys):
     assert "not supported" in _error(capsys, [str(d)])
     (d / "tokenizer.json").write_text("[]")
     assert "tokenizer.json" in _error(capsys, [str(d)])
+
+
+def test_bad_flags_end_in_one_line_and_status_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        cv.main(["dir", "--bogus"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("ggml-convert: error: ") and err.count("\n") == 1

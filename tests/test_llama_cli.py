@@ -238,7 +238,7 @@ def test_perplexity_cli_matches_api():
 
 
 def test_perplexity_cli_errors():
-    for args, fragment in [(["--chunks", 0], "--chunks: must be at least 1, or -1 for all chunks"),
+    for args, fragment in [(["--chunks", 0], "--chunks: must be at least 1, or negative for all chunks"),
                            (["-c", 2], "-c/--ctx-size: must be at least 4"),
                            (["-c", -5], "-c/--ctx-size: must be at least 0"),
                            (["-f", ""], "-f/--file: expected a file name")]:

@@ -281,3 +281,10 @@ def test_cli_quantizes(tmp_path):
     proc = run_cli(model_path("f32"), tmp_path / "q8.gguf", "q8_0", "-q")
     assert proc.returncode == 0, proc.stderr
     assert "MiB) ->" in proc.stdout and "Q8_0" in proc.stdout
+
+
+def test_bad_flags_end_in_one_line_and_status_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["in.gguf", "out.gguf"])                 # the type is missing
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("ggml-quantize: error: ") and err.count("\n") == 1

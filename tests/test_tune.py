@@ -448,9 +448,19 @@ def test_cli_refuses_types_and_thread_counts_it_cannot_run(tmp_path, capsys, arg
     assert match in capsys.readouterr().err
 
 
-def test_cli_type_goes_with_a_preset_only(tmp_path):
-    with pytest.raises(SystemExit, match="--type goes with --model-shape"):
-        tune_main(["-m", "model.gguf", "--type", "F16", "-o", str(tmp_path / "t.json")])
+@pytest.mark.parametrize("args, match", [
+    (["-m", "model.gguf", "--type", "F16"], "--type goes with --model-shape"),
+    (["--model-shape", "1.1B", "--m-max", "13"], "--m-max must be in 0..12"),
+    (["--model-shape", "1.1B", "--passes", "0"], "--passes must be >= 1"),
+    (["--model-shape", "1.1B", "--type", "Q8_K"], "argument --type: Q8_K weights have no matrix"),
+    (["--model-shape", "1.1B", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_cli_bad_flags_end_in_one_line_and_status_2(tmp_path, capsys, args, match):
+    with pytest.raises(SystemExit) as stop:
+        tune_main([*args, "-o", str(tmp_path / "t.json")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("ggml-tune: error: ") and match in err
+    assert err.count("\n") == 1
 
 
 def test_weight_types_of_a_model_must_have_a_kernel():

@@ -23,7 +23,7 @@ def chunk_count(text):
     """--chunks: at least 1, or negative for all chunks (0 would score nothing)."""
     value = int(text)
     if value == 0:
-        raise argparse.ArgumentTypeError("must be at least 1, or -1 for all chunks, got 0")
+        raise argparse.ArgumentTypeError("must be at least 1, or negative for all chunks, got 0")
     return value
 
 
