@@ -14,6 +14,7 @@ profiles with ggml-tune data (ggml's rule otherwise). Never part of the tests.
 """
 import argparse
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -71,6 +72,11 @@ def main():
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tune-file", help="ggml-tune data for ggml_py's MUL_MAT profiles")
     args = p.parse_args()
+    try:
+        import llama_cpp  # noqa: F401  (the peer; checked before loading anything)
+    except ImportError:
+        sys.exit("compare_llama_cpp.py: needs llama-cpp-python (pip install llama-cpp-python; "
+                 "see the README's Benchmarks section)")
 
     ours = gg.Llama(args.model, n_ctx=max(args.ctx_size, args.n_prompt + args.n_gen),
                     n_threads=args.threads)

@@ -11,33 +11,46 @@ The vocabulary
 is llama.cpp's SentencePiece test vocabulary (tests/data), so prompts tokenize
 like LLaMA 2's.
 """
-import argparse
 import os
+import sys
 import time
 
+import ggml_py as gg
+from ggml_py.cli.common import ArgumentParser, positive_int, run
 from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
 
 VOCAB = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "ggml-vocab-llama-spm.gguf")
 
 
 def spec_for(shape, weight_type, n_vocab):
+    """The RandomLlamaSpec of --shape (tinyllama or WIDTHxLAYERS); ValueError for a bad one."""
+    if weight_type not in gg.Type.__members__:
+        raise ValueError(f"unknown --type {weight_type!r}")
     if shape == "tinyllama":
         return RandomLlamaSpec(n_vocab=n_vocab, n_embd=2048, n_layer=22, n_head=32, n_head_kv=4,
                                n_ff=5632, n_ctx_train=2048, weight_type=weight_type)
-    width, layers = (int(v) for v in shape.lower().split("x"))
+    try:
+        width, layers = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--shape must be tinyllama or WIDTHxLAYERS, got {shape!r}") from None
+    if width < 64 or width % 64 or layers < 1:
+        raise ValueError(f"--shape {shape}: the width must be a multiple of 64 (heads of 64), "
+                         f"the layers at least 1")
+    gg.row_bytes(gg.Type[weight_type], width)     # ValueError: rows the type's blocks do not fill
     n_ff = (int(width * 8 / 3) + 31) // 32 * 32
     return RandomLlamaSpec(n_vocab=n_vocab, n_embd=width, n_layer=layers, n_head=max(1, width // 64),
                            n_head_kv=max(1, width // 64), n_ff=n_ff, n_ctx_train=2048,
                            weight_type=weight_type)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    parser = ArgumentParser(prog="make_model.py", description=__doc__.splitlines()[0])
     parser.add_argument("path")
     parser.add_argument("--shape", default="tinyllama", help="tinyllama or WIDTHxLAYERS")
     parser.add_argument("--type", default="F16", help="weight type of the matrices")
-    parser.add_argument("--n-vocab", type=int, default=32000)
-    args = parser.parse_args()
+    parser.add_argument("--n-vocab", type=positive_int, default=32000,
+                        help="at most the test vocabulary's 32000")
+    args = parser.parse_args(argv)
     spec = spec_for(args.shape, args.type.upper(), args.n_vocab)
     t0 = time.perf_counter()
     write_random_llama(args.path, spec, vocab=spm_vocab_from_gguf(VOCAB, args.n_vocab))
@@ -47,4 +60,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run("make_model.py", main))

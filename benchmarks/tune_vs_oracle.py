@@ -21,15 +21,17 @@ oracle:
 
     python benchmarks/tune_vs_oracle.py --tune-file a1.json b1.json a2.json b2.json
 """
-import argparse
 import json
 import statistics
+import sys
 import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, bench,
+from ggml_py.cli.common import ArgumentParser, positive_int, run
+from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, bench,
                                 distinct_profiles, preset_shapes, random_weight)
+from ggml_py.tune_cli import parse_threads, parse_type
 
 import numpy as np
 
@@ -128,23 +130,23 @@ def oracle_times(shapes, type, m_values, threads, repeat, sweeps):
     return times, graphs
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model-shape", default="1.1B")
-    p.add_argument("--type", default="Q4_0")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--sweeps", type=int, default=3, help="oracle sweeps over the grid (default 3)")
-    p.add_argument("--passes", type=int, default=1, help="ggml-tune passes (default 1)")
+def main(argv=None):
+    p = ArgumentParser(prog="tune_vs_oracle.py", description=__doc__.splitlines()[0])
+    p.add_argument("--model-shape", default="1.1B", choices=sorted(PRESETS))
+    p.add_argument("--type", type=parse_type, default=gg.Type.Q4_0)
+    p.add_argument("--threads", type=parse_threads, default=[1, 2])
+    p.add_argument("--repeat", type=positive_int, default=5)
+    p.add_argument("--sweeps", type=positive_int, default=3,
+                   help="oracle sweeps over the grid (default 3)")
+    p.add_argument("--passes", type=positive_int, default=1, help="ggml-tune passes (default 1)")
     p.add_argument("--tune-file", nargs="+", metavar="FILE",
                    help="use these tune files instead of benching one now (the table shows the "
                         "first; each gets a summary line)")
     p.add_argument("--save-tune", metavar="FILE", help="save the tune data benched now")
     p.add_argument("--save-oracle", metavar="FILE",
                    help="save the oracle's rounds (JSON: per case, per profile, ms of each round)")
-    args = p.parse_args()
-    type = gg.Type[args.type.upper()]
-    threads = [int(t) for t in args.threads.split(",")]
+    args = p.parse_args(argv)
+    type, threads = args.type, args.threads
     shapes = preset_shapes(args.model_shape, type)
     print(gg.system_info())
 
@@ -207,4 +209,4 @@ def compare(data, times, graphs, print_table):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run("tune_vs_oracle.py", main))

@@ -3,12 +3,12 @@ pool, check it against numpy and print where the time went.
 
     python examples/graph_demo.py [--threads 2]
 """
-import argparse
 import time
 
 import numpy as np
 
 import ggml_py as gg
+from ggml_py.cli.common import ArgumentParser, positive_int, thread_count
 
 
 def build_mlp(ctx, rng, batch, width, depth):
@@ -40,11 +40,11 @@ def numpy_reference(x, weights):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-t", "--threads", type=int, default=gg.default_threads())
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=32)
+    parser = ArgumentParser(prog="graph_demo.py", description=__doc__.splitlines()[0])
+    parser.add_argument("-t", "--threads", type=thread_count, default=gg.default_threads())
+    parser.add_argument("--width", type=positive_int, default=512)
+    parser.add_argument("--depth", type=positive_int, default=4)
+    parser.add_argument("--batch", type=positive_int, default=32)
     args = parser.parse_args(argv)
 
     print(gg.system_info())

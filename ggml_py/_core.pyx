@@ -624,7 +624,8 @@ cdef class CGraph:
         _refuse_copy(self)
 
     def work_size(self, int n_threads):
-        """Largest work-buffer need over the nodes at n_threads (bytes)."""
+        """Work-buffer bytes at n_threads: the largest need over the nodes, plus a
+        cache line per thread (each thread's scratch starts on its own line)."""
         cdef ggml_py_cgraph g
         g.n_nodes = self.n_nodes
         g.nodes = self.nodes

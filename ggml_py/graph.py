@@ -130,13 +130,13 @@ class Stats(tuple):
     """Rows of StatRow; str() prints a table like ggml's graph perf print."""
 
     def __str__(self):
-        total = sum(r.total_us for r in self) or 1.0
+        total = sum(r.total_us for r in self)
         lines = [f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'profile':<12} "
                  f"{'init us':>10} {'compute us':>11} {'%':>6}"]
         for r in self:
             lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
                          f"{r.profile:<12} {r.init_us:>10.1f} {r.compute_us:>11.1f} "
-                         f"{100 * r.total_us / total:>6.1f}")
+                         f"{100 * r.total_us / (total or 1.0):>6.1f}")
         lines.append(f"total: {total:.1f} us")
         return "\n".join(lines)
 

@@ -74,6 +74,8 @@ def spm_vocab_from_gguf(path, n_vocab):
         raise ValueError(f"{path}: not a SentencePiece (llama) vocabulary")
     tokens = meta["tokenizer.ggml.tokens"]
     n = len(tokens) if n_vocab is None else n_vocab
+    if not 1 <= n <= len(tokens):
+        raise ValueError(f"{path}: has {len(tokens)} tokens, asked for {n}")
     return {"model": "llama", "tokens": tokens[:n], "scores": meta["tokenizer.ggml.scores"][:n],
             "token_type": meta["tokenizer.ggml.token_type"][:n],
             "bos": meta.get("tokenizer.ggml.bos_token_id", 1),

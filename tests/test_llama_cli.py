@@ -275,7 +275,7 @@ def test_bench_model_errors():
     assert "no such file" in line
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 1)
-    for threads in ("999", ","):
+    for threads in ("999", ",", ""):
         assert_one_line_error(run("ggml_py.bench", "model", "-p", 4, "-n", 1, "-r", 1,
                                   "-t", threads), 1)
     if os.path.exists("/dev/full"):   # stdout that cannot be written
@@ -345,3 +345,25 @@ def test_perplexity_of_the_bundled_model_on_held_out_plays():
     assert "n_ctx=256" in proc.stderr
     ppl = float(re.search(r"Final estimate: PPL = ([\d.]+)", proc.stdout).group(1))
     assert 20 < ppl < 40      # the full test text measures 32.2 (docs/model.md)
+
+
+# ---- the scripts of examples/ and benchmarks/ ---------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script, args, code", [
+    ("examples/graph_demo.py", ["-t", "0"], 2),
+    ("examples/graph_demo.py", ["--width", "0"], 2),
+    ("benchmarks/make_model.py", ["x.gguf", "--shape", "foo"], 1),
+    ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "64x2"], 1),
+    ("benchmarks/make_model.py", ["x.gguf", "--shape", "64x1", "--n-vocab", "999999"], 1),
+    ("benchmarks/tune_vs_oracle.py", ["--type", "q9"], 2),
+    ("benchmarks/tune_vs_oracle.py", ["--threads", "0"], 2),
+])
+def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
+    path = os.path.join(REPO, script)
+    proc = subprocess.run([sys.executable, path, *args], capture_output=True, text=True,
+                          env=ENV, cwd=tmp_path, timeout=120)
+    assert_one_line_error(proc, code)
+    assert not (tmp_path / "x.gguf").exists()

@@ -956,6 +956,7 @@ def test_compute_profile_stats(ctx, rng):
     assert "MUL_MAT" in text and "total:" in text
     graph.reset_stats()
     assert all(r.total_us == 0 for r in graph.stats())
+    assert str(graph.stats()).endswith("total: 0.0 us")     # nothing measured: no made-up total
 
 
 # ---- sizes past int64, read-only buffers, copies of the core objects -------------------------

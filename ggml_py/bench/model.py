@@ -91,7 +91,7 @@ def run(args):
 def bench_model(args):
     """Time every test at every thread count; print the table (or JSON). Returns 0."""
     n_prompts, n_gens = _int_list(args.n_prompt), _int_list(args.n_gen)
-    threads = _int_list(args.threads) if args.threads else [gg.default_threads()]
+    threads = [gg.default_threads()] if args.threads is None else _int_list(args.threads)
     if any(not 1 <= t <= MAX_THREADS for t in threads) or any(n < 0 for n in n_prompts + n_gens):
         raise ValueError(f"thread counts must be in 1..{MAX_THREADS} and token counts >= 0")
     if args.repetitions < 1 or args.batch_size < 1:
