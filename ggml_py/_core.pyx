@@ -377,8 +377,14 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
     nb = tuple(operator.index(n) for n in nb)
     if len(nb) != GGML_PY_MAX_DIMS or any(n < 0 for n in nb):
         raise ValueError(f"nb must be {GGML_PY_MAX_DIMS} strides >= 0, got {nb}")
-    nbytes = 0 if 0 in ne else (tt.type_size * (ne[0] // tt.blck_size) +
-                                sum((ne[i] - 1) * nb[i] for i in range(1, GGML_PY_MAX_DIMS)))
+    # as ggml_py_nbytes counts: the first byte to the end of the last element
+    if 0 in ne:
+        nbytes = 0
+    elif tt.blck_size == 1:
+        nbytes = tt.type_size + sum((ne[i] - 1) * nb[i] for i in range(GGML_PY_MAX_DIMS))
+    else:
+        nbytes = (ne[0] // tt.blck_size) * nb[0] + sum((ne[i] - 1) * nb[i]
+                                                       for i in range(1, GGML_PY_MAX_DIMS))
     if nbytes > INT64_MAX or max(nb) > INT64_MAX:
         raise ValueError(f"a {tt.name.decode()} tensor of ne {ne} needs {nbytes} bytes, more "
                          f"than int64 can count")

@@ -5,6 +5,7 @@ Broadcasting follows ggml: for add/sub/mul/div the second operand is repeated
 over the first, each of its (right-aligned) dimensions dividing the first's.
 """
 import contextlib
+import math
 import struct
 import threading
 
@@ -20,9 +21,13 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
-def _f32_bits(x):
-    """A float stored in an int32 op_params slot."""
-    return struct.unpack("<i", struct.pack("<f", float(x)))[0]
+def _f32_bits(x, what="a parameter"):
+    """A float stored in an int32 op_params slot; ValueError (naming `what`, e.g.
+    "scale: s") for one beyond float32's range (inf and NaN pass, as floats do)."""
+    x = float(x)
+    if math.isfinite(x) and abs(x) > F32_MAX:
+        raise ValueError(f"{what} {x} is beyond float32's range")
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 _placement = threading.local()
@@ -155,7 +160,8 @@ def _binary(op, a, b):
     _same_context(name, a, b)
     _check_type(name, "a", a, (Type.F32,))
     _check_type(name, "b", b, (Type.F32,))
-    if b.ndim > a.ndim or not all(_divides(na, nb_) for na, nb_ in zip(a._ne, b._ne)):
+    # ggml's rule on the 4-D sizes: b (1, 3) repeats over a (3,) as well as b (3,) does
+    if not all(_divides(na, nb_) for na, nb_ in zip(a._ne, b._ne)):
         raise ValueError(f"{name}: a is {a.shape} but b is {b.shape}: "
                          f"b cannot be broadcast over a (each dimension of b must divide a's)")
     return _new(op, (a, b), Type.F32, a._ne, a.ndim)
@@ -190,7 +196,7 @@ def _unary(op, a, params=None):
 
 def scale(a, s):
     """a * s for a float s."""
-    return _unary(Op.SCALE, a, [_f32_bits(s)])
+    return _unary(Op.SCALE, a, [_f32_bits(s, "scale: s")])
 
 
 def neg(a):
@@ -292,7 +298,7 @@ def soft_max(a, mask=None, scale=1.0):
         if mask._nb[0] != type_traits(mask.type)["type_size"]:
             raise ValueError(f"soft_max: mask {mask.shape} rows must be contiguous")
         src = (a, mask)
-    return _new(Op.SOFT_MAX, src, Type.F32, a._ne, a.ndim, [_f32_bits(scale)])
+    return _new(Op.SOFT_MAX, src, Type.F32, a._ne, a.ndim, [_f32_bits(scale, "soft_max: scale")])
 
 
 # ---- matrix products and rows -------------------------------------------------
@@ -391,7 +397,8 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
             # the kernel reads the factors as a packed float array
             raise ValueError(f"rope: freq_factors {freq_factors.shape} must be contiguous")
         src = (a, pos, freq_factors)
-    params = [n_dims, mode, _f32_bits(freq_base), _f32_bits(freq_scale)]
+    params = [n_dims, mode, _f32_bits(freq_base, "rope: freq_base"),
+              _f32_bits(freq_scale, "rope: freq_scale")]
     return _new(Op.ROPE, src, Type.F32, a._ne, a.ndim, params)
 
 

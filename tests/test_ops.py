@@ -274,6 +274,49 @@ def test_argmax_negative_rows(ctx):
     np.testing.assert_array_equal(compute(gg.argmax(ctx.from_numpy(x))), [1, 1])
 
 
+def test_argmax_of_rows_with_nan_is_numpys():
+    ctx = gg.Context(mem_size=1 << 20)
+    x = np.array([[np.nan, 1, 2, 0], [1, np.nan, 5, 0], [1, 5, np.nan, np.nan]], np.float32)
+    np.testing.assert_array_equal(compute(gg.argmax(ctx.from_numpy(x))), np.argmax(x, -1))
+
+
+def test_gelu_at_the_ends_is_ggmls(ctx):
+    x = np.array([-np.inf, -1e30, -10.0, -9.0, 9.0, 10.0, 1e30, np.inf], np.float32)
+    y = compute(gg.gelu(ctx.from_numpy(x)))
+    np.testing.assert_array_equal(y[:3], 0.0)
+    np.testing.assert_array_equal(y[5:], x[5:])
+    assert -1e-10 < y[3] <= 0 and y[4] == pytest.approx(9.0)
+
+
+def test_float_parameters_beyond_float32_name_the_op(ctx):
+    t = ctx.from_numpy(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match="scale: s 1e\\+39 is beyond float32's range"):
+        gg.scale(t, 1e39)
+    with pytest.raises(ValueError, match="soft_max: scale"):
+        gg.soft_max(t, scale=-1e39)
+
+
+def test_a_second_operand_with_leading_ones_broadcasts_as_in_ggml(ctx):
+    a, b = np.arange(3, dtype=np.float32), np.ones((1, 3), np.float32)
+    y = gg.add(ctx.from_numpy(a), ctx.from_numpy(b))
+    assert y.shape == (3,)
+    np.testing.assert_array_equal(compute(y), a + 1)
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        gg.add(ctx.from_numpy(a), ctx.from_numpy(np.ones((2, 3), np.float32)))
+
+
+def test_views_of_transposed_tensors_measure_their_real_extent(ctx):
+    x = np.arange(60, dtype=np.float32).reshape(6, 10)
+    t = gg.transpose(ctx.from_numpy(x))           # (10, 6): rows 4 bytes apart
+    assert t.nbytes == 240
+    np.testing.assert_array_equal(gg.view(t, (60,)).numpy(), x.ravel())   # all of x's bytes
+    small = ctx.new_tensor(gg.F32, (4,))
+    stride0 = gg.transpose(gg.view(small, (100, 4), strides=(0, 4)))   # 16 bytes, seen 100 times
+    assert stride0.nbytes == 16
+    with pytest.raises(ValueError, match="needs 412 bytes"):
+        gg.view(stride0, (103,))                   # would write past the 16 bytes
+
+
 # ---- normalisation ----------------------------------------------------------------
 
 @pytest.mark.parametrize("eps", [1e-6, 0.1])

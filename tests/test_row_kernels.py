@@ -85,3 +85,26 @@ def test_bad_sizes_raise():
         _core.swiglu_variant(np.zeros(3, np.float32), np.zeros(2, np.float32), np.zeros(3, np.float32), False)
     with pytest.raises(ValueError):
         _core.exp_sum_variant(np.zeros(3, np.float32), 0.0, np.zeros(2, np.float32), False)
+
+
+@pytest.mark.parametrize("simd", variants(), ids=["ref", "simd"][:len(variants())])
+def test_swiglu_far_below_zero_and_at_infinity(simd):
+    """silu(x) -> -0 as x -> -inf (exp(-x) overflows to inf), silu(-inf) is NaN (-inf / inf),
+    as expf gives: the 8-wide part and the scalar tail agree."""
+    x = np.array([-np.inf, -3e38, -1e38, -1e35, -100.0, -88.5, 88.5, np.inf] * 2, np.float32)
+    g = np.ones_like(x)
+    y = np.empty_like(x)
+    _core.swiglu_variant(x, g, y, simd)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = x / (np.float32(1) + np.exp(-x))
+    np.testing.assert_allclose(y, ref, rtol=2e-6, atol=1e-37)
+    assert np.isnan(y[0]) and y[1:4].tolist() == [0.0] * 3 and y[7] == np.inf
+
+
+@pytest.mark.parametrize("simd", variants(), ids=["ref", "simd"][:len(variants())])
+def test_exp_sum_near_the_top_of_float_range(simd):
+    """exp of 88 .. 88.72 is up to FLT_MAX (no exponent overflow inside the kernel)."""
+    x = np.array([88.0, 88.3, 88.5, 88.72, 0.0, -1.0, -50.0, -87.0, 88.1], np.float32)
+    y = np.empty_like(x)
+    _core.exp_sum_variant(x, 0.0, y, simd)
+    np.testing.assert_allclose(y, np.exp(x.astype(np.float64)), rtol=1e-6)

@@ -47,6 +47,9 @@ void ggml_py_compute_binary(const struct ggml_py_compute_params *params, struct 
 #define SQRT_2_OVER_PI 0.79788456080286535587989211986876f
 
 static inline float gelu_f32(float x) {
+    /* as ggml: 0 from -10 down (-inf too, where the formula gives inf * 0), x from 10 up */
+    if (x <= -10.0f) return 0.0f;
+    if (x >= 10.0f) return x;
     return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
 }
 

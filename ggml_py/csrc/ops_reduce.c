@@ -47,11 +47,12 @@ void ggml_py_compute_argmax(const struct ggml_py_compute_params *params, struct 
     int32_t *out = dst->data;   /* dst is contiguous: one id per source row */
     FOR_EACH_ROW(src0) {
         ROW_INDICES;
+        /* as numpy: the first maximum wins, and the first NaN wins over everything */
         int32_t best = 0;
         float best_v = *(const float *) x;
-        for (int64_t i = 1; i < ne00; i++) {
+        for (int64_t i = 1; i < ne00 && best_v == best_v; i++) {
             const float v = *(const float *) (x + i * nb00);
-            if (v > best_v) { best_v = v; best = (int32_t) i; }   /* first maximum wins */
+            if (v > best_v || v != v) { best_v = v; best = (int32_t) i; }
         }
         out[ir] = best;
     }

@@ -12,7 +12,7 @@ static void rope_angles(float *cache, int32_t pos, int n_dims, float freq_base, 
     float theta = (float) pos;
     for (int i = 0; i < n_dims / 2; i++) {
         const float factor = freq_factors ? freq_factors[i] : 1.0f;
-        const float t = freq_scale * theta / factor;
+        const float t = freq_scale * (theta / factor);   /* ggml: rope_yarn(theta / ff, freq_scale) */
         cache[2 * i]     = cosf(t);
         cache[2 * i + 1] = sinf(t);
         theta *= theta_scale;

@@ -15,8 +15,16 @@ size_t ggml_py_nbytes(const struct ggml_py_tensor *t) {
     for (int i = 0; i < GGML_PY_MAX_DIMS; i++) {
         if (t->ne[i] <= 0) return 0;   /* empty: (ne - 1) * nb below would wrap */
     }
-    size_t nbytes = tt->type_size * (size_t) (t->ne[0] / tt->blck_size);
-    for (int i = 1; i < GGML_PY_MAX_DIMS; i++) nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+    /* from the first byte to the end of the last element, whatever the strides
+     * (a transposed view strides dimension 0 by a row), as ggml_nbytes counts */
+    size_t nbytes;
+    if (tt->blck_size == 1) {
+        nbytes = tt->type_size;
+        for (int i = 0; i < GGML_PY_MAX_DIMS; i++) nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+    } else {
+        nbytes = (size_t) (t->ne[0] / tt->blck_size) * t->nb[0];
+        for (int i = 1; i < GGML_PY_MAX_DIMS; i++) nbytes += (size_t) (t->ne[i] - 1) * t->nb[i];
+    }
     return nbytes;
 }
 
