@@ -14,7 +14,9 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
 import math
 import numbers
 import operator
+import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -473,6 +475,21 @@ def check_thread_count(n_threads, where):
         raise ValueError(f"{where}: n_threads must be in 1..{GGML_PY_MAX_THREADS}, got {n_threads}")
     return n_threads
 
+_live_pools = weakref.WeakSet()   # every ThreadPool not yet freed
+
+
+def _forget_pools_after_fork():
+    """In a fork child every inherited pool is closed (its workers are the
+    parent's): computing on it raises, freeing it joins nobody, and the
+    cached pools of compute(n_threads=...) are made again on first use."""
+    for pool in list(_live_pools):
+        (<ThreadPool> pool)._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
 cdef class ThreadPool:
     """A persistent pool of n_threads (the caller counts as thread 0).
 
@@ -490,11 +507,13 @@ cdef class ThreadPool:
     # `holder` is the Python thread holding it, so that thread cannot wait on itself.
     cdef PyThread_type_lock run_lock
     cdef object holder
+    cdef object __weakref__          # _live_pools: forgotten in a fork child
 
     def __cinit__(self, n_threads, policy="spin-then-sleep", spin_us=200.0):
         self.run_lock = PyThread_allocate_lock()
         if self.run_lock == NULL:
             raise MemoryError("ThreadPool: cannot allocate its lock")
+        _live_pools.add(self)
         n_threads = check_thread_count(n_threads, "ThreadPool")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"ThreadPool: policy must be one of {sorted(POLICIES)}, got {policy!r}")
@@ -568,6 +587,17 @@ cdef class ThreadPool:
         free(self.threads)
         self.pool = NULL
         self.threads = NULL
+
+    cdef void _forget(self) noexcept:
+        # In a fork child: the workers stayed in the parent, and run_lock may be
+        # held by a parent thread that does not exist here. Drop the C pool
+        # without stopping or joining anyone (its memory is left as it is), so
+        # that the pool reads as closed, and take a fresh lock.
+        self.pool = NULL
+        self.threads = NULL
+        self.n_started = 1
+        self.holder = None
+        self.run_lock = PyThread_allocate_lock()
 
     def __dealloc__(self):
         # nothing computes on the pool now: a compute holds a reference to it

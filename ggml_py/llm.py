@@ -91,6 +91,7 @@ class Llama:
         self.n_batch = n_batch
         self.verbose = verbose
         self.tokens = []          # the sequence whose K/V rows are in the cache
+        self.changes = 0          # counts changes of the sequence: a paused generate checks it
         self.timings = Timings(load_s=time.perf_counter() - t0)
 
     # ---- facts ------------------------------------------------------------------
@@ -155,6 +156,7 @@ class Llama:
         """Start a new sequence (the cache is emptied)."""
         self.tokens = []
         self.model.cache.clear()
+        self.changes += 1
 
     def eval(self, tokens):
         """Evaluate tokens (integer ids) after the current sequence; logits
@@ -183,6 +185,7 @@ class Llama:
         if self.n_tokens + len(tokens) > self.n_ctx():
             raise ValueError(f"{self.n_tokens} + {len(tokens)} tokens do not fit the context "
                              f"of {self.n_ctx()} tokens")
+        self.changes += 1
         logits = None
         for start in range(0, len(tokens), self.n_batch):
             batch = tokens[start:start + self.n_batch]
@@ -253,6 +256,7 @@ class Llama:
         self.model.cache.truncate(keep)
         t0 = time.perf_counter()
         logits = self._decode(ids[keep:])
+        mine = self.changes
         self.timings.prompt_s += time.perf_counter() - t0
         self.timings.prompt_tokens += len(ids) - keep
 
@@ -269,8 +273,13 @@ class Llama:
             n += 1
             if self.n_tokens >= self.n_ctx() or (0 <= max_tokens <= n):
                 return
+            if self.changes != mine:
+                raise RuntimeError("generate: this Llama's sequence was changed by another call "
+                                   "(eval, generate, perplexity or reset) while the generator "
+                                   "was paused; start a new generate")
             t0 = time.perf_counter()
             logits = self._decode([token])
+            mine = self.changes
             self.timings.eval_s += time.perf_counter() - t0
             self.timings.eval_tokens += 1
 

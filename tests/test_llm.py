@@ -285,3 +285,23 @@ def test_perplexity_input_and_arguments(llm):
                           (dict(n_batch=0), "n_batch must be at least 1, got 0")]:
         with pytest.raises(ValueError, match=match):
             llm.perplexity(text, n_ctx=64, **kwargs)
+
+
+def test_a_paused_generator_refuses_a_sequence_another_call_changed(llm):
+    greedy = dict(max_tokens=6, temperature=0, ignore_eos=True)
+    llm.reset()
+    alone = list(llm.generate_tokens("The cat", gg.SamplingParams(temperature=0), 6, True))
+    a = llm.generate("The cat", **greedy)
+    b = llm.generate("A dog", **greedy)
+    next(a)
+    next(b)                                   # b's prompt replaced a's sequence
+    with pytest.raises(RuntimeError, match="changed by another call"):
+        next(a)
+    for change in (lambda: llm.eval([5]), llm.reset):
+        paused = llm.generate_tokens("The cat", gg.SamplingParams(temperature=0), 6, True)
+        assert next(paused) == alone[0]
+        change()
+        with pytest.raises(RuntimeError, match="changed by another call"):
+            next(paused)
+    left_alone = llm.generate_tokens("The cat", gg.SamplingParams(temperature=0), 6, True)
+    assert list(left_alone) == alone          # nothing else ran: the same tokens as ever

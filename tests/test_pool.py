@@ -349,3 +349,44 @@ def test_pool_and_graph_cannot_be_copied_or_pickled():
             for dup in (copy.copy, copy.deepcopy, pickle.dumps):
                 with pytest.raises(TypeError, match="cannot be copied or pickled"):
                     dup(obj)
+
+
+def _compute_in_child(queue):
+    ctx = gg.Context(mem_size=1 << 20)
+    y = gg.neg(ctx.from_numpy(np.arange(64, dtype=np.float32)))
+    gg.build_forward(y).compute(n_threads=2)      # the cached pool, made again here
+    queue.put(float(y.numpy().sum()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_child_makes_its_own_pools_and_exits():
+    """Pools' workers stay in the parent: in the child the inherited pools read as
+    closed, compute(n_threads=n) makes new ones, and exiting joins nobody."""
+    import multiprocessing
+    ctx = gg.Context(mem_size=1 << 20)
+    gg.build_forward(gg.neg(ctx.from_numpy(np.ones(64, np.float32)))).compute(n_threads=2)
+    user_pool = gg.ThreadPool(2)
+    fork = multiprocessing.get_context("fork")
+    queue = fork.Queue()
+    child = fork.Process(target=_compute_in_child, args=(queue,))
+    child.start()
+    child.join(60)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("computing in a fork child hung on the parent's pool")
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == -float(np.arange(64).sum())
+    pid = os.fork()
+    if pid == 0:   # what exiting does (the atexit hook, freeing pools), then out at once
+        try:
+            gg.graph._close_shared_pools()
+            user_pool.close()
+        finally:
+            os._exit(0)
+    deadline = time.time() + 30
+    while os.waitpid(pid, os.WNOHANG)[0] == 0:
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("a fork child hung closing the pools it inherited")
+        time.sleep(0.05)
+    user_pool.close()
