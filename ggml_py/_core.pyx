@@ -370,9 +370,8 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
     if ne[0] % tt.blck_size:
         raise ValueError(f"a row of {tt.name.decode()} needs a multiple of {tt.blck_size} "
                          f"elements, got {ne[0]}")
-    if math.prod(ne) > INT64_MAX:
-        raise ValueError(f"a tensor of ne {ne} has {math.prod(ne)} elements, more than "
-                         f"int64 can count")
+    if max(ne) > INT64_MAX or math.prod(ne) > INT64_MAX:   # one size alone, with a 0 beside it
+        raise ValueError(f"a tensor of ne {ne} has more elements than int64 can count")
     if nb is None:
         nb = (tt.type_size, tt.type_size * (ne[0] // tt.blck_size))
         nb += (nb[1] * ne[1], nb[1] * ne[1] * ne[2])
@@ -387,7 +386,9 @@ def new_tensor(cls, Context ctx, int type, ne, nb, int ndim, int op=0, tuple src
     else:
         nbytes = (ne[0] // tt.blck_size) * nb[0] + sum((ne[i] - 1) * nb[i]
                                                        for i in range(1, GGML_PY_MAX_DIMS))
-    if nbytes > INT64_MAX or max(nb) > INT64_MAX:
+    if max(nb) > INT64_MAX:
+        raise ValueError(f"a stride of nb {nb} is more bytes than int64 can count")
+    if nbytes > INT64_MAX:
         raise ValueError(f"a {tt.name.decode()} tensor of ne {ne} needs {nbytes} bytes, more "
                          f"than int64 can count")
     cdef TensorBase tensor = cls.__new__(cls, _MAKE)
@@ -557,6 +558,8 @@ cdef class ThreadPool:
     cdef int _lock(self, str what) except -1:
         """Take run_lock, waiting with the GIL released (Ctrl-C still raises)."""
         cdef PyLockStatus got
+        if self.run_lock == NULL:   # a fork child could not make its fresh lock
+            raise MemoryError(f"{what}: the pool has no lock")
         me = threading.get_ident()
         if self.holder == me:
             raise RuntimeError(f"{what}: this thread is already computing on the pool")
@@ -608,6 +611,11 @@ cdef class ThreadPool:
 
     def __reduce_ex__(self, protocol):
         _refuse_copy(self)
+
+    @property
+    def busy(self):
+        """True while a compute (or close) holds the pool."""
+        return self.holder is not None
 
     @property
     def closed(self):

@@ -5,6 +5,7 @@ how much work buffer it needs; `graph.compute()` runs the whole graph in C with
 the GIL released, on a persistent ThreadPool.
 """
 import atexit
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -50,8 +51,21 @@ def _close_shared_pools():
         _pools.clear()
 
 
+def _reset_pools_after_fork():
+    # The child has none of the parent's threads: the pools read as closed (the
+    # core forgets them), and a lock some parent thread held would stay held.
+    global _pools_lock
+    _pools_lock = threading.Lock()
+    _pools.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_pools_after_fork)
+
+
+@functools.cache
 def default_threads():
-    """Physical cores, as llama.cpp picks by default."""
+    """Physical cores, as llama.cpp picks by default (asked once: psutil takes ~0.1 ms)."""
     import psutil
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 

@@ -133,9 +133,11 @@ def cpy(a, b):
     if _nelements(a) != _nelements(b):
         raise ValueError(f"cpy: a is {a.shape} but b is {b.shape}: element counts differ")
     _check_writable("cpy", "b", b)
-    for name, t in (("a", a), ("b", b)) if a.type != b.type else ():
-        if not type_traits(t.type)["has_to_float" if name == "a" else "has_from_float"]:
-            raise ValueError(f"cpy: cannot copy {'from' if name == 'a' else 'to'} {t.type.name}")
+    if a.type != b.type:   # a conversion: a must convert to float, b from it
+        if not type_traits(a.type)["has_to_float"]:
+            raise ValueError(f"cpy: cannot copy from {a.type.name}")
+        if not type_traits(b.type)["has_from_float"]:
+            raise ValueError(f"cpy: cannot copy to {b.type.name}")
     # the kernel converts blocks row by row; element by element it moves bits
     # (same type) or converts between F32/F16/BF16 only
     quantized = type_traits(a.type)["is_quantized"] or type_traits(b.type)["is_quantized"]

@@ -28,9 +28,8 @@ def ne_of_shape(shape):
         raise ValueError(f"tensors have 1 to {MAX_DIMS} dimensions, got shape {shape}")
     if any(d < 0 for d in shape):
         raise ValueError(f"negative dimension in shape {shape}")
-    if math.prod(shape) > _core.INT64_MAX:
-        raise ValueError(f"shape {shape} has {math.prod(shape)} elements, more than int64 "
-                         f"can count")
+    if max(shape) > _core.INT64_MAX or math.prod(shape) > _core.INT64_MAX:
+        raise ValueError(f"shape {shape} has more elements than int64 can count")
     return tuple(reversed(shape)) + (1,) * (MAX_DIMS - len(shape))
 
 

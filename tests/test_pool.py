@@ -248,7 +248,7 @@ def run_in_threads(targets, timeout_s):
     return [t for t in threads if t.is_alive()], errors
 
 
-def test_threads_sharing_the_cached_pool_take_turns():
+def test_threads_sharing_the_cached_pool_take_turns(watchdog):
     """compute(n_threads=2) from two Python threads uses one cached pool: they must
     take turns (a hang before the pool had a run lock)."""
     def work(seed):
@@ -264,7 +264,7 @@ def test_threads_sharing_the_cached_pool_take_turns():
     assert not errors, errors
 
 
-def test_threads_sharing_an_explicit_pool_take_turns():
+def test_threads_sharing_an_explicit_pool_take_turns(watchdog):
     pool = gg.ThreadPool(2)
 
     def work(seed):
@@ -281,28 +281,22 @@ def test_threads_sharing_an_explicit_pool_take_turns():
     pool.close()
 
 
-def test_close_waits_for_a_running_compute():
+def test_close_waits_for_a_running_compute(watchdog):
     """close() from another thread during a compute waits for it, then closes (it used
     to free the pool under the running compute, which never returned)."""
     graph = long_graph(n_nodes=150)
     pool = gg.ThreadPool(2)
-    started, finished = threading.Event(), threading.Event()
-
-    def compute():
-        started.set()
-        graph.compute(pool=pool)
-        finished.set()
 
     def close():
-        started.wait(10)
-        time.sleep(0.05)         # the compute is under way
+        deadline = time.monotonic() + 30
+        while not pool.busy and time.monotonic() < deadline:   # the compute holds the pool
+            time.sleep(0.0005)
         pool.close()
-        assert finished.is_set(), "close() returned while the compute was still running"
 
-    alive, errors = run_in_threads([compute, close], timeout_s=60)
+    alive, errors = run_in_threads([lambda: graph.compute(pool=pool), close], timeout_s=60)
     assert not alive, "compute or close hung"
-    assert not errors, errors
-    assert pool.closed
+    assert not errors, errors          # the compute ran to its end on a live pool
+    assert pool.closed and not pool.busy
     with pytest.raises(ValueError, match="closed"):
         graph.compute(pool=pool)
 
@@ -351,6 +345,19 @@ def test_pool_and_graph_cannot_be_copied_or_pickled():
                     dup(obj)
 
 
+def wait_for_child(pid, message, timeout_s=30):
+    """A forked child's exit code; kill it and fail with `message` if it hangs."""
+    deadline = time.time() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(message)
+        time.sleep(0.05)
+
+
 def _compute_in_child(queue):
     ctx = gg.Context(mem_size=1 << 20)
     y = gg.neg(ctx.from_numpy(np.arange(64, dtype=np.float32)))
@@ -359,7 +366,7 @@ def _compute_in_child(queue):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_fork_child_makes_its_own_pools_and_exits():
+def test_a_fork_child_makes_its_own_pools_and_exits(watchdog):
     """Pools' workers stay in the parent: in the child the inherited pools read as
     closed, compute(n_threads=n) makes new ones, and exiting joins nobody."""
     import multiprocessing
@@ -383,10 +390,17 @@ def test_a_fork_child_makes_its_own_pools_and_exits():
             user_pool.close()
         finally:
             os._exit(0)
-    deadline = time.time() + 30
-    while os.waitpid(pid, os.WNOHANG)[0] == 0:
-        if time.time() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            pytest.fail("a fork child hung closing the pools it inherited")
-        time.sleep(0.05)
+    assert wait_for_child(pid, "a fork child hung closing the pools it inherited") == 0
+    with gg.graph._pools_lock:    # held at the fork, as by another thread making a pool
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            ctx = gg.Context(mem_size=1 << 20)
+            y = gg.neg(ctx.from_numpy(np.arange(64, dtype=np.float32)))
+            gg.build_forward(y).compute(n_threads=2)
+            code = 0 if y.numpy().sum() == -np.arange(64).sum() else 1
+        finally:
+            os._exit(code)
+    assert wait_for_child(pid, "a fork child hung on the pool lock held at the fork") == 0
     user_pool.close()
