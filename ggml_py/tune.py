@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import secrets
 from dataclasses import dataclass, field
 
 from ggml_py.profiles import STAGES, TaskProfile, task_profiles
@@ -140,22 +141,11 @@ class TuneData:
     def save(self, path):
         """Write the tune file (JSON): into a new file beside it, renamed over
         `path` once complete, so that a failed write leaves any old file whole."""
+        from ggml_py.gguf_write import atomic_output
         check_writable(path)
-        tmp = _scratch_name(path)
-        try:
-            with open(tmp, "x") as f:
-                json.dump(self.to_json(), f, indent=1)
-                f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-
-
-def _scratch_name(path):
-    """Where save() writes before renaming: beside `path`, this process's own."""
-    return f"{path}.{os.getpid()}.tmp"
+        with atomic_output(path) as tmp, open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.write("\n")
 
 
 def check_writable(path, not_over=None):
@@ -167,11 +157,14 @@ def check_writable(path, not_over=None):
         raise TuneFileError(f"{path}: is a directory")
     if os.path.exists(path) and not os.path.isfile(path):
         raise TuneFileError(f"{path}: not a regular file")
-    if not_over is not None and os.path.exists(path) and os.path.samefile(path, not_over):
+    if not_over is not None and os.path.exists(path) and os.path.exists(not_over) \
+            and os.path.samefile(path, not_over):
         raise TuneFileError(f"{path}: is the model file; the tune file needs a name of its own")
+    folder, base = os.path.split(os.path.abspath(path))
+    probe = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.probe")   # this call's own
     try:
-        os.close(os.open(_scratch_name(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        os.unlink(_scratch_name(path))
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
     except OSError as exc:
         raise TuneFileError(f"{path}: cannot write there: {exc.strerror}") from None
 
@@ -249,6 +242,14 @@ class _Malformed:
             self.fail(f"{what} must be distinct, ascending and >= 1, not {values!r:.60}")
         return values
 
+    def thread_counts(self, values):
+        """A set of thread counts >= 1, in any order (older files wrote them as given)."""
+        values = [self.integer(v, "thread_counts", 1)
+                  for v in self.of_type(values, list, "thread_counts")]
+        if not values:
+            self.fail("thread_counts is empty")
+        return sorted(set(values))
+
     def times(self, values, n_m, what):
         values = self.of_type(values, list, what)
         if len(values) != n_m or not all(
@@ -277,7 +278,7 @@ def _from_json(obj, path, model, check_system):
     if model is not None and name != model:
         raise TuneFileError(f"{path}: benched for model {name!r}, not {model!r}")
     m_values = check.ascending(obj["m_values"], "m_values")
-    thread_counts = check.ascending(obj["thread_counts"], "thread_counts")
+    thread_counts = check.thread_counts(obj["thread_counts"])
     data = TuneData(model=name, m_values=m_values, thread_counts=thread_counts, system=system)
     shapes = check.of_type(obj["shapes"], list, "shapes")
     if not shapes:
