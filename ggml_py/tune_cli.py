@@ -17,6 +17,7 @@ from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weig
 
 
 def parse_threads(text):
+    """--n-threads: comma-separated thread counts (1 .. 256), sorted, each once."""
     try:
         counts = sorted({thread_count(t) for t in text.split(",")})
     except ValueError:
@@ -25,6 +26,7 @@ def parse_threads(text):
 
 
 def parse_type(text):
+    """--type: a weight type name (any case) that has a matrix product kernel."""
     try:
         return weight_type(gg.Type[text.upper()])
     except KeyError:
@@ -34,6 +36,7 @@ def parse_type(text):
 
 
 def bench_parser():
+    """The flags of a bench run (`ggml-tune analyze` has its own parser)."""
     p = ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
                                 "shape, M and thread count; write a tune file. "
                                 "'ggml-tune analyze FILE' reads one.")
@@ -58,6 +61,7 @@ def tqdm_progress(total):
 
 
 def run_bench(args):
+    """Bench the shapes of -m or --model-shape, save the tune file; exit status 0."""
     tune.check_writable(args.file, not_over=args.model)
     if args.model:
         name, shapes = model_shapes(args.model)
@@ -150,6 +154,7 @@ def plot(data, path):
 
 
 def run_analyze(argv):
+    """`ggml-tune analyze FILE [--plot PNG]`: the CSV blocks, and the picture."""
     p = ArgumentParser(prog="ggml-tune analyze",
                                 description="Per shape and thread count: the fastest profile at "
                                             "each M and the crossover points, as CSV blocks.")
