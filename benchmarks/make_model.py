@@ -6,10 +6,11 @@
 
 Shapes: `tinyllama` (TinyLlama 1.1B: 2048 wide, 22 layers, 32 heads, 4 KV heads,
 FFN 5632, 32000 tokens) or `WIDTHxLAYERS` (head size 64, FFN ~2.7x, MHA).
-Types: F32, F16, BF16, or a type the `gguf` package can quantize (Q8_0, Q4_0, ...).
-The vocabulary
-is llama.cpp's SentencePiece test vocabulary (tests/data), so prompts tokenize
-like LLaMA 2's.
+Types: F32, F16, BF16, or a quantized type with a matrix-product kernel (Q8_0,
+Q4_0, Q4_K, ...: what gg.Llama loads; not Q8_K, an activation-only type). Quantized
+matrices are written by ggml_py's own reference quantizers (ggml_py.quants), not the
+`gguf` package's. The vocabulary is llama.cpp's SentencePiece test vocabulary
+(tests/data), so prompts tokenize like LLaMA 2's.
 """
 import os
 import sys
@@ -18,6 +19,7 @@ import time
 import ggml_py as gg
 from ggml_py.cli.common import ArgumentParser, positive_int, run
 from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
+from ggml_py.tune_bench import weight_type as weight_type_or_error
 
 VOCAB = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "ggml-vocab-llama-spm.gguf")
 
@@ -26,6 +28,7 @@ def spec_for(shape, weight_type, n_vocab):
     """The RandomLlamaSpec of --shape (tinyllama or WIDTHxLAYERS); ValueError for a bad one."""
     if weight_type not in gg.Type.__members__:
         raise ValueError(f"unknown --type {weight_type!r}")
+    weight_type_or_error(gg.Type[weight_type], "--type")   # e.g. Q8_K: no matrix product
     if shape == "tinyllama":
         return RandomLlamaSpec(n_vocab=n_vocab, n_embd=2048, n_layer=22, n_head=32, n_head_kv=4,
                                n_ff=5632, n_ctx_train=2048, weight_type=weight_type)

@@ -66,6 +66,8 @@ class LlamaParams:
     tied: bool
     adjacent_rope: bool
     rope_scaling_linear: float | None
+    attention_bias: bool    # q/k/v/o projections have biases (blk.N.attn_*.bias)
+    mlp_bias: bool          # gate/up/down projections have biases (blk.N.ffn_*.bias)
     bos_id: int | None
     eos_id: int | None
 
@@ -102,20 +104,48 @@ def _positive_float(value, what: str, path: Path, default: float | None = None) 
     return number
 
 
-def _rope_scaling_linear(cfg: dict, path: Path) -> float | None:
-    """The factor of a linear `rope_scaling`; None without scaling; an error for other kinds."""
-    scaling = cfg.get("rope_scaling")
+def _rope_scaling_linear(scaling, key: str, path: Path) -> float | None:
+    """The factor of a linear scaling object (config.json's `key`); None without
+    scaling (null, empty, or transformers' rope_type "default"); an error for other kinds."""
     if not scaling:
         return None
     if not isinstance(scaling, dict):
-        raise ConvertError(f"{path}: rope_scaling is {scaling!r}, not an object "
+        raise ConvertError(f"{path}: {key} is {scaling!r}, not an object "
                            '(like {"type": "linear", "factor": 2.0})')
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return None
     if kind != "linear":
-        raise ConvertError(f"{path}: rope_scaling type {kind!r} is not supported (only 'linear')")
+        raise ConvertError(f"{path}: {key} type {kind!r} is not supported (only 'linear')")
     if "factor" not in scaling:
-        raise ConvertError(f"{path}: rope_scaling has no factor")
-    return _positive_float(scaling["factor"], "rope_scaling factor", path)
+        raise ConvertError(f"{path}: {key} has no factor")
+    return _positive_float(scaling["factor"], f"{key} factor", path)
+
+
+def _rope_config(cfg: dict, path: Path) -> tuple[float, float | None]:
+    """(theta, linear scaling factor or None). transformers >= 5 saves both inside
+    `rope_parameters` ({"rope_theta", "rope_type", "factor", ...}); older configs as
+    top-level `rope_theta` and `rope_scaling`. rope_parameters wins, key by key."""
+    params = cfg.get("rope_parameters")
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ConvertError(f"{path}: rope_parameters is {params!r}, not an object")
+    if params.get("rope_theta") is not None:
+        theta = _positive_float(params["rope_theta"], "rope_parameters rope_theta", path)
+    else:
+        theta = _positive_float(cfg.get("rope_theta"), "rope_theta", path, default=10000.0)
+    if "rope_type" in params or "type" in params:
+        return theta, _rope_scaling_linear(params, "rope_parameters", path)
+    return theta, _rope_scaling_linear(cfg.get("rope_scaling"), "rope_scaling", path)
+
+
+def _flag(cfg: dict, key: str, path: Path) -> bool:
+    """An optional boolean of config.json (absent or null: False)."""
+    value = cfg.get(key) or False
+    if not isinstance(value, bool):
+        raise ConvertError(f"{path}: {key} is {value!r}, not true or false")
+    return value
 
 
 def read_config(model_dir: Path) -> LlamaParams:
@@ -155,9 +185,8 @@ def read_config(model_dir: Path) -> LlamaParams:
     pairing = cfg.get("rope_pairing", "half")
     if pairing not in ("half", "adjacent"):
         raise ConvertError(f"{path}: rope_pairing must be 'half' or 'adjacent', not {pairing!r}")
-    tied = cfg.get("tie_word_embeddings") or False
-    if not isinstance(tied, bool):
-        raise ConvertError(f"{path}: tie_word_embeddings is {tied!r}, not true or false")
+    tied = _flag(cfg, "tie_word_embeddings", path)
+    rope_theta, rope_scaling_linear = _rope_config(cfg, path)
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
@@ -167,9 +196,9 @@ def read_config(model_dir: Path) -> LlamaParams:
         n_layer=_positive_int(cfg, "num_hidden_layers", path), n_head=n_head, n_head_kv=n_head_kv,
         n_ctx=_positive_int(cfg, "max_position_embeddings", path, default=2048),
         rms_eps=_positive_float(cfg.get("rms_norm_eps"), "rms_norm_eps", path, default=1e-6),
-        rope_theta=_positive_float(cfg.get("rope_theta"), "rope_theta", path, default=10000.0),
-        rope_dim=head_dim, tied=tied, adjacent_rope=pairing == "adjacent",
-        rope_scaling_linear=_rope_scaling_linear(cfg, path),
+        rope_theta=rope_theta, rope_dim=head_dim, tied=tied, adjacent_rope=pairing == "adjacent",
+        rope_scaling_linear=rope_scaling_linear,
+        attention_bias=_flag(cfg, "attention_bias", path), mlp_bias=_flag(cfg, "mlp_bias", path),
         bos_id=cfg.get("bos_token_id"), eos_id=eos)
 
 
@@ -279,6 +308,9 @@ _LAYER_NAMES = {
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
+# the optional biases (config attention_bias / mlp_bias), as llama.cpp names them
+_LAYER_NAMES.update({hf[:-len("weight")] + "bias": gg[:-len("weight")] + "bias"
+                     for hf, gg in _LAYER_NAMES.items() if "_proj." in hf})
 _GLOBAL_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
@@ -315,6 +347,14 @@ def expected_shapes(p: LlamaParams) -> dict[str, tuple[int, ...]]:
             f"blk.{i}.ffn_up.weight": (p.n_ff, p.n_embd),
             f"blk.{i}.ffn_down.weight": (p.n_embd, p.n_ff),
         })
+        if p.attention_bias:
+            shapes.update({f"blk.{i}.attn_q.bias": (p.n_head * hd,),
+                           f"blk.{i}.attn_k.bias": (p.n_head_kv * hd,),
+                           f"blk.{i}.attn_v.bias": (p.n_head_kv * hd,),
+                           f"blk.{i}.attn_output.bias": (p.n_embd,)})
+        if p.mlp_bias:
+            shapes.update({f"blk.{i}.ffn_gate.bias": (p.n_ff,), f"blk.{i}.ffn_up.bias": (p.n_ff,),
+                           f"blk.{i}.ffn_down.bias": (p.n_embd,)})
     shapes["output_norm.weight"] = (p.n_embd,)
     if not p.tied:
         shapes["output.weight"] = (p.n_vocab, p.n_embd)
@@ -328,11 +368,19 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
         name = gguf_name(hf_name, p.n_layer)
         if name is None or (name == "output.weight" and p.tied):
             continue
-        if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = p.n_head if name.endswith("attn_q.weight") else p.n_head_kv
+        # the q, k biases are rows of the projection too: permuted alike, as llama.cpp's
+        # convert_hf_to_gguf.py does
+        if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight",
+                                                  "attn_q.bias", "attn_k.bias")):
+            heads = p.n_head if ".attn_q." in name else p.n_head_kv
             array = permute_rope_rows(array, heads)
         out[name] = array
     shapes = expected_shapes(p)
+    for name in out:
+        if name not in shapes:      # a bias the config does not announce: never drop it
+            flag = "mlp_bias" if ".ffn_" in name else "attention_bias"
+            raise ConvertError(f"tensor {name} is in the checkpoint but config.json's {flag} "
+                               "is not true")
     for name, shape in shapes.items():
         if name not in out:
             raise ConvertError(f"missing tensor {name} (HF name of the checkpoint not found)")

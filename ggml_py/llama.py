@@ -141,6 +141,14 @@ class LayerWeights:
     w_gate: object      # (F, E)
     w_up: object        # (F, E)
     w_down: object      # (E, F)
+    # optional biases, as llama.cpp's LLM_ARCH_LLAMA loads them (None: absent)
+    bq: object = None       # (H*D,)
+    bk: object = None       # (Hkv*D,)
+    bv: object = None       # (Hkv*D,)
+    bo: object = None       # (E,)
+    b_gate: object = None   # (F,)
+    b_up: object = None     # (F,)
+    b_down: object = None   # (E,)
 
 
 @dataclass(frozen=True)
@@ -160,12 +168,17 @@ class LlamaWeights:
         for i in range(c.n_layer):
             def w(name, shape, use=USE_MATMUL):
                 return f.weight(f"blk.{i}.{name}.weight", shape, use)
+
+            def b(name, n):
+                return f.weight(f"blk.{i}.{name}.bias", (n,), USE_NORM, required=False)
             layers.append(LayerWeights(
                 attn_norm=w("attn_norm", (E,), USE_NORM),
                 wq=w("attn_q", (Q, E)), wk=w("attn_k", (KV, E)), wv=w("attn_v", (KV, E)),
                 wo=w("attn_output", (E, Q)),
                 ffn_norm=w("ffn_norm", (E,), USE_NORM),
                 w_gate=w("ffn_gate", (F, E)), w_up=w("ffn_up", (F, E)), w_down=w("ffn_down", (E, F)),
+                bq=b("attn_q", Q), bk=b("attn_k", KV), bv=b("attn_v", KV), bo=b("attn_output", E),
+                b_gate=b("ffn_gate", F), b_up=b("ffn_up", F), b_down=b("ffn_down", E),
             ))
         token_embd = f.weight("token_embd.weight", (V, E), USE_ROWS)
         output = f.weight("output.weight", (V, E), USE_MATMUL, required=False)
@@ -273,12 +286,18 @@ def _weight(ctx, w):
     return ctx.from_buffer(w.data, w.type, w.shape, name=w.name)
 
 
+def linear(w, x, bias=None):
+    """w x (+ bias): w (N, E), x (T, E), bias (N,) or None -> (T, N)."""
+    y = ops.mul_mat(w, x)
+    return y if bias is None else ops.add(y, bias)
+
+
 def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T, K):
     """Self-attention of one layer: x (T, E) -> (T, E); writes this batch's K, V rows."""
     D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
-    q = ops.reshape(ops.mul_mat(lw.wq, x), (T, H, D))               # (T, H, D)
-    k = ops.reshape(ops.mul_mat(lw.wk, x), (T, Hkv, D))             # (T, Hkv, D)
-    v = ops.mul_mat(lw.wv, x)                                       # (T, Hkv*D)
+    q = ops.reshape(linear(lw.wq, x, lw.bq), (T, H, D))             # (T, H, D)
+    k = ops.reshape(linear(lw.wk, x, lw.bk), (T, Hkv, D))           # (T, Hkv, D)
+    v = linear(lw.wv, x, lw.bv)                                     # (T, Hkv*D)
     q = ops.rope(q, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
                  rope_freqs)
     k = ops.rope(k, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
@@ -303,12 +322,13 @@ def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T,
     probs = ops.soft_max(scores, mask, 1.0 / math.sqrt(D))          # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
     out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, E)
-    return ops.mul_mat(lw.wo, out)                                  # (T, E)
+    return linear(lw.wo, out, lw.bo)                                # (T, E)
 
 
 def feed_forward(x, lw):
-    """SwiGLU: w_down(silu(w_gate x) * w_up x), x (T, E) -> (T, E)."""
-    return ops.mul_mat(lw.w_down, ops.swiglu(ops.mul_mat(lw.w_gate, x), ops.mul_mat(lw.w_up, x)))
+    """SwiGLU: w_down(silu(w_gate x) * w_up x), x (T, E) -> (T, E) (each plus its bias, if any)."""
+    gated = ops.swiglu(linear(lw.w_gate, x, lw.b_gate), linear(lw.w_up, x, lw.b_up))   # (T, F)
+    return linear(lw.w_down, gated, lw.b_down)
 
 
 def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
@@ -328,7 +348,8 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
 
         x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
         for il, layer in enumerate(weights.layers):
-            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()})
+            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
+                                 if w is not None})
             cache_k, cache_v = cache.layer_tensors(ctx, il)
             h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
             x = ops.add(x, attention(c, h, lw, cache_k, cache_v, positions, slots, mask,
@@ -353,16 +374,17 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
 
 def _leaf_bytes(c, T, K):
     """Arena bytes of one forward graph besides its results: structs and inputs."""
-    n_tensors = c.n_layer * 48 + 32
+    n_tensors = c.n_layer * 64 + 32     # ~48 per layer, 14 more with every bias
     return n_tensors * STRUCT_BYTES + 4 * T * (K + 3) + 4096
 
 
 def _context_bytes(c, T, K):
     """Arena bytes for one forward graph: every node's data plus tensor structs."""
     f32 = 4
-    per_layer = T * (8 * c.n_embd + 5 * c.n_embd_kv + 3 * c.n_ff) * f32
+    # counts the bias sums too (3 E, 2 E_kv, 2 F more), whether or not the model has them
+    per_layer = T * (11 * c.n_embd + 7 * c.n_embd_kv + 5 * c.n_ff) * f32
     per_layer += 2 * c.n_head * T * K * f32 + c.n_embd_kv * K * f32
-    per_layer += 48 * 1024                                       # ~40 tensor structs
+    per_layer += 64 * 1024                                       # ~40-54 tensor structs
     rest = T * (2 * c.n_embd + c.n_vocab) * f32 + T * (K + 3) * f32 + 256 * 1024
     return c.n_layer * per_layer + rest
 

@@ -10,8 +10,10 @@ tensors (norms) stay as they are; the output matrix (or the token embeddings
 when the output is tied to them) takes Q6_K, or Q8_0 when the target is Q8_0
 or its row length is not a multiple of 256; attn_v, attn_output and ffn_down
 take more bits in Q2_K, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M and Q5_K_M. A row
-length a type's blocks do not divide falls back as llama.cpp does (Q2_K/Q3_K ->
-Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16). Q3_K, Q4_K and Q5_K
+length a type's blocks do not divide falls back as llama.cpp does (Q4_K -> Q5_0,
+Q5_K -> Q5_1, Q6_K -> Q8_0; then F16), except Q2_K/Q3_K -> Q4_0: llama.cpp takes
+IQ4_NL there, which ggml_py does not have, so Q4_0 is this project's own
+substitute. Q3_K, Q4_K and Q5_K
 are llama.cpp's aliases of Q3_K_M, Q4_K_M and Q5_K_M.
 
 The output is written to a temporary file beside it and renamed into place
@@ -107,7 +109,8 @@ types (llama.cpp's mixes for a llama model; 1-D tensors always stay as they are)
   Q5_K_M (= Q5_K)        the same with Q5_K
 80-layer GQA models (70B) take Q5_K for a Q3_K/Q4_K attn_v. The output takes Q8_0 when its
 row length is not a multiple of 256; a row length a K type does not divide falls back to
-Q4_0 (Q2_K, Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K), Q8_0 (Q6_K), then F16.
+Q4_0 (Q2_K, Q3_K; llama.cpp: IQ4_NL, which ggml_py lacks), Q5_0 (Q4_K), Q5_1 (Q5_K),
+Q8_0 (Q6_K), then F16.
 """
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import codecs
 import heapq
 import mmap
+import numbers
 import operator
 import os
 import re
@@ -546,9 +547,11 @@ class TokenizerError(ModelLoadError):
 # Python types that are one. A bool is an int to Python but not to GGUF.
 _KINDS = {
     "str": ("a string", "strings", (str,)),
-    "int": ("an integer", "integers", (int,)),
+    # the numeric ABCs admit numpy scalars (a list of np.float32 loads as a list of
+    # floats does); np.bool_ is neither Integral nor Real, and bool is excluded below
+    "int": ("an integer", "integers", (numbers.Integral,)),
     "bool": ("a bool", "bools", (bool,)),
-    "number": ("a number", "numbers", (int, float)),
+    "number": ("a number", "numbers", (numbers.Real,)),
 }
 
 
@@ -561,7 +564,7 @@ def _kind_of(value: Any) -> str:
     for kind in ("bool", "int", "str"):
         if _is_kind(type(value), kind):
             return _KINDS[kind][0]
-    if isinstance(value, float):
+    if isinstance(value, numbers.Real):
         return "a float"
     if isinstance(value, (list, tuple)):
         return "an array"

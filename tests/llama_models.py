@@ -55,6 +55,25 @@ def scratch_path(name):
     return os.path.join(_dir, name)
 
 
+# the optional biases llama.cpp loads for LLM_ARCH_LLAMA, with their lengths in a
+# default-shaped RandomLlamaSpec (E 64, H*D 64, Hkv*D 32, F 160)
+BIASES = {"attn_q": 64, "attn_k": 32, "attn_v": 32, "attn_output": 64,
+          "ffn_gate": 160, "ffn_up": 160, "ffn_down": 64}
+
+
+@functools.lru_cache(maxsize=None)
+def biased_model_path(names=tuple(BIASES)):
+    """model_path("f32") plus random F32 bias tensors blk.N.{name}.bias for `names`."""
+    rng = np.random.default_rng(7)
+
+    def add_biases(tensors):
+        n_layer = SPECS["f32"].n_layer
+        return tensors + [[f"blk.{il}.{name}.bias", [BIASES[name]], 0,
+                           rng.normal(0, 0.5, BIASES[name]).astype(np.float32).tobytes()]
+                          for il in range(n_layer) for name in names]
+    return edited_model(f"tiny-bias-{len(names)}.gguf", tensors=add_biases)
+
+
 # ---- raw GGUF files, for bad ones ------------------------------------------------
 
 V = gguf.GGUFValueType

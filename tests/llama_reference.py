@@ -65,10 +65,14 @@ class ReferenceLlama:
         x = self.w["token_embd.weight"][tokens]
         for il in range(self.n_layer):
             w = {k[len(f"blk.{il}."):]: v for k, v in self.w.items() if k.startswith(f"blk.{il}.")}
+            def linear(name, x):
+                """x @ W.T plus the layer's bias for `name`, if the file has one."""
+                return x @ w[f"{name}.weight"].T + w.get(f"{name}.bias", 0.0)
+
             h = self.rms_norm(x, w["attn_norm.weight"])
-            q = self.rope((h @ w["attn_q.weight"].T).reshape(T, H, D), positions)
-            k = self.rope((h @ w["attn_k.weight"].T).reshape(T, Hkv, D), positions)
-            v = (h @ w["attn_v.weight"].T).reshape(T, Hkv, D)
+            q = self.rope(linear("attn_q", h).reshape(T, H, D), positions)
+            k = self.rope(linear("attn_k", h).reshape(T, Hkv, D), positions)
+            v = linear("attn_v", h).reshape(T, Hkv, D)
             if kv_dtype is not None:
                 k = k.astype(kv_dtype).astype(np.float64)
                 v = v.astype(kv_dtype).astype(np.float64)
@@ -80,9 +84,9 @@ class ReferenceLlama:
             probs = np.exp(scores)
             probs /= probs.sum(axis=-1, keepdims=True)
             out = np.einsum("hts,shd->thd", probs, v).reshape(T, H * D)
-            x = x + out @ w["attn_output.weight"].T
+            x = x + linear("attn_output", out)
             h = self.rms_norm(x, w["ffn_norm.weight"])
-            gate, up = h @ w["ffn_gate.weight"].T, h @ w["ffn_up.weight"].T
-            x = x + (gate / (1.0 + np.exp(-gate)) * up) @ w["ffn_down.weight"].T
+            gate, up = linear("ffn_gate", h), linear("ffn_up", h)
+            x = x + linear("ffn_down", gate / (1.0 + np.exp(-gate)) * up)
         x = self.rms_norm(x, self.w["output_norm.weight"])
         return x @ self.output.T

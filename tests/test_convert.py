@@ -405,6 +405,13 @@ def _set_config(d: Path, **changes) -> None:
     ({"rope_scaling": {"type": "linear"}}, "rope_scaling has no factor"),
     ({"rope_scaling": {"type": "linear", "factor": "x"}}, "rope_scaling factor is 'x', not a positive number"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn' is not supported"),
+    ({"rope_parameters": "x"}, "rope_parameters is 'x', not an object"),
+    ({"rope_parameters": {"rope_theta": -1}}, "rope_parameters rope_theta is -1, not a positive number"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}},
+     "rope_parameters type 'llama3' is not supported"),
+    ({"rope_parameters": {"rope_type": "linear"}}, "rope_parameters has no factor"),
+    ({"attention_bias": "yes"}, "attention_bias is 'yes', not true or false"),
+    ({"mlp_bias": 1}, "mlp_bias is 1, not true or false"),
     ({"architectures": 5}, "architectures is 5, not a list of class names"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes', not true or false"),
 ])
@@ -546,3 +553,69 @@ def test_bad_flags_end_in_one_line_and_status_2(capsys):
         cv.main(["dir", "--bogus"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("ggml-convert: error: ") and err.count("\n") == 1
+
+
+# ----------------------------------------------------------------------------- transformers 5, biases
+
+@pytest.mark.parametrize("changes, theta, factor", [
+    # transformers >= 5: rope_theta and the scaling live in rope_parameters
+    ({"rope_theta": None, "rope_parameters": {"rope_theta": 1234.0, "rope_type": "default"}},
+     1234.0, None),
+    ({"rope_theta": None, "rope_parameters": {"rope_theta": 1234.0, "rope_type": "linear",
+                                              "factor": 4.0}}, 1234.0, 4.0),
+    # rope_parameters wins key by key; what it lacks comes from the top-level keys
+    ({"rope_parameters": {"rope_theta": 99.0}, "rope_scaling": {"type": "linear", "factor": 2.0}},
+     99.0, 2.0),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 3.0}}, 500.0, 3.0),
+])
+def test_rope_parameters_read_before_top_level_keys(tmp_path, changes, theta, factor):
+    d, _ = make_checkpoint(tmp_path)
+    _set_config(d, **changes)
+    _, fields, _ = read(cv.convert(d, tmp_path / "o.gguf", "f32", log=lambda *a: None))
+    assert fields["llama.rope.freq_base"] == pytest.approx(theta)
+    assert fields.get("llama.rope.scaling.factor") == factor
+
+
+def _add_biases(d: Path, hf: dict, attention: bool, mlp: bool) -> dict:
+    rng = np.random.default_rng(5)
+    names = {"self_attn.q_proj": N_HEAD * HEAD_DIM, "self_attn.k_proj": N_HEAD_KV * HEAD_DIM,
+             "self_attn.v_proj": N_HEAD_KV * HEAD_DIM, "self_attn.o_proj": N_EMBD} if attention else {}
+    if mlp:
+        names.update({"mlp.gate_proj": N_FF, "mlp.up_proj": N_FF, "mlp.down_proj": N_EMBD})
+    for i in range(N_LAYER):
+        for name, n in names.items():
+            hf[f"model.layers.{i}.{name}.bias"] = rng.standard_normal(n).astype(np.float32)
+    write_safetensors(d / "model.safetensors", hf, {})
+    return hf
+
+
+def test_attention_and_mlp_biases_are_converted(tmp_path):
+    from ggml_py.llama import LlamaModel
+
+    d, hf = make_checkpoint(tmp_path, adjacent=False)
+    hf = _add_biases(d, hf, attention=True, mlp=True)
+    _set_config(d, attention_bias=True, mlp_bias=True)
+    out = cv.convert(d, tmp_path / "o.gguf", "f16", log=lambda *a: None)
+    _, _, t = read(out)
+    for i in range(N_LAYER):
+        for hf_name, name in (("self_attn.v_proj", "attn_v"), ("self_attn.o_proj", "attn_output"),
+                              ("mlp.gate_proj", "ffn_gate"), ("mlp.up_proj", "ffn_up"),
+                              ("mlp.down_proj", "ffn_down")):
+            b = t[f"blk.{i}.{name}.bias"]
+            assert b.tensor_type == gguf.GGMLQuantizationType.F32
+            np.testing.assert_array_equal(b.data, hf[f"model.layers.{i}.{hf_name}.bias"])
+        # q and k biases are rows of the projection: permuted with it
+        for hf_name, name, heads in (("q_proj", "attn_q", N_HEAD), ("k_proj", "attn_k", N_HEAD_KV)):
+            bias = hf[f"model.layers.{i}.self_attn.{hf_name}.bias"]
+            np.testing.assert_array_equal(t[f"blk.{i}.{name}.bias"].data,
+                                          cv.permute_rope_rows(bias, heads))
+    model = LlamaModel(str(out), n_ctx=8, n_threads=1)
+    assert all(layer.bq is not None and layer.b_down is not None for layer in model.weights.layers)
+
+
+@pytest.mark.parametrize("mlp, key", [(False, "attention_bias"), (True, "mlp_bias")])
+def test_biases_the_config_does_not_announce_are_refused(tmp_path, capsys, mlp, key):
+    d, hf = make_checkpoint(tmp_path)
+    _add_biases(d, hf, attention=not mlp, mlp=mlp)
+    message = _error(capsys, [str(d), "--outfile", str(tmp_path / "o.gguf")])
+    assert f"config.json's {key} is not true" in message

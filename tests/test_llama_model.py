@@ -4,8 +4,8 @@ import gguf
 import numpy as np
 import pytest
 
-from llama_models import (SPECS, V, edited_model, gguf_bytes, gguf_parts, model_path,
-                          scratch_path, vocab)
+from llama_models import (BIASES, SPECS, V, biased_model_path, edited_model, gguf_bytes,
+                          gguf_parts, model_path, scratch_path, vocab)
 from llama_reference import ReferenceLlama
 
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
@@ -40,6 +40,20 @@ def test_f32_model_f32_cache_matches_reference(kind, references):
     logits = forward_all(model, TOKENS, batch=48)
     expected = references[kind].forward(TOKENS)
     assert np.abs(logits - expected).max() <= 1e-4
+
+
+@pytest.mark.parametrize("names", [tuple(BIASES), ("attn_q", "attn_k", "attn_v")])
+def test_bias_tensors_are_added_as_llama_cpp_adds_them(names):
+    # llama.cpp loads blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}.bias
+    # when present (e.g. Qwen-style q/k/v biases in a llama file)
+    path = biased_model_path(names)
+    model = LlamaModel(path, n_ctx=64, kv_type=Type.F32, n_threads=2)
+    assert all(layer.bq is not None for layer in model.weights.layers)
+    logits = forward_all(model, TOKENS, batch=16)
+    expected = ReferenceLlama(path).forward(TOKENS)
+    assert np.abs(logits - expected).max() <= 1e-4
+    plain = ReferenceLlama(model_path("f32")).forward(TOKENS)
+    assert np.abs(plain - expected).max() > 1e-2     # the biases do change the logits
 
 
 def test_f16_cache_within_f16_rounding(references):

@@ -124,6 +124,26 @@ def test_bos_added_with_add_special():
     assert tokenizer("gpt-2").tokenize("Hello world") == [15496, 995]
 
 
+def test_lists_of_numpy_scalars_load_as_lists_of_python_numbers():
+    np = pytest.importorskip("numpy")
+    fields = read_gguf_metadata(vocab_path("llama-spm"))
+    n = len(fields["tokenizer.ggml.tokens"])
+    fields["tokenizer.ggml.scores"] = [np.float32(s) for s in fields["tokenizer.ggml.scores"]]
+    fields["tokenizer.ggml.token_type"] = [np.int32(t) for t in fields["tokenizer.ggml.token_type"]]
+    fields["tokenizer.ggml.bos_token_id"] = np.uint32(fields["tokenizer.ggml.bos_token_id"])
+    tok = Tokenizer.from_metadata(fields, "numpy")
+    assert tok.tokenize("Hello world", add_special=False) == [15043, 3186]
+    fields["tokenizer.ggml.scores"] = [np.float32(0)] * n
+    Tokenizer.from_metadata(fields, "numpy")
+    # numpy's bool is no number, as bool is not
+    fields["tokenizer.ggml.scores"] = [np.bool_(True)] * n
+    with pytest.raises(TokenizerError, match="scores must be an array of numbers, got a bool(_)? at index 0"):
+        Tokenizer.from_metadata(fields, "numpy")
+    fields["tokenizer.ggml.scores"] = [True] * n
+    with pytest.raises(TokenizerError, match="scores must be an array of numbers, got a bool at index 0"):
+        Tokenizer.from_metadata(fields, "numpy")
+
+
 def test_add_eos_from_metadata():
     fields = read_gguf_metadata(vocab_path("llama-spm"))
     fields["tokenizer.ggml.add_eos_token"] = True
