@@ -18,13 +18,30 @@ from ggml_py.sampling import Sampler, SamplingParams, checked_int
 from ggml_py.types import Type
 
 KV_TYPES = {"f16": Type.F16, "f32": Type.F32}
-TEXT_TYPES = (str, bytes, bytearray)    # what tokenize() takes; anything else is token ids
+TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
+# exact types whose values numpy holds as integers (bool is not one: True is no token id)
+INT_TYPES = frozenset({int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]})
 
 
 def token_ids(tokens):
-    """tokens (integers: int or numpy integer types) as a list of ints; TypeError otherwise."""
+    """tokens (integers: int or numpy integer types) as a list of ints; TypeError otherwise.
+
+    An integer numpy array or a list of ints is converted in one pass (perplexity hands
+    whole files through here); anything else is checked id by id.
+    """
     if isinstance(tokens, TEXT_TYPES):
         raise TypeError(f"expected token ids, got {type(tokens).__name__}")
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim == 1 and tokens.dtype.kind in "iu":
+            return tokens.tolist()
+    elif isinstance(tokens, (list, tuple)):
+        types = set(map(type, tokens))
+        if types <= {int}:
+            return list(tokens)
+        if types <= INT_TYPES:
+            ids = np.asarray(tokens)
+            if ids.dtype.kind in "iu":      # not object (an int past 64 bits) or float
+                return ids.tolist()
     return [checked_int("token id", t) for t in tokens]
 
 
@@ -133,10 +150,13 @@ class Llama:
     # ---- text <-> ids -----------------------------------------------------------
 
     def tokenize(self, text, add_bos=True, special=False):
-        """Token ids of text (str, or UTF-8 bytes / bytearray); BOS if add_bos and the
+        """Token ids of text (str, or UTF-8 bytes / bytearray / memoryview); BOS if add_bos and the
         vocabulary adds it; special: control-token texts such as "<s>" become their ids."""
         if not isinstance(text, TEXT_TYPES):
-            raise TypeError(f"text must be str, bytes or bytearray, got {type(text).__name__}")
+            raise TypeError(f"text must be str, bytes, bytearray or memoryview, got "
+                            f"{type(text).__name__}")
+        if isinstance(text, memoryview):
+            text = bytes(text)
         # bytes go through as they are: invalid UTF-8 is handled as llama.cpp handles it
         return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
 
@@ -167,10 +187,18 @@ class Llama:
         return out
 
     def _check_vocab(self, tokens):
-        """ValueError unless every token id is in 0..n_vocab - 1."""
-        bad = next((t for t in tokens if not 0 <= t < self.n_vocab()), None)
-        if bad is not None:
-            raise ValueError(f"token id {bad} is not in 0..{self.n_vocab() - 1}")
+        """ValueError unless every token id (a list of ints) is in 0..n_vocab - 1."""
+        n_vocab = self.n_vocab()
+        ids = np.asarray(tokens)     # one pass: perplexity checks whole files
+        if ids.dtype.kind in "iu":
+            if ids.min() >= 0 and ids.max() < n_vocab:
+                return
+            bad = tokens[int(np.flatnonzero((ids < 0) | (ids >= n_vocab))[0])]
+        else:   # an id past 64 bits (object), or ints of both signs past int64 (float)
+            bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+            if bad is None:
+                return
+        raise ValueError(f"token id {bad} is not in 0..{n_vocab - 1}")
 
     def _decode(self, tokens, out=None, first_output=0):
         """Run tokens through the model in n_batch pieces, appending them to the sequence.

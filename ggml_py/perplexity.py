@@ -45,7 +45,7 @@ def token_nll(logits, tokens):
 def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     """Perplexity of text under llm (a Llama) with chunks of n_ctx tokens.
 
-    text: str or UTF-8 bytes, or a list of token ids already tokenized with BOS.
+    text: str or UTF-8 bytes (bytearray, memoryview), or token ids already tokenized with BOS.
     n_batch: tokens per evaluation (None: llm.n_batch), capped at n_ctx.
     n_chunks: score at most this many chunks (negative: all of them; 0 is refused).
     callback(i, n_chunk, running_ppl, seconds) is called after each chunk.

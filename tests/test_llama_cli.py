@@ -14,7 +14,7 @@ import pytest
 from llama_models import DATA, N_VOCAB, model_path, scratch_path, vocab
 
 import ggml_py as gg
-from ggml_py.cli.common import read_prompt_file
+from ggml_py.cli.common import process_escapes, read_prompt_file
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.tune_bench import bench
 
@@ -76,7 +76,7 @@ def test_main_greedy_equals_api():
 @pytest.mark.parametrize("args, fragment", [
     (["-m", "M", "--temp"], "expected one argument"),
     (["-m", "M", "-n", "many"], "invalid int value"),
-    (["-m", "M", "-t", "0"], "at least 1"),
+    (["-m", "M", "-t", "x"], "-t/--threads: invalid n_threads value: 'x'"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
     # refused when parsed: nothing loaded, nothing echoed
@@ -132,6 +132,33 @@ def test_main_prompt_is_read_as_llama_cli_reads_it(tmp_path):
     from_file = verbose_prompt_tokens("-f", tmp_path / "byte.txt")
     assert from_file == verbose_prompt_tokens("-p", os.fsdecode(b"ROMEO.\xff"))
     assert from_file[:-1] == plain and from_file[-1].startswith("   258 -> ")   # <0xFF>
+
+
+def test_process_escapes_as_llama_cpp():
+    # common.cpp's string_process_escapes: \n \r \t \' \" \\ and \xHH; others stay
+    assert process_escapes(r"A\nB\r\t\'\"\\") == "A\nB\r\t'\"\\"
+    assert process_escapes(r"\\n \q \x4 \xZZ \x41\x7a \\") == "\\n \\q \\x4 \\xZZ Az \\"
+    assert process_escapes("ends with \\") == "ends with \\"
+    # \xHH is a byte: UTF-8 with its neighbours, else kept as a byte (surrogate escape)
+    assert process_escapes(r"\xc3\xa9 \xff") == "\u00e9 \udcff"
+    assert process_escapes("a\udcff\\tb") == "a\udcff\tb"
+
+
+def test_main_processes_escapes_unless_no_escape(tmp_path):
+    newline = verbose_prompt_tokens("-p", "ROMEO.\nJULIET.")
+    assert verbose_prompt_tokens("-p", r"ROMEO.\nJULIET.") == newline
+    (tmp_path / "esc.txt").write_bytes(rb"ROMEO.\x0aJULIET." + b"\n")
+    assert verbose_prompt_tokens("-f", tmp_path / "esc.txt") == newline
+    kept = verbose_prompt_tokens("-p", r"ROMEO.\nJULIET.", "--no-escape")
+    assert len(kept) == len(newline) + 1 and "'\\'" in "".join(kept)
+
+
+def test_threads_zero_or_less_is_the_default():
+    # as llama.cpp: -t 0 / -t -1 (its default) mean the default thread count
+    for n in (0, -1):
+        proc = main("-m", model_path("f32"), "-t", n, "-n", 0)
+        assert proc.returncode == 0, proc.stderr
+        assert f"system_info: n_threads = {gg.default_threads()} / " in proc.stderr
 
 
 def test_read_prompt_file_keeps_bytes_and_drops_one_newline(tmp_path):
@@ -235,6 +262,18 @@ def test_perplexity_cli_matches_api():
     result = llm.perplexity(open(TEXT_FILE, encoding="utf-8").read(), n_ctx=128, n_chunks=3)
     assert float(m.group(1)) == pytest.approx(result.ppl, rel=1e-5)
     assert float(m.group(2)) == pytest.approx(result.error, rel=1e-3)
+
+
+def test_perplexity_processes_escapes_in_the_file(tmp_path):
+    # llama.cpp escapes params.prompt, which holds the -f text
+    (tmp_path / "real.txt").write_text("ROMEO. Ay me!\n" * 24)
+    (tmp_path / "esc.txt").write_text(r"ROMEO. Ay me!\n" * 24)
+    args = ("-m", model_path("f32"), "-c", 16, "--chunks", 2, "-t", 1)
+    real = run("ggml_py.cli.perplexity", *args, "-f", tmp_path / "real.txt")
+    assert real.returncode == 0, real.stderr
+    assert run("ggml_py.cli.perplexity", *args, "-f", tmp_path / "esc.txt").stdout == real.stdout
+    kept = run("ggml_py.cli.perplexity", *args, "-f", tmp_path / "esc.txt", "--no-escape")
+    assert kept.returncode == 0 and kept.stdout != real.stdout
 
 
 def test_perplexity_cli_errors():

@@ -218,17 +218,42 @@ def test_training_context_of_zero_needs_an_n_ctx(tmp_path):
     assert gg.Llama(path, n_ctx=16, n_threads=1).n_ctx() == 16
 
 
-def test_text_is_str_bytes_or_bytearray(llm):
+def test_text_is_str_bytes_bytearray_or_memoryview(llm):
     ids = llm.tokenize("Hello world")
     assert llm.tokenize(bytearray(b"Hello world")) == ids
+    assert llm.tokenize(memoryview(b"Hello world")) == ids
     # invalid UTF-8 bytes reach the tokenizer as they are (no U+FFFD in between)
     assert llm.tokenize(b"caf\xe9 ok") == llm.tokenizer.tokenize(b"caf\xe9 ok", add_special=True)
     for bad in (None, 123, [1, 2]):
-        with pytest.raises(TypeError, match="text must be str, bytes or bytearray"):
+        with pytest.raises(TypeError, match="text must be str, bytes, bytearray or memoryview"):
             llm.tokenize(bad)
     greedy = dict(max_tokens=4, temperature=0, ignore_eos=True)
-    assert "".join(llm.generate(bytearray(b"The cat"), **greedy)) == \
-        "".join(llm.generate("The cat", **greedy))
+    expected = "".join(llm.generate("The cat", **greedy))
+    assert "".join(llm.generate(bytearray(b"The cat"), **greedy)) == expected
+    assert "".join(llm.generate(memoryview(b"The cat"), **greedy)) == expected
+    with pytest.raises(TypeError, match="expected token ids, got memoryview"):
+        llm.eval(memoryview(b"Hi"))
+
+
+def test_long_inputs_are_checked_in_one_pass(llm, monkeypatch):
+    import ggml_py.llm as llm_module
+    calls = []
+    monkeypatch.setattr(llm_module, "checked_int", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(llm, "n_vocab", lambda: calls.append("n_vocab") or N_VOCAB)
+    ids = [5, 7] * 50_000
+    for tokens in (ids, tuple(ids), np.array(ids, np.int32), np.array(ids, np.uint16),
+                   [np.int64(5), 7] * 500):
+        assert llm_module.token_ids(tokens) == ids[:len(tokens)]
+        llm._check_vocab(llm_module.token_ids(tokens))
+    assert calls == ["n_vocab"] * 5        # no id-by-id check, n_vocab read once per call
+    monkeypatch.undo()
+    # the slow path still refuses what is not an integer id, bools included
+    for bad in ([1, True], [np.int64(1), np.True_], np.array([True]), [1, 2.0], [[1, 2]]):
+        with pytest.raises(TypeError, match="token id must be an integer"):
+            llm_module.token_ids(bad)
+    for tokens in ([1, -1, 2 ** 63], [1, 2 ** 64], [1, -1], np.array([1, 2 ** 63], np.uint64)):
+        with pytest.raises(ValueError, match=f"token id {tokens[1]} is not in 0..{N_VOCAB - 1}"):
+            llm._check_vocab(llm_module.token_ids(tokens))
 
 
 def test_token_ids_must_be_integers(llm):

@@ -3,6 +3,7 @@ import argparse
 import functools
 import math
 import os
+import re
 import sys
 
 from ggml_py.gguf_model import ModelLoadError
@@ -49,6 +50,12 @@ def thread_count(text):
     return value
 
 
+def n_threads(text):
+    """-t of ggml-main / ggml-perplexity: as llama.cpp, 0 or less (-1 is its default) means
+    the default thread count (None: the physical cores); else 1..MAX_THREADS."""
+    return thread_count(text) if int(text) > 0 else None
+
+
 def ctx_size(text):
     """-c: a token count, or 0 for the model's training context."""
     value = int(text)
@@ -93,17 +100,36 @@ def read_prompt_file(path):
     return text[:-1] if text.endswith("\n") else text
 
 
+def process_escapes(text):
+    """text with llama.cpp's escapes replaced (common.cpp's string_process_escapes):
+    \\n \\r \\t \\' \\" \\\\ become the character, \\xHH the byte HH; any other
+    backslash stays. Works on the bytes, so a \\xHH that is not UTF-8 with its neighbours
+    is kept as a byte (a surrogate escape, as -p and -f keep invalid bytes)."""
+    data = text.encode("utf-8", "surrogateescape")
+    data = _ESCAPE.sub(lambda m: _ESCAPES.get(m[1]) or bytes([int(m[1][1:], 16)]), data)
+    return data.decode("utf-8", "surrogateescape")
+
+
+_ESCAPES = {b"n": b"\n", b"r": b"\r", b"t": b"\t", b"'": b"'", b'"': b'"', b"\\": b"\\"}
+_ESCAPE = re.compile(rb"\\(x[0-9A-Fa-f]{2}|[nrt'\"\\])")
+
+
 def add_model_arguments(parser, ctx_default):
     """Flags every program has, with llama.cpp's names."""
     parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
                         help="model path (a llama-architecture GGUF file; default: the bundled "
                              "Shakespeare model)")
-    parser.add_argument("-t", "--threads", type=thread_count, default=None, metavar="N",
-                        help="threads (default: physical cores)")
+    parser.add_argument("-t", "--threads", type=n_threads, default=None, metavar="N",
+                        help="threads (default: -1 = physical cores; 0 or less: the default)")
     parser.add_argument("-c", "--ctx-size", type=ctx_size, default=None, metavar="N",
                         help=f"context size in tokens (default: {ctx_default}, or the model's "
                              f"training context when that is smaller; 0 = from model)")
     parser.set_defaults(ctx_default=ctx_default)
+    parser.add_argument("-e", "--escape", action="store_true", default=True,
+                        help="process escapes (\\n, \\r, \\t, \\', \\\", \\\\, \\xHH) in the "
+                             "prompt or -f text (default: on)")
+    parser.add_argument("--no-escape", dest="escape", action="store_false",
+                        help="do not process escape sequences")
     parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
                         help="most tokens evaluated at once (default: 512)")
     parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",

@@ -11,8 +11,9 @@ import sys
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, number, positive_number, read_prompt_file,
-                                resolve_ctx_size, run, setup_tune, warn_past_training_context)
+                                kv_type, number, positive_number, process_escapes,
+                                read_prompt_file, resolve_ctx_size, run, setup_tune,
+                                warn_past_training_context)
 from ggml_py.sampling import SamplingParams
 
 PROG = "ggml-main"
@@ -62,6 +63,8 @@ def main(argv=None):
     resolve_ctx_size(args)
     cache_type = kv_type(parser, args)
     prompt = args.prompt if args.file is None else read_prompt_file(args.file)
+    if args.escape:    # as llama.cpp: on by default, for -p and -f alike
+        prompt = process_escapes(prompt)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm = gg.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,

@@ -13,8 +13,8 @@ import time
 import ggml_py as gg
 from ggml_py.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, read_prompt_file, resolve_ctx_size, run, setup_tune,
-                                warn_past_training_context)
+                                kv_type, process_escapes, read_prompt_file, resolve_ctx_size, run,
+                                setup_tune, warn_past_training_context)
 
 PROG = "ggml-perplexity"
 
@@ -57,6 +57,8 @@ def main(argv=None):
     args.file = args.file or default_text_path()
     cache_type = kv_type(parser, args)
     text = read_prompt_file(args.file)    # as llama.cpp's -f, for every program
+    if args.escape:    # llama.cpp escapes params.prompt, which holds the -f text
+        text = process_escapes(text)
 
     llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=args.threads, n_batch=args.batch_size,
                    kv_type=cache_type)
