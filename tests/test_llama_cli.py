@@ -406,3 +406,8 @@ def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
                           env=ENV, cwd=tmp_path, timeout=120)
     assert_one_line_error(proc, code)
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("threads", ["", "0", "abc"])
+def test_bench_pool_bad_threads_end_in_one_line(threads):
+    assert_one_line_error(run("ggml_py.bench", "pool", "-t", threads, "--nodes", 10), 1)

@@ -10,7 +10,7 @@ SUBCOMMANDS maps names to module paths.
 import importlib
 import sys
 
-from ggml_py.cli.common import ArgumentParser, console_script
+from ggml_py.cli.common import ArgumentParser, console_script, run
 
 SUBCOMMANDS = {
     "mulmat": ("ggml_py.bench.mulmat", "MUL_MAT per type, shape, batch size, profile and thread count"),
@@ -34,7 +34,8 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        return modules[args.command].run(args) or 0
+        # a bad value (a thread count, a file) ends in one line and status 1
+        return run("ggml-bench", modules[args.command].run, args) or 0
     except KeyboardInterrupt:
         print("ggml-bench: interrupted", file=sys.stderr)
         return 130
