@@ -411,3 +411,20 @@ def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
 @pytest.mark.parametrize("threads", ["", "0", "abc"])
 def test_bench_pool_bad_threads_end_in_one_line(threads):
     assert_one_line_error(run("ggml_py.bench", "pool", "-t", threads, "--nodes", 10), 1)
+
+
+@pytest.mark.parametrize("args", [
+    ["mulmat", "--repeat", "0"], ["mulmat", "--bandwidth-mib", "0"], ["mulmat", "--max-seconds", "nan"],
+    ["mulmat", "--profiles", "nope", "--shapes", "32x32", "--m", "1", "--types", "f32",
+     "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1"],
+    ["pool", "--nodes", "0"], ["pool", "--repeats", "0"], ["pool", "-t", "1,", "--nodes", "5"],
+])
+def test_bench_subcommands_bad_values_end_in_one_line(args):
+    assert_one_line_error(run("ggml_py.bench", *args))
+
+
+def test_bench_mulmat_json_stays_json_when_a_case_is_skipped():
+    proc = run("ggml_py.bench", "mulmat", "--shapes", "32x48,32x64", "--types", "q4_0", "--m", "1",
+               "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert [r["k"] for r in json.loads(proc.stdout)["results"]] and "skipping" in proc.stderr

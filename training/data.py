@@ -54,6 +54,8 @@ def find_texts_dir() -> Path:
 
 def list_texts(texts_dir: Path) -> list[str]:
     """Modern-spelling texts (``*_gut.txt``), sorted; Folio ``*_gut_f.txt`` excluded."""
+    if not os.path.isdir(texts_dir):
+        raise SystemExit(f"error: {texts_dir}: no such directory")
     names = sorted(n for n in os.listdir(texts_dir) if n.endswith("_gut.txt"))
     missing = [n for n in VALIDATION + TEST if n not in names]
     if missing:

@@ -11,7 +11,7 @@ space: a newline is the byte token ``<0x0A>`` and the word after it has no
 running text the model is trained on. The model file therefore says
 ``add_dummy_prefix = false``, which the GGUF records as
 ``tokenizer.ggml.add_space_prefix = false``; the start of a text is
-tokenized like the start of any other line (``"ROMEO."`` -> ``ROM EO .``).
+tokenized like the start of any other line (``"ROMEO."`` -> ``ROM E O .``).
 
 Usage::
 

@@ -9,9 +9,12 @@ are M x K. Defaults: the four matrix shapes of a 1.1B llama.
 import json
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
+
+from ggml_py.cli.common import positive_int, positive_number
 
 DEFAULT_SHAPES = "2048x2048,5632x2048,2048x5632,32000x2048"
 DEFAULT_M = "1,8,32,128,512"
@@ -25,10 +28,12 @@ def add_arguments(parser):
     parser.add_argument("--types", default=DEFAULT_TYPES, help="weight types (f32, f16, q4_0, ...)")
     parser.add_argument("--threads", default="1,2", help="thread counts, comma separated")
     parser.add_argument("--profiles", default="all", help="profile names, or 'all' valid ones")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (median kept)")
-    parser.add_argument("--max-seconds", type=float, default=2.0,
+    parser.add_argument("--repeat", type=positive_int, default=5,
+                        help="timed runs per case (median kept)")
+    parser.add_argument("--max-seconds", type=positive_number, default=2.0,
                         help="stop repeating a case once it has run this long")
-    parser.add_argument("--bandwidth-mib", type=int, default=512, help="size of the read-bandwidth array")
+    parser.add_argument("--bandwidth-mib", type=positive_int, default=512,
+                        help="size of the read-bandwidth array")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -104,6 +109,10 @@ def run(args):
     shapes, m_values = _shapes(args.shapes), _int_list(args.m, "m")
     threads, types = _int_list(args.threads, "threads"), _types(args.types)
     wanted = None if args.profiles == "all" else {p.strip() for p in args.profiles.split(",")}
+    known = {p.name for t in (gg.F32, gg.Q4_0) for p in gg.task_profiles(gg.Op.MUL_MAT, t)}
+    if wanted is not None and not wanted <= known:
+        raise ValueError(f"--profiles: unknown {sorted(wanted - known)}; choose from "
+                         f"{sorted(known)} or 'all'")
 
     bandwidth = read_bandwidth(args.bandwidth_mib)
     rows = []
@@ -113,7 +122,7 @@ def run(args):
         for t in types:
             blck = gg.type_traits(t)["blck_size"]
             if k % blck:
-                print(f"# skipping {t.name} {n}x{k}: K is not a multiple of {blck}")
+                print(f"# skipping {t.name} {n}x{k}: K is not a multiple of {blck}", file=sys.stderr)
                 continue
             weight_bytes = gg.row_bytes(t, k) * n
             ctx_w = gg.Context(mem_size=weight_bytes + (1 << 20))

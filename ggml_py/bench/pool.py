@@ -15,6 +15,7 @@ import numpy as np
 import psutil
 
 import ggml_py as gg
+from ggml_py.cli.common import positive_int
 
 POLICIES = ("spin", "sleep", "spin-then-sleep")
 
@@ -22,8 +23,8 @@ POLICIES = ("spin", "sleep", "spin-then-sleep")
 def add_arguments(parser):
     parser.add_argument("-t", "--threads", default="1,2,4",
                         help="comma-separated thread counts (default 1,2,4)")
-    parser.add_argument("--nodes", type=int, default=2000, help="nodes in the dispatch chain")
-    parser.add_argument("--repeats", type=int, default=15, help="timed computes per case")
+    parser.add_argument("--nodes", type=positive_int, default=2000, help="nodes in the dispatch chain")
+    parser.add_argument("--repeats", type=positive_int, default=15, help="timed computes per case")
     parser.add_argument("--spin-us", type=float, default=200.0, help="spin budget of spin-then-sleep")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -82,7 +83,10 @@ def measure_idle_cost(graph, pool):
 
 
 def run(args):
-    threads = [int(t) for t in args.threads.split(",")]
+    try:
+        threads = [int(t) for t in args.threads.split(",")]
+    except ValueError:
+        raise ValueError(f"-t: expected comma-separated thread counts, got {args.threads!r}") from None
     chain, wait_graph = tiny_chain(args.nodes), long_wait_stage()
     rows = []
     for n in threads:

@@ -210,12 +210,13 @@ def kv_type(parser, args):
 
 
 def run(prog, main, argv=None):
-    """Run main(argv); a bad model file or input ends in one line and exit 1."""
+    """Run main(argv); a bad model file or input, or one too large for memory,
+    ends in one line and exit 1."""
     try:
         return main(argv)
     except BrokenPipeError:
         raise   # for console_script
-    except (ModelLoadError, ValueError, OSError) as e:
+    except (ModelLoadError, ValueError, OSError, MemoryError) as e:
         sys.stdout.flush()
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
