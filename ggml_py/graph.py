@@ -162,9 +162,10 @@ def choose_mul_mat_profile(node, n_threads, tune):
     candidates, so non-contiguous operands stay on the CPU profile.
     """
     a, b = node.src[0], node.src[1]
-    n, k = a._ne[1], a._ne[0]
-    m = b._ne[1] * b._ne[2] * b._ne[3]
-    if tune is not None:
+    n, k, m = a._ne[1], a._ne[0], b._ne[1]
+    # tune data times one product of M rows; a batched one (one sgemm per batch,
+    # de-quantized per batch) is not that product, so ggml's rule decides it
+    if tune is not None and b._ne[2] * b._ne[3] == 1:
         own = node.profiles()
         for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
             match = next((p for p in own if p.id == profile.id), None)

@@ -372,6 +372,16 @@ def test_plan_uses_tune_data_and_falls_back():
     assert row.reason == "fallback"
 
 
+def test_batched_products_are_left_to_ggmls_rule():
+    # tune data times one product of M rows; (2, M, K) x (N, K) is two products
+    data = synthetic_data()
+    ctx = gg.Context(mem_size=8 << 20)
+    a = ctx.from_numpy(np.ones((64, 64), np.float32))
+    y = gg.mul_mat(a, ctx.from_numpy(np.ones((2, 4, 64), np.float32)))
+    row = gg.build_forward(y).plan(1, tune=data).rows[-1]
+    assert row.reason == "fallback" and row.profile == y.default_profile()
+
+
 def test_plan_never_chooses_a_profile_the_node_lacks():
     # the synthetic data says "blas" is fastest at M=64; a transposed (non-contiguous)
     # operand only has the CPU profile, so the planner must keep it
