@@ -8,6 +8,7 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -109,6 +110,9 @@ class Llama:
         self.verbose = verbose
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
+        # one call at a time reads or changes the sequence, the cache and the graphs'
+        # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
+        self._lock = threading.RLock()
         self.timings = Timings(load_s=time.perf_counter() - t0)
 
     # ---- facts ------------------------------------------------------------------
@@ -145,7 +149,8 @@ class Llama:
             from ggml_py.tune_bench import model_shapes
             name, shapes = model_shapes(self.model.file)
             data = tune.load(data, model=name, shapes=shapes, n_threads=self.n_threads())
-        self.model.set_tune(data)
+        with self._lock:              # the graphs are planned again: not under a running eval
+            self.model.set_tune(data)
 
     # ---- text <-> ids -----------------------------------------------------------
 
@@ -174,16 +179,18 @@ class Llama:
 
     def reset(self):
         """Start a new sequence (the cache is emptied)."""
-        self.tokens = []
-        self.model.cache.clear()
-        self.changes += 1
+        with self._lock:
+            self.tokens = []
+            self.model.cache.clear()
+            self.changes += 1
 
     def eval(self, tokens):
         """Evaluate tokens (integer ids) after the current sequence; logits
         (len(tokens), n_vocab), a copy."""
         tokens = token_ids(tokens)
         out = np.empty((len(tokens), self.n_vocab()), np.float32)
-        self._decode(tokens, out=out)
+        with self._lock:
+            self._decode(tokens, out=out)
         return out
 
     def _check_vocab(self, tokens):
@@ -279,12 +286,13 @@ class Llama:
 
     def _generate(self, ids, sampler, max_tokens):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
-        keep = self._common_prefix(ids)
-        self.tokens = self.tokens[:keep]
-        self.model.cache.truncate(keep)
         t0 = time.perf_counter()
-        logits = self._decode(ids[keep:])
-        mine = self.changes
+        with self._lock:                  # one call at a time changes the sequence
+            keep = self._common_prefix(ids)
+            self.tokens = self.tokens[:keep]
+            self.model.cache.truncate(keep)
+            logits = self._decode(ids[keep:]).copy()   # the graph's buffer: the next call's
+            mine = self.changes
         self.timings.prompt_s += time.perf_counter() - t0
         self.timings.prompt_tokens += len(ids) - keep
 
@@ -301,13 +309,14 @@ class Llama:
             n += 1
             if self.n_tokens >= self.n_ctx() or (0 <= max_tokens <= n):
                 return
-            if self.changes != mine:
-                raise RuntimeError("generate: this Llama's sequence was changed by another call "
-                                   "(eval, generate, perplexity or reset) while the generator "
-                                   "was paused; start a new generate")
             t0 = time.perf_counter()
-            logits = self._decode([token])
-            mine = self.changes
+            with self._lock:
+                if self.changes != mine:
+                    raise RuntimeError("generate: this Llama's sequence was changed by another "
+                                       "call (eval, generate, perplexity or reset) while the "
+                                       "generator was paused; start a new generate")
+                logits = self._decode([token]).copy()
+                mine = self.changes
             self.timings.eval_s += time.perf_counter() - t0
             self.timings.eval_tokens += 1
 
@@ -327,5 +336,6 @@ class Llama:
         of n_ctx tokens evaluated in batches of n_batch (None: this Llama's), at most
         n_chunks of them (negative: all); a PerplexityResult (see ggml_py.perplexity)."""
         from ggml_py.perplexity import perplexity
-        return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
-                          callback=callback)
+        with self._lock:
+            return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
+                              callback=callback)

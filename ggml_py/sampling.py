@@ -54,7 +54,7 @@ class SamplingParams:
         if not 0 < self.repeat_penalty < math.inf:
             raise ValueError(f"repeat_penalty must be a positive number, got {self.repeat_penalty}")
         checked_int("top_k", self.top_k)
-        checked_int("repeat_last_n", self.repeat_last_n, low=-1)
+        checked_int("repeat_last_n", self.repeat_last_n, low=-1, high=2 ** 31 - 1)
         if self.seed is not None:
             checked_int("seed", self.seed, low=-1)
 
@@ -72,6 +72,8 @@ def apply_penalties(logits, history, repeat_penalty, frequency_penalty=0.0, pres
     if repeat_penalty == 1.0 and frequency_penalty == 0.0 and presence_penalty == 0.0:
         return logits
     ids, counts = np.unique(np.asarray(history, np.int64), return_counts=True)
+    inside = (ids >= 0) & (ids < len(logits))      # ids not in the vocabulary: no token to penalise
+    ids, counts = ids[inside], counts[inside]
     x = logits[ids]
     x = np.where(x <= 0, x * repeat_penalty, x / repeat_penalty)
     logits[ids] = x - counts * frequency_penalty - presence_penalty
@@ -151,10 +153,13 @@ class Sampler:
         if self.banned.size:
             x[self.banned] = -np.inf
         apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        x[np.isnan(x)] = -np.inf     # a NaN never wins, and never poisons the softmax
         if p.greedy:
             return int(np.argmax(x))
         ids, x = top_k(np.arange(len(x)), x, p.top_k)
         ids, x = top_p(ids, x, p.top_p)
         ids, x = min_p(ids, x, p.min_p)
-        x = x / np.float32(p.temperature)
+        with np.errstate(invalid="ignore"):
+            x = x / np.float32(p.temperature)
+        x[np.isnan(x)] = -np.inf     # -inf / inf (temperature inf): still never drawn
         return int(ids[draw(x, self.rng)])

@@ -280,7 +280,7 @@ def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
 
 
 def test_generate_checks_its_arguments_when_called(llm):
-    for kwargs, match in [(dict(repeat_last_n=-5), "repeat_last_n must be at least -1"),
+    for kwargs, match in [(dict(repeat_last_n=-5), "repeat_last_n must be in -1..2147483647"),
                           (dict(seed=-2), "seed must be at least -1"),
                           (dict(repeat_penalty=0), "repeat_penalty must be a positive number"),
                           (dict(temperature=float("nan")), "temperature must be a number")]:
@@ -330,3 +330,33 @@ def test_a_paused_generator_refuses_a_sequence_another_call_changed(llm):
             next(paused)
     left_alone = llm.generate_tokens("The cat", gg.SamplingParams(temperature=0), 6, True)
     assert list(left_alone) == alone          # nothing else ran: the same tokens as ever
+
+
+def test_python_threads_sharing_a_llama_take_turns():
+    """Each call holds the Llama: two threads' evals never interleave inside one
+    (they wrote the same cache positions and overran the context before)."""
+    import threading
+    shared = gg.Llama(model_path("f32"), n_ctx=128, n_threads=1, kv_type="f32")
+    ids = shared.tokenize("The quick brown fox")
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(3):
+                results.append(shared.eval(ids))
+        except BaseException as exc:   # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(results) == 6
+    assert shared.n_tokens == 6 * len(ids) == shared.model.cache.n_past
+    assert all(np.isfinite(r).all() for r in results)
+    alone = gg.Llama(model_path("f32"), n_ctx=128, n_threads=1, kv_type="f32")
+    want = [alone.eval(ids) for _ in range(6)]     # the same six evals, one after another
+    for got, ref in zip(sorted(results, key=lambda r: float(r.sum())),
+                        sorted(want, key=lambda r: float(r.sum()))):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -110,7 +110,7 @@ def test_seed_minus_one_draws_a_random_seed():
     (dict(temperature=float("nan")), ValueError, "temperature must be a number"),
     (dict(top_p=float("nan")), ValueError, "top_p"),
     (dict(min_p=float("nan")), ValueError, "min_p"),
-    (dict(repeat_last_n=-2), ValueError, "repeat_last_n must be at least -1, got -2"),
+    (dict(repeat_last_n=-2), ValueError, "repeat_last_n must be in -1..2147483647, got -2"),
     (dict(repeat_last_n=2.5), TypeError, "repeat_last_n must be an integer"),
     (dict(top_k=1.5), TypeError, "top_k must be an integer"),
     (dict(seed=-2), ValueError, "seed must be at least -1"),
@@ -121,3 +121,19 @@ def test_seed_minus_one_draws_a_random_seed():
 def test_bad_params_are_refused(params, error, match):
     with pytest.raises(error, match=match):
         SamplingParams(**params)
+
+
+def test_a_nan_logit_is_never_drawn_nor_poisons_the_draw():
+    nan = float("nan")
+    s = Sampler(SamplingParams(seed=1, top_k=0, min_p=0.0))
+    assert {s.sample([1.0, 2.0, 0.0, nan]) for _ in range(300)} == {0, 1, 2}   # was always 1
+    assert Sampler(SamplingParams(temperature=0)).sample([1.0, nan, 2.0, 0.0]) == 2
+    hot = Sampler(SamplingParams(seed=3, temperature=float("inf"), top_k=0, top_p=1.0, min_p=0.0))
+    assert {hot.sample([1.0, 2.0, -np.inf, 0.0]) for _ in range(300)} == {0, 1, 3}
+
+
+def test_history_ids_outside_the_vocabulary_penalise_nothing():
+    s = Sampler(SamplingParams(temperature=0, repeat_penalty=100.0))
+    for token in (-1, 7, 2 ** 40):
+        s.accept(token)
+    assert s.sample([1.0, 0.0, 5.0]) == 2          # -1 penalised the last token before
