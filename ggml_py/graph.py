@@ -18,6 +18,7 @@ from ggml_py.tensor import Tensor
 from ggml_py.types import Op, Type
 
 DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
+MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
 ABORT_INTERVAL_MS = 20.0       # how often the executor checks for Ctrl-C
 WORK_ALIGN = 64
 
@@ -264,6 +265,8 @@ class Graph:
         work buffer is used when it is large enough (saves memory and paging).
         """
         n_threads = thread_count(n_threads, "reserve")
+        if share_with is not None and not isinstance(share_with, Graph):
+            raise TypeError(f"reserve: share_with must be a Graph, got {type(share_with).__name__}")
         shared = share_with._work if share_with is not None else None
         if shared is not None and (self._work is None or self._work.nbytes < shared.nbytes):
             self._work = shared
@@ -280,6 +283,12 @@ class Graph:
         Ctrl-C raises KeyboardInterrupt within a few tens of ms; the pool stays usable.
         A get_rows/set_rows row id out of range raises ValueError naming the node.
         """
+        if pool is not None and not isinstance(pool, _core.ThreadPool):
+            raise TypeError(f"compute: pool must be a ThreadPool, got {type(pool).__name__}")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) \
+                or not 0 <= self.lookahead <= MAX_LOOKAHEAD:
+            raise ValueError(f"compute: graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
+                             f"got {self.lookahead!r}")
         if pool is None:
             n_threads = thread_count(n_threads, "compute")
             pool = shared_pool(n_threads) if n_threads > 1 else None

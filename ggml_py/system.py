@@ -6,7 +6,9 @@ from ggml_py import _core
 FEATURES = ("SSE3", "AVX", "AVX2", "FMA", "F16C", "AVX512", "AVX512_VNNI", "AVX512_BF16",
             "AVX_VNNI", "AMX_INT8", "BLAS", "TSAN")
 
-FORCE_REF = os.environ.get("GGML_PY_FORCE_REF", "0") not in ("", "0")
+# on for 1 (any value but the usual spellings of off)
+FORCE_REF = os.environ.get("GGML_PY_FORCE_REF", "").strip().lower() not in ("", "0", "false", "no",
+                                                                              "off")
 KERNELS = _core.select_kernels(FORCE_REF)
 
 

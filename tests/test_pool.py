@@ -404,3 +404,28 @@ def test_a_fork_child_makes_its_own_pools_and_exits(watchdog):
             os._exit(code)
     assert wait_for_child(pid, "a fork child hung on the pool lock held at the fork") == 0
     user_pool.close()
+
+
+def test_graph_arguments_of_the_wrong_kind_are_named():
+    graph, _, _ = small_graph(np.random.default_rng(8))
+    with pytest.raises(TypeError, match="pool must be a ThreadPool, got int"):
+        graph.compute(pool=3)
+    with pytest.raises(TypeError, match="share_with must be a Graph, got Plan"):
+        graph.reserve(2, share_with=graph.plan(2))
+    for bad in (1.5, -5, None, 10 ** 10):
+        graph.lookahead = bad
+        with pytest.raises(ValueError, match="graph.lookahead must be an int"):
+            graph.compute(n_threads=1)
+    graph.lookahead = 0
+    graph.compute(n_threads=2)
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("yes", True), ("0", False), ("no", False),
+                                       ("false", False), (" off ", False), ("", False)])
+def test_force_ref_reads_the_usual_spellings(value, on):
+    import subprocess
+    import sys
+    code = "import ggml_py.system as s; print(s.FORCE_REF)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, GGML_PY_FORCE_REF=value)).stdout.strip()
+    assert out == str(on)
