@@ -426,6 +426,8 @@ def test_force_ref_reads_the_usual_spellings(value, on):
     import subprocess
     import sys
     code = "import ggml_py.system as s; print(s.FORCE_REF)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, GGML_PY_FORCE_REF=value)).stdout.strip()
-    assert out == str(on)
+    import tempfile
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, GGML_PY_FORCE_REF=value),
+                          cwd=tempfile.gettempdir())   # the installed package, not a source tree
+    assert proc.stdout.strip() == str(on), proc.stderr
