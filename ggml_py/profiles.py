@@ -65,18 +65,14 @@ class TaskProfile:
                 tuple((s.valid, s.parallel, s.wait) for s in self.stages))
 
 
-def _has_vec_dot(type):
-    *_, has_vec_dot = _core.type_traits_raw(int(type))   # (name, ..., has_vec_dot)
-    return bool(has_vec_dot)
-
-
 def task_profiles(op, src0_type=Type.F32, src1_type=Type.F32):
     """The task profiles `op` supports for these source types, default first.
 
     Empty where the op rejects the types: MUL_MAT needs a src0 type with a dot
     product kernel and an F32 src1."""
+    from ggml_py.tensor import type_traits   # tensor imports this module
     op, src0_type, src1_type = Op(op), Type(src0_type), Type(src1_type)
-    if op == Op.MUL_MAT and (src1_type != Type.F32 or not _has_vec_dot(src0_type)):
+    if op == Op.MUL_MAT and (src1_type != Type.F32 or not type_traits(src0_type)["has_vec_dot"]):
         return []
     return [TaskProfile._from_raw(r)
             for r in _core.op_profiles_for(int(op), int(src0_type), int(src1_type))]

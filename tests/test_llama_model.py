@@ -159,19 +159,10 @@ def test_config_from_metadata():
     assert c.rms_eps == pytest.approx(1e-5) and c.n_ctx_train == spec.n_ctx_train
 
 
-def random_llama_with_keys(name, keys, monkeypatch):
-    """A random llama GGUF with extra metadata (float or string values)."""
-    import ggml_py.gguf_write as gw
-    add_hparams = gw.add_llama_hparams
-
-    def with_keys(writer, **kw):
-        add_hparams(writer, **kw)
-        for key, value in keys.items():
-            (writer.add_string if isinstance(value, str) else writer.add_float32)(key, value)
-    monkeypatch.setattr(gw, "add_llama_hparams", with_keys)
-    path = scratch_path(name)
-    write_random_llama(path, RandomLlamaSpec(n_vocab=512), vocab=vocab())
-    return path
+def with_keys(name, keys):
+    """model_path("f32") with extra metadata (strings as STRING, numbers as FLOAT32)."""
+    return edited_model(name, keys={key: (STR if isinstance(value, str) else F32, value)
+                                    for key, value in keys.items()})
 
 
 @pytest.mark.parametrize("keys, freq_scale", [
@@ -182,8 +173,8 @@ def random_llama_with_keys(name, keys, monkeypatch):
     ({"llama.rope.scaling.type": "none", "llama.rope.scale_linear": 4.0}, 1.0),  # none: no scaling
     ({"llama.rope.scale_linear": 0.0}, 1.0),                          # 0: no scaling
 ])
-def test_rope_scaling_keys_read_as_llama_cpp_reads_them(keys, freq_scale, monkeypatch):
-    path = random_llama_with_keys("rope-keys.gguf", keys, monkeypatch)
+def test_rope_scaling_keys_read_as_llama_cpp_reads_them(keys, freq_scale):
+    path = with_keys("rope-keys.gguf", keys)
     assert LlamaConfig.from_gguf(GGUFModelFile(path)).rope_freq_scale == freq_scale
     assert ReferenceLlama(path).freq_scale == freq_scale
 
@@ -192,8 +183,8 @@ def test_rope_scaling_keys_read_as_llama_cpp_reads_them(keys, freq_scale, monkey
     ({"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, "yarn"),
     ({"llama.rope.scale_linear": -2.0}, "rope.scale_linear -2.0 must be a finite number >= 0"),
 ])
-def test_rope_scaling_we_cannot_run_is_refused(keys, match, monkeypatch):
-    path = random_llama_with_keys("rope-bad.gguf", keys, monkeypatch)
+def test_rope_scaling_we_cannot_run_is_refused(keys, match):
+    path = with_keys("rope-bad.gguf", keys)
     with pytest.raises(ModelLoadError, match=match):
         LlamaConfig.from_gguf(GGUFModelFile(path))
 
