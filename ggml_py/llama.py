@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py import _core, ops
+from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import build_forward, default_threads, shared_pool
 from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
@@ -27,7 +27,6 @@ ARCH = "llama"
 KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
-MAX_THREADS = _core.MAX_THREADS   # the worker pool's limit (GGML_PY_MAX_THREADS)
 
 
 # ---- config -------------------------------------------------------------------

@@ -12,17 +12,13 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import ArgumentParser, console_script, run, thread_count
+from ggml_py.cli.common import ArgumentParser, console_script, run, thread_list
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weight_type
 
 
 def parse_threads(text):
     """--n-threads: comma-separated thread counts (1 .. 256), sorted, each once."""
-    try:
-        counts = sorted({thread_count(t) for t in text.split(",")})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    return counts
+    return sorted(set(thread_list(text)))
 
 
 def parse_type(text):

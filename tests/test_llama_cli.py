@@ -313,10 +313,12 @@ def test_bench_model_errors():
     line = assert_one_line_error(run("ggml_py.bench", "model", "-m", scratch_path("none.gguf")), 1)
     assert "no such file" in line
     assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
-    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 1)
-    for threads in ("999", ",", ""):
-        assert_one_line_error(run("ggml_py.bench", "model", "-p", 4, "-n", 1, "-r", 1,
-                                  "-t", threads), 1)
+    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 2)
+    for flag, value in (("-t", "999"), ("-t", ","), ("-t", ""), ("-t", "1,"), ("-p", "-1"),
+                        ("-n", "4,x"), ("-r", "0"), ("-b", "0")):
+        line = assert_one_line_error(run("ggml_py.bench", "model", "-p", 4, "-n", 1, "-r", 1,
+                                         flag, value), 2)
+        assert f"argument {flag}" in line
     if os.path.exists("/dev/full"):   # stdout that cannot be written
         with open("/dev/full", "w") as full:
             proc = subprocess.run([sys.executable, "-m", "ggml_py.bench", "model", "-p", "4",
@@ -410,7 +412,7 @@ def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
 
 @pytest.mark.parametrize("threads", ["", "0", "abc"])
 def test_bench_pool_bad_threads_end_in_one_line(threads):
-    assert_one_line_error(run("ggml_py.bench", "pool", "-t", threads, "--nodes", 10), 1)
+    assert_one_line_error(run("ggml_py.bench", "pool", "-t", threads, "--nodes", 10), 2)
 
 
 @pytest.mark.parametrize("args", [
@@ -418,6 +420,9 @@ def test_bench_pool_bad_threads_end_in_one_line(threads):
     ["mulmat", "--profiles", "nope", "--shapes", "32x32", "--m", "1", "--types", "f32",
      "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1"],
     ["pool", "--nodes", "0"], ["pool", "--repeats", "0"], ["pool", "-t", "1,", "--nodes", "5"],
+    ["mulmat", "--m", "0"], ["mulmat", "--m", "1,,2"], ["mulmat", "--threads", "300"],
+    ["mulmat", "--shapes", "32x"], ["mulmat", "--shapes", "0x32"], ["mulmat", "--types", "q9"],
+    ["mulmat", "--types", "i32"],
 ])
 def test_bench_subcommands_bad_values_end_in_one_line(args):
     assert_one_line_error(run("ggml_py.bench", *args))

@@ -34,7 +34,8 @@ def main(argv=None):
         parser.print_help()
         return 2
     try:
-        # a bad value (a thread count, a file) ends in one line and status 1
+        # a bad flag ends in one line and status 2 (argparse); a bad file or model in
+        # one line and status 1
         return run("ggml-bench", modules[args.command].run, args) or 0
     except KeyboardInterrupt:
         print("ggml-bench: interrupted", file=sys.stderr)

@@ -15,33 +15,26 @@ from ggml_py.bench.mulmat import read_bandwidth
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.cli.common import file_name
+from ggml_py.cli.common import count_list, file_name, positive_int, thread_list
 from ggml_py.cli.common import run as run_reporting_errors
-from ggml_py.llama import MAX_THREADS
 
 PROG = "ggml-bench model"
-
-
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values:
-        raise ValueError(f"expected comma-separated integers, got {text!r}")
-    return values
 
 
 def add_arguments(parser):
     """The flags of `ggml-bench model` (llama-bench's names)."""
     parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
                         help="GGUF model file (default: the bundled Shakespeare model)")
-    parser.add_argument("-p", "--n-prompt", default="512", help="prompt sizes, comma-separated (default 512)")
-    parser.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma-separated (default 128)")
-    parser.add_argument("-t", "--threads", default=None, help="thread counts, comma-separated "
-                                                               "(default: physical cores)")
-    parser.add_argument("-b", "--batch-size", type=int, default=512, help="batch size (default 512)")
-    parser.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs per test (default 5)")
+    parser.add_argument("-p", "--n-prompt", type=count_list, default=[512],
+                        help="prompt sizes, comma-separated (default 512)")
+    parser.add_argument("-n", "--n-gen", type=count_list, default=[128],
+                        help="generated tokens, comma-separated (default 128)")
+    parser.add_argument("-t", "--threads", type=thread_list, default=None,
+                        help="thread counts, comma-separated (default: physical cores)")
+    parser.add_argument("-b", "--batch-size", type=positive_int, default=512,
+                        help="batch size (default 512)")
+    parser.add_argument("-r", "--repetitions", type=positive_int, default=5,
+                        help="timed runs per test (default 5)")
     parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
                         help="KV cache type (default f16)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -90,12 +83,8 @@ def run(args):
 
 def bench_model(args):
     """Time every test at every thread count; print the table (or JSON). Returns 0."""
-    n_prompts, n_gens = _int_list(args.n_prompt), _int_list(args.n_gen)
-    threads = [gg.default_threads()] if args.threads is None else _int_list(args.threads)
-    if any(not 1 <= t <= MAX_THREADS for t in threads) or any(n < 0 for n in n_prompts + n_gens):
-        raise ValueError(f"thread counts must be in 1..{MAX_THREADS} and token counts >= 0")
-    if args.repetitions < 1 or args.batch_size < 1:
-        raise ValueError("repetitions and batch size must be at least 1")
+    n_prompts, n_gens = args.n_prompt, args.n_gen
+    threads = args.threads or [gg.default_threads()]
     n_ctx = max([n for n in n_prompts + n_gens] + [1])
     args.model = args.model or default_model_path()
     llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,

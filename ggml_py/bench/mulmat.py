@@ -6,6 +6,7 @@ bandwidth. Every figure is also printed as a fraction of them.
 Shapes are weight matrices N x K (numpy order: N rows of K); the activations
 are M x K. Defaults: the four matrix shapes of a 1.1B llama.
 """
+import argparse
 import json
 import platform
 import statistics
@@ -14,7 +15,7 @@ import time
 
 import numpy as np
 
-from ggml_py.cli.common import positive_int, positive_number
+from ggml_py.cli.common import positive_int, positive_int_list, positive_number, thread_list
 
 DEFAULT_SHAPES = "2048x2048,5632x2048,2048x5632,32000x2048"
 DEFAULT_M = "1,8,32,128,512"
@@ -23,10 +24,14 @@ DEFAULT_TYPES = "f16,q4_0,q8_0,q4_K"
 
 def add_arguments(parser):
     """Options of `ggml-bench mulmat`."""
-    parser.add_argument("--shapes", default=DEFAULT_SHAPES, help="weights NxK, comma separated")
-    parser.add_argument("--m", default=DEFAULT_M, help="activation rows M, comma separated")
-    parser.add_argument("--types", default=DEFAULT_TYPES, help="weight types (f32, f16, q4_0, ...)")
-    parser.add_argument("--threads", default="1,2", help="thread counts, comma separated")
+    parser.add_argument("--shapes", type=shape_list, default=DEFAULT_SHAPES,
+                        help="weights NxK, comma separated")
+    parser.add_argument("--m", type=positive_int_list, default=DEFAULT_M,
+                        help="activation rows M, comma separated")
+    parser.add_argument("--types", type=type_list, default=DEFAULT_TYPES,
+                        help="weight types (f32, f16, q4_0, ...)")
+    parser.add_argument("--threads", type=thread_list, default="1,2",
+                        help="thread counts, comma separated")
     parser.add_argument("--profiles", default="all", help="profile names, or 'all' valid ones")
     parser.add_argument("--repeat", type=positive_int, default=5,
                         help="timed runs per case (median kept)")
@@ -37,39 +42,30 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _int_list(text, what):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise SystemExit(f"ggml-bench mulmat: --{what} must be integers separated by commas, got {text!r}")
-    if not values or any(v <= 0 for v in values):
-        raise SystemExit(f"ggml-bench mulmat: --{what} needs positive integers, got {text!r}")
-    return values
-
-
-def _shapes(text):
+def shape_list(text):
+    """--shapes: comma-separated weight shapes NxK (N rows of K), e.g. 2048x5632."""
     shapes = []
     for item in text.split(","):
         try:
             n, k = (int(v) for v in item.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"ggml-bench mulmat: bad shape {item!r} (expected NxK, e.g. 2048x5632)")
+            raise argparse.ArgumentTypeError(f"bad shape {item!r} (expected NxK, e.g. 2048x5632)") from None
         if n <= 0 or k <= 0:
-            raise SystemExit(f"ggml-bench mulmat: bad shape {item!r}")
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}: N and K must be positive")
         shapes.append((n, k))
     return shapes
 
 
-def _types(text):
+def type_list(text):
+    """--types: comma-separated names (any case) of weight types with a matrix product kernel."""
     import ggml_py as gg
     names = {t.name.lower(): t for t in gg.Type}
+    valid = sorted(n for n, t in names.items() if gg.type_traits(t)["has_vec_dot"])
     types = []
     for name in text.split(","):
-        t = names.get(name.strip().lower())
-        if t is None or not gg.type_traits(t)["has_vec_dot"]:
-            valid = sorted(n for n, t in names.items() if gg.type_traits(t)["has_vec_dot"])
-            raise SystemExit(f"ggml-bench mulmat: unknown weight type {name!r}; one of {', '.join(valid)}")
-        types.append(t)
+        if name.strip().lower() not in valid:
+            raise argparse.ArgumentTypeError(f"unknown weight type {name!r}; one of {', '.join(valid)}")
+        types.append(names[name.strip().lower()])
     return types
 
 
@@ -106,8 +102,7 @@ def run(args):
     """Measure every case and print a table (or JSON); returns an exit code."""
     import ggml_py as gg
 
-    shapes, m_values = _shapes(args.shapes), _int_list(args.m, "m")
-    threads, types = _int_list(args.threads, "threads"), _types(args.types)
+    shapes, m_values, threads, types = args.shapes, args.m, args.threads, args.types
     wanted = None if args.profiles == "all" else {p.strip() for p in args.profiles.split(",")}
     known = {p.name for t in (gg.F32, gg.Q4_0) for p in gg.task_profiles(gg.Op.MUL_MAT, t)}
     if wanted is not None and not wanted <= known:

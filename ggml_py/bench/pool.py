@@ -15,13 +15,13 @@ import numpy as np
 import psutil
 
 import ggml_py as gg
-from ggml_py.cli.common import positive_int
+from ggml_py.cli.common import positive_int, thread_list
 
 POLICIES = ("spin", "sleep", "spin-then-sleep")
 
 
 def add_arguments(parser):
-    parser.add_argument("-t", "--threads", default="1,2,4",
+    parser.add_argument("-t", "--threads", type=thread_list, default="1,2,4",
                         help="comma-separated thread counts (default 1,2,4)")
     parser.add_argument("--nodes", type=positive_int, default=2000, help="nodes in the dispatch chain")
     parser.add_argument("--repeats", type=positive_int, default=15, help="timed computes per case")
@@ -83,10 +83,7 @@ def measure_idle_cost(graph, pool):
 
 
 def run(args):
-    try:
-        threads = [int(t) for t in args.threads.split(",")]
-    except ValueError:
-        raise ValueError(f"-t: expected comma-separated thread counts, got {args.threads!r}") from None
+    threads = args.threads
     chain, wait_graph = tiny_chain(args.nodes), long_wait_stage()
     rows = []
     for n in threads:

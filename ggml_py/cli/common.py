@@ -41,13 +41,43 @@ def positive_int(text):
 
 def thread_count(text):
     """A thread count flag: 1..MAX_THREADS (the worker pool's limit)."""
-    from ggml_py.llama import MAX_THREADS
+    from ggml_py._core import MAX_THREADS
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"thread count must be at least 1, got {value}")
     if value > MAX_THREADS:
         raise argparse.ArgumentTypeError(f"thread count must be at most {MAX_THREADS}, got {value}")
     return value
+
+
+def int_list(text, low=None, high=None, what="integers"):
+    """Comma-separated integers (e.g. 1,2,4), each in low..high (None: unbounded).
+    An empty item or a value out of range is refused (argparse.ArgumentTypeError)."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+    for value in values:
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"{what} must be {bounds}, got {value}")
+    return values
+
+
+def thread_list(text):
+    """A comma-separated list of thread counts, each 1..MAX_THREADS (the pool's limit)."""
+    from ggml_py._core import MAX_THREADS
+    return int_list(text, 1, MAX_THREADS, what="thread counts")
+
+
+def positive_int_list(text):
+    """A comma-separated list of integers that must be at least 1."""
+    return int_list(text, low=1)
+
+
+def count_list(text):
+    """A comma-separated list of counts (integers, 0 or more)."""
+    return int_list(text, low=0, what="counts")
 
 
 def n_threads(text):
