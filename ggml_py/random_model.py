@@ -68,7 +68,7 @@ def builtin_spm_vocab(n_vocab):
 
 def spm_vocab_from_gguf(path, n_vocab):
     """The first n_vocab tokens of a GGUF file's SentencePiece vocabulary."""
-    from ggml_py.tokenizer import read_gguf_metadata
+    from ggml_py.gguf_metadata import read_gguf_metadata
     meta = read_gguf_metadata(path)
     if meta.get("tokenizer.ggml.model") != "llama":
         raise ValueError(f"{path}: not a SentencePiece (llama) vocabulary")

@@ -15,24 +15,24 @@ byte-level vocabularies and the end-of-generation token detection.
 
 The code is pure Python on the standard library and the ``regex`` package
 (its error type derives from ggml_py's ``ModelLoadError``); a
-``gguf.GGUFReader`` can be passed in but the module reads GGUF metadata itself
-(faster than ``GGUFReader`` for 100k+ entry vocabularies).
+``gguf.GGUFReader`` can be passed in but a path is read with
+``ggml_py.gguf_metadata`` (faster than ``GGUFReader`` for 100k+ entry
+vocabularies).
 """
 
 from __future__ import annotations
 
 import codecs
 import heapq
-import mmap
 import numbers
 import operator
 import os
 import re
-import struct
 from typing import Any, Iterable, Mapping
 
 import regex
 
+from ggml_py.gguf_metadata import tokenizer_fields, plain_value, read_gguf_metadata
 # ggml_py's own package __init__ has imported this already; no extra cost.
 from ggml_py.gguf_model import ModelLoadError
 
@@ -147,161 +147,6 @@ _SPECIAL_ID_KEYS = (
 )
 
 _SPACE_ESCAPE = "\u2581"  # SentencePiece's visible space
-
-
-# ---------------------------------------------------------------------------
-# GGUF metadata
-# ---------------------------------------------------------------------------
-
-_GGUF_MAGIC = b"GGUF"
-_GGUF_STRING = 8
-_GGUF_ARRAY = 9
-# struct codes of the fixed-size GGUF value types
-_GGUF_SCALAR_CODES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f",
-                      7: "?", 10: "Q", 11: "q", 12: "d"}
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-
-
-def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """Read the key/value metadata of a GGUF file (tensors are not read).
-
-    Returns a dict mapping each key to a plain Python value: ``int``,
-    ``float``, ``bool``, ``str`` or a ``list`` of those. Strings that are not
-    valid UTF-8 are decoded with ``surrogateescape`` so their bytes survive.
-    Raises ``ValueError`` naming the file if it is not a GGUF file or its
-    metadata is truncated; ``OSError`` if it cannot be opened.
-    """
-    path = os.fspath(path)
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < 4 + 4 + 8 + 8:
-            raise ValueError(f"{path}: not a GGUF file (too short)")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _parse_gguf_kv(data, path)
-
-
-def _parse_gguf_kv(data: mmap.mmap, path: str) -> dict[str, Any]:
-    if data[:4] != _GGUF_MAGIC:
-        raise ValueError(f"{path}: not a GGUF file (magic {data[:4]!r}, expected {_GGUF_MAGIC!r})")
-    (version,) = _U32.unpack_from(data, 4)
-    if version not in (2, 3):
-        # version 1 used 32-bit lengths; a byte-swapped number means a
-        # big-endian file. Neither is produced by current converters.
-        raise ValueError(f"{path}: unsupported GGUF version {version}")
-    (n_kv,) = _U64.unpack_from(data, 16)
-    offset = 24
-    fields: dict[str, Any] = {}
-    key = None  # the key being read, for the message
-    try:
-        # A key/value pair takes at least 13 bytes: key length, value type, a u8.
-        _check_count(data, offset, n_kv, 13, "key/value")
-        for _ in range(n_kv):
-            key = None
-            key, offset = _read_gguf_string(data, offset)
-            (value_type,) = _U32.unpack_from(data, offset)
-            fields[key], offset = _read_gguf_value(data, offset + 4, value_type)
-    except (struct.error, IndexError, ValueError) as e:
-        where = f"key {key!r}: " if key is not None else ""
-        raise ValueError(f"{path}: truncated or corrupt GGUF metadata ({where}{e})") from e
-    return fields
-
-
-def _check_count(data: mmap.mmap, offset: int, count: int, min_item_size: int, what: str) -> None:
-    """Refuse a count the rest of the file cannot hold, before allocating for it.
-
-    The count comes from the file; without this a corrupt one (2^40) makes a
-    list of that many items, or fails with a bare MemoryError.
-    """
-    if count * min_item_size > len(data) - offset:
-        raise ValueError(f"{what} count {count} is more than the file can hold")
-
-
-def _read_gguf_string(data: mmap.mmap, offset: int) -> tuple[str, int]:
-    (length,) = _U64.unpack_from(data, offset)
-    end = offset + 8 + length
-    if end > len(data):
-        raise IndexError("string runs past the end of the file")
-    return data[offset + 8:end].decode("utf-8", "surrogateescape"), end
-
-
-def _scalar_code(value_type: int) -> str:
-    code = _GGUF_SCALAR_CODES.get(value_type)
-    if code is None:
-        raise ValueError(f"unknown value type {value_type}")
-    return code
-
-
-def _read_gguf_value(data: mmap.mmap, offset: int, value_type: int) -> tuple[Any, int]:
-    if value_type == _GGUF_STRING:
-        return _read_gguf_string(data, offset)
-    if value_type == _GGUF_ARRAY:
-        (item_type,) = _U32.unpack_from(data, offset)
-        (count,) = _U64.unpack_from(data, offset + 4)
-        offset += 12
-        if item_type == _GGUF_STRING:
-            _check_count(data, offset, count, 8, "array")  # each string: its 8-byte length
-            return _read_gguf_string_array(data, offset, count)
-        if item_type == _GGUF_ARRAY:
-            # Each item is an array without its own value type: item type, count, items.
-            _check_count(data, offset, count, 12, "array")
-            items = []
-            for _ in range(count):
-                item, offset = _read_gguf_value(data, offset, _GGUF_ARRAY)
-                items.append(item)
-            return items, offset
-        code = _scalar_code(item_type)
-        _check_count(data, offset, count, struct.calcsize("<" + code), "array")
-        array = struct.Struct(f"<{count}{code}")
-        return list(array.unpack_from(data, offset)), offset + array.size
-    scalar = struct.Struct("<" + _scalar_code(value_type))
-    return scalar.unpack_from(data, offset)[0], offset + scalar.size
-
-
-def _read_gguf_string_array(data: mmap.mmap, offset: int, count: int) -> tuple[list[str], int]:
-    # The hot loop of loading a 128k vocabulary: keep it to the bare minimum.
-    # The caller has checked that the file can hold ``count`` strings.
-    unpack_length = _U64.unpack_from
-    items = [""] * count
-    size = len(data)
-    for i in range(count):
-        (length,) = unpack_length(data, offset)
-        offset += 8
-        end = offset + length
-        if end > size:
-            raise IndexError("string array runs past the end of the file")
-        items[i] = data[offset:end].decode("utf-8", "surrogateescape")
-        offset = end
-    return items, offset
-
-
-def _fields_from_reader(reader: Any) -> dict[str, Any]:
-    """Plain values of the tokenizer-related fields of a ``gguf.GGUFReader``."""
-    return {name: _plain_value(field) for name, field in reader.fields.items()
-            if name.startswith("tokenizer.") or name.startswith("general.")}
-
-
-def _plain_value(value: Any) -> Any:
-    """Turn a ``gguf.ReaderField``, numpy array or plain value into plain Python."""
-    if hasattr(value, "parts") and hasattr(value, "types"):
-        return _reader_field_value(value)
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "surrogateescape")
-    return value
-
-
-def _reader_field_value(field: Any) -> Any:
-    types = [int(t) for t in field.types]
-    if not types:
-        return None
-    if types[0] == _GGUF_ARRAY:
-        if types[-1] == _GGUF_STRING:
-            return [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
-        return [item for i in field.data for item in field.parts[i].tolist()]
-    if types[0] == _GGUF_STRING:
-        return bytes(field.parts[-1]).decode("utf-8", "surrogateescape")
-    return field.parts[-1].tolist()[0]
 
 
 # ---------------------------------------------------------------------------
@@ -650,7 +495,7 @@ class Tokenizer:
                 # GGUFReader memory-maps the file; numpy's memmap knows its name.
                 source = str(getattr(getattr(path_or_reader, "data", None), "filename", None)
                              or "<GGUFReader>")
-            return cls(_fields_from_reader(path_or_reader), source)
+            return cls(tokenizer_fields(path_or_reader), source)
         path = os.fspath(path_or_reader)
         return cls(read_gguf_metadata(path), path if source is None else source)
 
@@ -666,7 +511,7 @@ class Tokenizer:
             value = fields.get(prefix + name)
             if value is None:
                 return default
-            return _check_kind(_plain_value(value), kind, prefix + name, source)
+            return _check_kind(plain_value(value), kind, prefix + name, source)
         return get
 
     def _load_tokens(self, get) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_py.tokenizer import Tokenizer, TokenizerError, read_gguf_metadata
+from ggml_py.gguf_metadata import read_gguf_metadata
+from ggml_py.tokenizer import Tokenizer, TokenizerError
 
 DATA = Path(__file__).parent / "data"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2")
