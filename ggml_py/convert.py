@@ -53,6 +53,7 @@ OUTTYPES = ("f32", "f16", "bf16")
 
 @dataclass(frozen=True)
 class LlamaParams:
+    """The model's hyper-parameters, read and checked from config.json (see read_config)."""
     n_vocab: int
     n_embd: int
     n_ff: int
@@ -278,6 +279,8 @@ def read_pytorch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint, {HF name: float32 array}: the *.safetensors files, else
+    the pytorch_model*.bin files."""
     files = sorted(model_dir.glob("*.safetensors"))
     if files:
         return {k: v for f in files for k, v in read_safetensors(f)}
@@ -393,6 +396,7 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
 
 @dataclass
 class Vocab:
+    """A tokenizer as GGUF stores it (tokenizer.ggml.*); types are GGUF token types."""
     model: str                  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
     tokens: list[str]
     scores: list[float] | None
@@ -498,6 +502,8 @@ def _tokenizer_config(model_dir: Path) -> dict:
 
 
 def vocab_from_sentencepiece(path: Path, tok_cfg: dict) -> Vocab:
+    """A ``llama`` vocabulary from a SentencePiece ``tokenizer.model`` (unigram or BPE);
+    add_bos / add_eos from tokenizer_config.json."""
     m = read_sentencepiece_model(path)
     if m["model_type"] not in (1, 2):
         raise ConvertError(f"{path}: SentencePiece model type {m['model_type']} (only unigram/BPE)")
@@ -575,6 +581,8 @@ def vocab_from_tokenizer_json(path: Path, tok_cfg: dict) -> Vocab:
 
 
 def read_vocab(model_dir: Path, p: LlamaParams) -> Vocab:
+    """The checkpoint's tokenizer (tokenizer.model, else tokenizer.json), padded with
+    [PAD<i>] tokens to config.json's vocab_size."""
     tok_cfg = _tokenizer_config(model_dir)
     if (model_dir / "tokenizer.model").is_file():
         vocab = vocab_from_sentencepiece(model_dir / "tokenizer.model", tok_cfg)
@@ -604,6 +612,8 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
 
 def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab: Vocab,
                outtype: str, name: str, log=print) -> None:
+    """Write a llama GGUF to `path`: hyper-parameters, tokenizer, then the tensors as
+    `outtype` (1-D tensors stay F32); `log` gets one line per tensor."""
     import gguf
 
     from ggml_py.gguf_write import add_llama_hparams
@@ -699,6 +709,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
 
 @console_script
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ggml-convert; returns the exit status (1 on a bad input)."""
     parser = ArgumentParser(
         prog="ggml-convert",
         description="Convert a Hugging Face-style llama checkpoint directory to GGUF.")

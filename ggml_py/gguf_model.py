@@ -39,6 +39,7 @@ class Weight:
 
     @property
     def nbytes(self):
+        """Bytes of data: in the file, or of the F32 copy of a converted norm weight."""
         return self.data.nbytes
 
 
@@ -194,6 +195,7 @@ class GGUFModelFile:
     # ---- metadata -------------------------------------------------------------
 
     def has(self, key):
+        """Whether metadata key `key` is present."""
         return key in self.reader.fields
 
     def get(self, key, default=REQUIRED, type=None):
@@ -229,6 +231,7 @@ class GGUFModelFile:
     # ---- tensors --------------------------------------------------------------
 
     def has_tensor(self, name):
+        """Whether the file has a tensor named `name`."""
         return name in self.tensors
 
     def weight(self, name, shape, use=USE_MATMUL, required=True):

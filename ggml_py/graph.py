@@ -138,6 +138,7 @@ class StatRow:
 
     @property
     def total_us(self):
+        """init + compute + finalize µs."""
         return self.init_us + self.compute_us + self.finalize_us
 
 

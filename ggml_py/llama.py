@@ -54,6 +54,8 @@ class LlamaConfig:
 
     @classmethod
     def from_gguf(cls, f: GGUFModelFile):
+        """The config of a GGUF file's `llama.*` metadata, checked as llama.cpp does;
+        ModelLoadError naming the key for a bad or missing value."""
         if f.architecture != ARCH:
             raise f.error(f"unknown architecture {f.architecture!r} (supported: {ARCH!r})")
 
@@ -131,6 +133,7 @@ class LlamaConfig:
 
 @dataclass(frozen=True)
 class LayerWeights:
+    """The weights of one transformer block (gguf_model.Weight each), numpy-order shapes."""
     attn_norm: object   # (E,)
     wq: object          # (H*D, E)
     wk: object          # (Hkv*D, E)
@@ -161,6 +164,8 @@ class LlamaWeights:
 
     @classmethod
     def from_gguf(cls, f: GGUFModelFile, c: LlamaConfig):
+        """Every weight of the file, checked against config `c`; ModelLoadError for a missing,
+        misshapen or unusable tensor, or one the model does not use."""
         E, F, V = c.n_embd, c.n_ff, c.n_vocab
         Q, KV = c.n_head * c.head_dim, c.n_embd_kv
         layers = []
@@ -226,9 +231,11 @@ class KVCache:
 
     @property
     def nbytes(self):
+        """Bytes of all K and V rows: 2 * n_layer * n_ctx * n_embd_kv * element size."""
         return sum(a.nbytes for a in self.k + self.v)
 
     def clear(self):
+        """Forget every position (the rows stay; empty slots are masked out)."""
         self.slot_pos[:] = -1
         self.n_past = 0
 

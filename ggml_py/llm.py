@@ -120,12 +120,15 @@ class Llama:
 
     @property
     def config(self):
+        """The model's LlamaConfig."""
         return self.model.config
 
     def n_ctx(self):
+        """KV cache size in tokens."""
         return self.model.n_ctx
 
     def n_vocab(self):
+        """Vocabulary size: the length of a logits row."""
         return self.config.n_vocab
 
     @property
@@ -134,12 +137,15 @@ class Llama:
         return len(self.tokens)
 
     def token_bos(self):
+        """The beginning-of-sequence token id, or None if the vocabulary has none."""
         return self.tokenizer.bos_id
 
     def token_eos(self):
+        """The end-of-sequence token id, or None if the vocabulary has none."""
         return self.tokenizer.eos_id
 
     def n_threads(self):
+        """Threads a forward pass runs on."""
         return self.model.n_threads
 
     def set_tune(self, data):

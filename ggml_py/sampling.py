@@ -60,6 +60,7 @@ class SamplingParams:
 
     @property
     def greedy(self):
+        """True when temperature <= 0: the sampler takes the highest logit."""
         return self.temperature <= 0
 
 

@@ -100,6 +100,7 @@ class Tensor(_core.TensorBase):
 
     @profile.setter
     def profile(self, profile):
+        """Pin `profile` (one matching a profile of profiles()); the planner leaves it alone."""
         if not isinstance(profile, TaskProfile):
             raise TypeError(f"profile must be a TaskProfile, got {type(profile).__name__}")
         allowed = self.profiles()

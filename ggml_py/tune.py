@@ -86,6 +86,7 @@ class ShapeTimes:
 
     @property
     def key(self):
+        """(N, K, type), what TuneData.shape finds this matrix by."""
         return (self.n, self.k, self.type)
 
 

@@ -350,6 +350,8 @@ class CaseTimes:
         self.exact = set()  # (m, case index) measured on rows that behave like the whole weight
 
     def rows(self, m, i):
+        """Row counts case i is measured on at M=m: exact ones once measure_exactly
+        moved it, else the quick sample."""
         return self.sb.rows(m, self.cases[i][0].profile, exact=(m, i) in self.exact)
 
     def measure(self, m, i, rows=None):
@@ -373,6 +375,7 @@ class CaseTimes:
         return extend_to_rows(self.sb.n, rows, [self.best[m, i, r] for r in rows])
 
     def total(self, m, i):
+        """Estimated µs of case i at M=m on all N rows, all stages summed."""
         return sum(self.estimate(m, i).values())
 
 

@@ -41,6 +41,7 @@ def add_arguments(parser):
 
 
 def size_label(n_params):
+    """A parameter count as llama-bench shows it: 1.1B, 15M, 260K (trailing zeros dropped)."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n_params >= scale:
             return f"{n_params / scale:.1f}".rstrip("0").rstrip(".") + unit
@@ -68,6 +69,8 @@ def time_generation(llm, n_gen, rng):
 
 
 def run_test(llm, kind, n, repetitions):
+    """Tokens per second of each of `repetitions` timed runs of ppN or tgN (kind "pp" or "tg"),
+    after one untimed warm-up run."""
     rng = np.random.default_rng(0)
     timer = time_prompt if kind == "pp" else time_generation
     timer(llm, n if kind == "pp" else 1, rng)            # warm-up: builds the graphs
@@ -149,12 +152,14 @@ COLUMNS = (("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("type", 
 
 
 def print_header():
+    """Print the Markdown table header of COLUMNS, numbers right-aligned (as llama-bench)."""
     print("| " + " | ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS) + " |")
     print("| " + " | ".join(("-" * (width - 1) + ":") if align == ">" else "-" * width
                             for name, width, align in COLUMNS) + " |")
 
 
 def print_row(r):
+    """Print one result row of the table: size in GiB or MiB, t/s as mean ± standard deviation."""
     size = r["model_size"]
     size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
     cells = (r["model_type"], size_text, size_label(r["model_n_params"]), r["type"],

@@ -21,6 +21,7 @@ POLICIES = ("spin", "sleep", "spin-then-sleep")
 
 
 def add_arguments(parser):
+    """The flags of `ggml-bench pool`."""
     parser.add_argument("-t", "--threads", type=thread_list, default="1,2,4",
                         help="comma-separated thread counts (default 1,2,4)")
     parser.add_argument("--nodes", type=positive_int, default=2000, help="nodes in the dispatch chain")
@@ -83,6 +84,8 @@ def measure_idle_cost(graph, pool):
 
 
 def run(args):
+    """Measure dispatch and idle cost for every thread count and waiting policy; print a
+    table (or JSON). Returns 0."""
     threads = args.threads
     chain, wait_graph = tiny_chain(args.nodes), long_wait_stage()
     rows = []

@@ -28,6 +28,7 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
 
     def error(self, message):
+        """Print "<prog>: error: <message>" to stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -234,6 +235,7 @@ def warn_past_training_context(llm, log, name):
 
 
 def kv_type(parser, args):
+    """The KV cache type of -ctk ("f16" or "f32"); a -ctv that differs is a flag error (exit 2)."""
     if args.cache_type_v is not None and args.cache_type_v != args.cache_type_k:
         parser.error("the K and V cache types must be the same (-ctk / -ctv)")
     return args.cache_type_k

@@ -28,6 +28,7 @@ def repeat_window(text):
 
 
 def build_parser():
+    """The flags of ggml-main: the shared model flags plus llama-cli's prompt and sampling flags."""
     p = ArgumentParser(prog=PROG, description="Generate text with a llama-architecture GGUF model.")
     add_model_arguments(p, ctx_default=2048)
     p.add_argument("-p", "--prompt", default="",
@@ -53,10 +54,13 @@ def build_parser():
 
 
 def log(*args):
+    """Print to stderr, flushed at once (stdout carries only the text)."""
     print(*args, file=sys.stderr, flush=True)
 
 
 def main(argv=None):
+    """Load the model, echo the prompt and stream the generated text to stdout, timings to
+    stderr. Returns the exit status: 0, or 130 when interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     args.model = args.model or default_model_path()

@@ -28,6 +28,7 @@ def chunk_count(text):
 
 
 def build_parser():
+    """The flags of ggml-perplexity: the shared model flags plus -f and --chunks."""
     p = ArgumentParser(prog=PROG, description="Perplexity of a text file, llama.cpp's method.")
     add_model_arguments(p, ctx_default=512)
     p.add_argument("-f", "--file", type=file_name, default=None, metavar="FNAME",
@@ -39,10 +40,13 @@ def build_parser():
 
 
 def log(*args):
+    """Print to stderr, flushed at once (stdout carries only the [i] values and the estimate)."""
     print(*args, file=sys.stderr, flush=True)
 
 
 def main(argv=None):
+    """Score the text chunk by chunk (n_ctx tokens each) and print the running and final
+    perplexity. Returns the exit status: 0, or 130 when interrupted."""
     from tqdm import tqdm
     parser = build_parser()
     args = parser.parse_args(argv)
