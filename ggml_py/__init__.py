@@ -30,7 +30,8 @@ from ggml_py.system import build_features, kernels, system_info  # noqa: E402
 from ggml_py.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
 from ggml_py.tensor import Context, Tensor, row_bytes, type_traits  # noqa: E402
 from ggml_py.quants import dequantize, quantize  # noqa: E402
-from ggml_py.graph import Graph, Plan, ThreadPool, build_forward, default_threads, shared_pool  # noqa: E402
+from ggml_py.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
+                           default_threads, shared_pool)
 from ggml_py.ops import (  # noqa: E402
     ROPE_NEOX, ROPE_NORMAL, add, argmax, concat, cont, cpy, div, dup, gelu, get_rows, mean,
     mul, mul_mat, neg, norm, permute, relu, reshape, rms_norm, rope, scale, set_rows, silu,

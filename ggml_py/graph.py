@@ -21,6 +21,7 @@ DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
 MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
 ABORT_INTERVAL_MS = 20.0       # how often the executor checks for Ctrl-C
 WORK_ALIGN = 64
+MAX_THREADS = _core.MAX_THREADS   # the most threads a pool or a compute may have
 
 _pools = {}
 _pools_lock = threading.Lock()

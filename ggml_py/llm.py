@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py._core import MAX_THREADS
+from ggml_py.graph import MAX_THREADS
 from ggml_py.llama import KV_PAD, LlamaModel
 from ggml_py.sampling import Sampler, SamplingParams, checked_int
 from ggml_py.types import Type

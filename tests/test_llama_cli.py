@@ -1,5 +1,6 @@
 """ggml-main, ggml-perplexity and ggml-bench model (and ggml-tune's output), end to end in
 subprocesses."""
+import argparse
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import pytest
 from llama_models import DATA, N_VOCAB, model_path, scratch_path, vocab
 
 import ggml_py as gg
-from ggml_py.cli.common import process_escapes, read_prompt_file
+from ggml_py.cli.common import int_list, process_escapes, read_prompt_file, thread_list
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.tune_bench import bench
 
@@ -307,6 +308,27 @@ def test_bench_model_table_and_json():
                "-r", 1, "--json")
     results = json.loads(proc.stdout)["results"]
     assert [r["test"] for r in results] == ["pp8", "tg2"] and results[0]["avg_ts"] > 0
+
+
+@pytest.mark.parametrize("text, low, high, expected", [
+    ("1,2,4", 1, None, [1, 2, 4]), ("0", 0, None, [0]), ("-3,7", None, None, [-3, 7]),
+    ("3", None, 3, [3]), ("4", None, 3, "at most 3"), ("0", 1, None, "at least 1"),
+    ("5", 1, 4, "in 1..4"), ("", None, None, "comma-separated"), ("1,", None, None, "comma-separated"),
+    ("1,,2", None, None, "comma-separated"), ("x", None, None, "comma-separated"), ("1.5", None, None, "comma"),
+])
+def test_int_list_values_and_refusals(text, low, high, expected):
+    if isinstance(expected, list):
+        assert int_list(text, low, high) == expected
+    else:
+        with pytest.raises(argparse.ArgumentTypeError, match=expected):
+            int_list(text, low, high)
+
+
+def test_thread_list_is_bounded_by_the_pool_limit():
+    assert thread_list(f"1,{gg.MAX_THREADS}") == [1, gg.MAX_THREADS]
+    for text in ("0", str(gg.MAX_THREADS + 1)):
+        with pytest.raises(argparse.ArgumentTypeError, match="thread counts"):
+            thread_list(text)
 
 
 def test_bench_model_errors():

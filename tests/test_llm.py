@@ -10,7 +10,7 @@ from llama_models import N_VOCAB, TEXT, V, edited_model, model_path, vocab
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
-from ggml_py._core import MAX_THREADS
+from ggml_py.graph import MAX_THREADS
 from ggml_py.perplexity import token_nll
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.sampling import Sampler

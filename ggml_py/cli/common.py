@@ -42,7 +42,7 @@ def positive_int(text):
 
 def thread_count(text):
     """A thread count flag: 1..MAX_THREADS (the worker pool's limit)."""
-    from ggml_py._core import MAX_THREADS
+    from ggml_py.graph import MAX_THREADS
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"thread count must be at least 1, got {value}")
@@ -60,14 +60,15 @@ def int_list(text, low=None, high=None, what="integers"):
         raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
     for value in values:
         if (low is not None and value < low) or (high is not None and value > high):
-            bounds = f"at least {low}" if high is None else f"in {low}..{high}"
+            bounds = f"at least {low}" if high is None else f"at most {high}" if low is None \
+                else f"in {low}..{high}"
             raise argparse.ArgumentTypeError(f"{what} must be {bounds}, got {value}")
     return values
 
 
 def thread_list(text):
     """A comma-separated list of thread counts, each 1..MAX_THREADS (the pool's limit)."""
-    from ggml_py._core import MAX_THREADS
+    from ggml_py.graph import MAX_THREADS
     return int_list(text, 1, MAX_THREADS, what="thread counts")
 
 
