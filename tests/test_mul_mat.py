@@ -186,6 +186,30 @@ def test_batched_broadcast(profile):
     assert nmse(y.numpy(), ref) <= NMSE_MAX
 
 
+@pytest.mark.parametrize("row_stride", [0, 4])
+@pytest.mark.parametrize("type", [gg.F32, gg.Q8_0])
+def test_one_row_src1_with_any_row_stride(type, row_stride):
+    """src1 of one row per batch is contiguous whatever its row stride (a dimension of one
+    has no stride); every profile must read it as packed rows, not by that stride."""
+    rng = np.random.default_rng(5)
+    k, n, batches = 64, 48, 3
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((batches, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=8 << 20)
+    a = ctx.from_numpy(w, type=type)
+    b = gg.view(ctx.from_numpy(x), (batches, 1, k), strides=(k * 4, row_stride, 4))
+    assert b.is_contiguous
+    y = gg.mul_mat(a, b)
+    graph = gg.build_forward(y)
+    wd = stored_weights(w, type).astype(np.float64)
+    ref = (x.astype(np.float64) @ wd.T)[:, None, :]
+    for profile in y.profiles():
+        y.profile = profile
+        y.numpy()[...] = 12345.0
+        graph.compute(n_threads=2)
+        assert nmse(y.numpy(), ref) <= NMSE_MAX, profile.name
+
+
 def test_blas_mt_leaves_no_thread_spinning():
     """OpenBLAS's threads, lent to blas-mt, must go to sleep after the call
     instead of busy-waiting (they would steal the pool's cores from the nodes

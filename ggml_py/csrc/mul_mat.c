@@ -236,9 +236,10 @@ static void compute_blas(const struct ggml_py_compute_params *params, struct ggm
             }
             const float *b = (const float *) ((const char *) src1->data + i12 * nb12 + i13 * nb13);
             float *c = (float *) ((char *) dst->data + i12 * nb2 + i13 * nb3);
-            /* c (M x N) = b (M x K) * a^T (a: N x K) */
+            /* c (M x N) = b (M x K) * a^T (a: N x K); b is contiguous, its rows ne10 apart
+             * (nb11 may be anything when M = 1: a dimension of one has no stride) */
             scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint) ne11, (blasint) ne01,
-                              (blasint) ne00, 1.0f, b, (blasint) (nb11 / sizeof(float)), a, (blasint) ne00,
+                              (blasint) ne00, 1.0f, b, (blasint) ne10, a, (blasint) ne00,
                               0.0f, c, (blasint) (nb1 / sizeof(float)));
         }
     }
