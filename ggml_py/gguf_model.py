@@ -10,6 +10,7 @@ problem; command-line programs print its message and exit non-zero.
 """
 import functools
 import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,6 +133,21 @@ def _check_tensor_infos(fields, alignment, data_start, file_size):
         expected += -(-nbytes // alignment) * alignment
 
 
+def layout_problem(reader):
+    """Why the file `reader` (a gguf.GGUFReader) opened cannot be used alone, as llama.cpp
+    cannot use it here, or None: a byte order not this host's (its weights would be read
+    byte-swapped), or one shard of a split model (the others hold the rest)."""
+    if reader.byte_order != "I":
+        return (f"{reader.endianess.name.lower()}-endian GGUF file: ggml_py, like llama.cpp, "
+                f"reads only files in this host's byte order ({sys.byteorder}-endian)")
+    field = reader.fields.get("split.count")
+    count = field.contents() if field is not None and len(field.types) == 1 else 1
+    if isinstance(count, int) and count > 1:
+        return (f"one shard of a split GGUF model (split.count = {count}): split GGUF files are "
+                f"not supported; merge them first (llama.cpp's gguf-split --merge)")
+    return None
+
+
 def _shown(field, value):
     """A metadata value for a message: short, with its GGUF type."""
     types = [t.name for t in field.types]
@@ -182,11 +198,15 @@ class GGUFModelFile:
         if magic != b"GGUF":
             raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         try:
-            return _reader_class()(path)
+            reader = _reader_class()(path)
         except _FileProblem as e:
             raise ModelLoadError(f"{path}: {e}") from None
         except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
             raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
+        problem = layout_problem(reader)
+        if problem:
+            raise ModelLoadError(f"{path}: {problem}")
+        return reader
 
     def error(self, problem):
         """A ModelLoadError about this file."""

@@ -16,8 +16,16 @@ IQ4_NL there, which ggml_py does not have, so Q4_0 is this project's own
 substitute. Q3_K, Q4_K and Q5_K
 are llama.cpp's aliases of Q3_K_M, Q4_K_M and Q5_K_M.
 
+As in llama.cpp, a tensor already in its new type is copied unchanged, and a
+quantized tensor is re-encoded into another type only with --allow-requantize.
+Metadata is copied byte for byte (general.alignment included, with the data
+laid out to it). Files in the other byte order and shards of a split model are
+refused.
+
 The output is written to a temporary file beside it and renamed into place
 when complete; an output that is the input file is refused.
+
+    python -m ggml_py.quantize_model IN OUT TYPE     # the same as ggml-quantize
 """
 import os
 import re
@@ -29,6 +37,7 @@ import gguf
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script
+from ggml_py.gguf_model import layout_problem
 from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import quantize
 from ggml_py.tensor import type_traits
@@ -178,15 +187,47 @@ def tensor_type(name, row_len, target, model):
     return new
 
 
+class Writer(gguf.GGUFWriter):
+    """gguf's writer, which also writes empty arrays: valid GGUF (`general.tags = []`),
+    which llama.cpp copies and gguf refuses to write."""
+
+    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+        if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return head + self._pack("I", sub_type) + self._pack("Q", 0)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
+def field_types(field):
+    """(value type, item type or None) of a metadata field. An array's item type is read
+    from the file: gguf's reader leaves it out of `field.types` when the array is empty."""
+    vtype = field.types[0]
+    if vtype != gguf.GGUFValueType.ARRAY:
+        return vtype, None
+    return vtype, gguf.GGUFValueType(int(field.parts[3][0]))  # parts: key len, key, ARRAY, item type
+
+
+def field_value(field):
+    """A metadata value as the file holds it: strings as their raw bytes (old
+    conversions stored tokens that are not UTF-8; llama.cpp copies the bytes)."""
+    vtype, sub_type = field_types(field)
+    if gguf.GGUFValueType.STRING not in (vtype, sub_type):
+        return field.contents()
+    strings = [field.parts[i].tobytes() for i in field.data]
+    return strings if sub_type is not None else strings[0]
+
+
 def copy_metadata(reader, writer, file_type):
-    """Every key/value of the input but the ones the writer owns or we change."""
+    """Every key/value of the input, in its order, but the ones the writer owns or we change."""
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type",
                                               "general.quantization_version"):
             continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type)
+        if key == "general.alignment":
+            # the writer lays the tensor data out to its own alignment, not to the key
+            writer.add_custom_alignment(int(reader.alignment))
+            continue
+        writer.add_key_value(key, field_value(field), *field_types(field))
     writer.add_uint32("general.file_type", int(file_type))
     writer.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
 
@@ -239,6 +280,9 @@ def open_input(src, dst):
         reader = gguf.GGUFReader(src)
     except Exception as exc:   # the reader raises many kinds on a bad file
         raise QuantizeError(f"{src}: not a readable GGUF file ({exc})") from None
+    problem = layout_problem(reader)
+    if problem:
+        raise QuantizeError(f"{src}: {problem}")
     arch_field = reader.fields.get("general.architecture")
     arch = arch_field.contents() if arch_field is not None else None
     if arch != "llama":
@@ -254,8 +298,25 @@ def open_input(src, dst):
     return reader, model
 
 
-def add_tensors(writer, reader, target, model, progress):
-    """Add every tensor of `reader` to `writer`, re-typed; returns {type name: count}."""
+def new_types(reader, target, model):
+    """{tensor name: its type in the output}: llama.cpp's rules for the weights; the
+    other tensors keep theirs."""
+    return {t.name: tensor_type(t.name, int(t.shape[0]), target, model) if is_weight(t)
+            else t.tensor_type for t in reader.tensors}
+
+
+def check_requantize(src, reader, types):
+    """As llama.cpp without --allow-requantize: no quantized tensor re-encoded into another type."""
+    for t in reader.tensors:
+        if int(types[t.name]) != int(t.tensor_type) and t.tensor_type not in FLOAT_TYPES:
+            raise QuantizeError(f"{src}: requantizing from type {t.tensor_type.name} is disabled "
+                                f"({t.name} -> {types[t.name].name}); pass --allow-requantize "
+                                f"to re-type quantized weights")
+
+
+def add_tensors(writer, reader, types, progress):
+    """Add every tensor of `reader` to `writer` in its type of `types` ({name: type}):
+    re-typed, or copied unchanged where the type stays. Returns {type name: count}."""
     counts = {}
     tensors = sorted(reader.tensors, key=lambda t: (layer_of(t.name), t.name))  # llama.cpp's order
     bar = None
@@ -264,12 +325,11 @@ def add_tensors(writer, reader, target, model, progress):
         bar = tqdm(total=len(tensors), unit="tensor", desc="quantize", file=sys.stderr)
     for t in tensors:
         shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
-        if not is_weight(t):
+        new = types[t.name]
+        if int(new) == int(t.tensor_type):
             writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
                               raw_dtype=t.tensor_type)
-            new = Type(int(t.tensor_type))
         else:
-            new = tensor_type(t.name, shape[-1], target, model)
             values = to_f32(t).reshape(shape)
             if new == Type.F32:
                 writer.add_tensor(t.name, values)
@@ -287,21 +347,26 @@ def add_tensors(writer, reader, target, model, progress):
     return counts
 
 
-def quantize_file(src, dst, target_name, progress=True, log=print):
+def quantize_file(src, dst, target_name, progress=True, log=print, allow_requantize=False):
     """Write `dst`: `src` with its weights re-typed to target_name. Returns (in bytes, out bytes).
 
     `dst` appears only once complete (a temporary file beside it is renamed); a
     `dst` that is `src` is refused, as `src` is memory-mapped while it is read.
+    A quantized weight of `src` is re-encoded into another type only with
+    `allow_requantize` (QuantizeError otherwise, before anything is written).
     """
     target = TARGETS.get(target_name.upper())
     if target is None:
         raise QuantizeError(f"unknown type {target_name!r}; choose one of {', '.join(TARGETS)}")
     reader, model = open_input(src, dst)
+    types = new_types(reader, target, model)
+    if not allow_requantize:
+        check_requantize(src, reader, types)
     try:
         with atomic_output(dst) as tmp:
-            writer = gguf.GGUFWriter(tmp, "llama")
+            writer = Writer(tmp, "llama")
             copy_metadata(reader, writer, target.ftype)
-            counts = add_tensors(writer, reader, target, model, progress)
+            counts = add_tensors(writer, reader, types, progress)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
@@ -327,11 +392,14 @@ def main(argv=None):
     p.add_argument("input")
     p.add_argument("output", help="a new path (not the input); written whole or not at all")
     p.add_argument("type", help="one of " + ", ".join(TARGETS))
+    p.add_argument("--allow-requantize", action="store_true",
+                   help="re-encode quantized weights into another type (lossy; llama.cpp's flag)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     try:
         start = time.perf_counter()
-        quantize_file(args.input, args.output, args.type, progress=not args.quiet)
+        quantize_file(args.input, args.output, args.type, progress=not args.quiet,
+                      allow_requantize=args.allow_requantize)
         print(f"ggml-quantize: done in {time.perf_counter() - start:.1f} s")
         return 0
     except BrokenPipeError:
@@ -339,3 +407,7 @@ def main(argv=None):
     except (QuantizeError, OSError) as exc:
         print(f"ggml-quantize: error: {exc}", file=sys.stderr)
         return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

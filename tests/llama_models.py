@@ -92,39 +92,41 @@ def gguf_parts(path):
     return kvs, tensors
 
 
-def _value_bytes(t, value):
+def _value_bytes(t, value, order="<"):
     if t == V.STRING:
         data = value.encode() if isinstance(value, str) else bytes(value)
-        return struct.pack("<Q", len(data)) + data
-    return struct.pack("<" + _CODES[t], value)
+        return struct.pack(order + "Q", len(data)) + data
+    return struct.pack(order + _CODES[t], value)
 
 
-def gguf_bytes(kvs, tensors, offsets=None, alignment=32):
+def gguf_bytes(kvs, tensors, offsets=None, alignment=32, order="<"):
     """A GGUF v3 file, written byte by byte (nothing checked): kvs and tensors as
     gguf_parts gives them; offsets: the offset written for each tensor (None: the
-    usual running, aligned one), its data stays where it would be anyway."""
-    out = [b"GGUF", struct.pack("<IQQ", 3, len(tensors), len(kvs))]
+    usual running, aligned one), its data stays where it would be anyway; order:
+    the byte order of the header ('>': big-endian; the tensor data stays as given)."""
+    out = [b"GGUF", struct.pack(order + "IQQ", 3, len(tensors), len(kvs))]
     for key, types, value in kvs:
-        out += [_value_bytes(V.STRING, key), struct.pack("<I", types[0])]
+        out += [_value_bytes(V.STRING, key, order), struct.pack(order + "I", types[0])]
         if types[0] == V.ARRAY:
-            out.append(struct.pack("<IQ", types[1], len(value)))
-            out += [_value_bytes(types[1], v) for v in value]
+            out.append(struct.pack(order + "IQ", types[1], len(value)))
+            out += [_value_bytes(types[1], v, order) for v in value]
         else:
-            out.append(_value_bytes(types[0], value))
+            out.append(_value_bytes(types[0], value, order))
     data, natural = b"", []
     for name, ne, type_id, raw in tensors:
         natural.append(len(data))
         data += raw + b"\0" * (-len(raw) % alignment)
     for (name, ne, type_id, raw), offset in zip(tensors, offsets or natural):
-        out += [_value_bytes(V.STRING, name), struct.pack(f"<I{len(ne)}Q", len(ne), *ne),
-                struct.pack("<IQ", type_id, offset)]
+        out += [_value_bytes(V.STRING, name, order),
+                struct.pack(f"{order}I{len(ne)}Q", len(ne), *ne),
+                struct.pack(order + "IQ", type_id, offset)]
     header = b"".join(out)
     return header + b"\0" * (-len(header) % alignment) + data
 
 
 def edited_model(name, kind="f32", keys=None, tensors=None, **layout):
     """A copy of model_path(kind) with metadata `keys` ({key: (types, value)}; None
-    removes the key) and `tensors(list)` edited; layout: gguf_bytes' offsets, alignment."""
+    removes the key) and `tensors(list)` edited; layout: gguf_bytes' offsets, alignment, order."""
     kvs, parts = gguf_parts(model_path(kind))
     for key, typed in (keys or {}).items():
         kvs = [kv for kv in kvs if kv[0] != key] + ([(key, *typed)] if typed else [])

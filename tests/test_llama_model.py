@@ -448,6 +448,23 @@ def test_duplicate_metadata_keys_are_refused():
     assert load_error(path) == "duplicate metadata key 'llama.block_count'"
 
 
+SPLIT = {"split.no": ([V.UINT16], 0), "split.count": ([V.UINT16], 2),
+         "split.tensors.count": (I32, 40)}    # the first shard's keys, as gguf-split writes them
+
+
+def test_big_endian_and_split_files_are_refused():
+    # llama.cpp refuses both: a byte order not the host's ("mismatch between the host and
+    # model endianness"), and a shard alone (it loads the others; ggml_py does not)
+    big = edited_model("big-endian.gguf", order=">")
+    assert load_error(big) == ("big-endian GGUF file: ggml_py, like llama.cpp, reads only files "
+                               "in this host's byte order (little-endian)")
+    assert load_error(edited_model("shard.gguf", keys=SPLIT)) == (
+        "one shard of a split GGUF model (split.count = 2): split GGUF files are not supported; "
+        "merge them first (llama.cpp's gguf-split --merge)")
+    whole = edited_model("one-split.gguf", keys={**SPLIT, "split.count": ([V.UINT16], 1)})
+    assert LlamaModel(whole, n_ctx=16, n_threads=1).config.n_layer == SPECS["f32"].n_layer
+
+
 def test_tensor_past_the_end_of_the_file_is_truncation():
     good = open(model_path("f32"), "rb").read()
     path = scratch_path("short.gguf")

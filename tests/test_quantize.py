@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import pytest
 
-from llama_models import model_path, scratch_path
+from llama_models import V, edited_model, gguf_bytes, gguf_parts, model_path, scratch_path
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
@@ -288,3 +288,91 @@ def test_bad_flags_end_in_one_line_and_status_2(capsys):
         main(["in.gguf", "out.gguf"])                 # the type is missing
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("ggml-quantize: error: ") and err.count("\n") == 1
+
+
+def test_python_m_runs_the_console_script(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
+    proc = subprocess.run([sys.executable, "-m", "ggml_py.quantize_model", model_path("f32"),
+                           tmp_path / "q8.gguf", "Q8_0", "-q"], capture_output=True, text=True,
+                          timeout=120, env=env, cwd=tempfile.gettempdir())
+    assert proc.returncode == 0 and "Q8_0" in proc.stdout, proc.stderr
+    assert gguf.GGUFReader(tmp_path / "q8.gguf").fields["general.file_type"].contents() == 7
+
+
+def tensor_bytes(path):
+    return {t.name: (int(t.tensor_type), t.data.tobytes()) for t in gguf.GGUFReader(path).tensors}
+
+
+def test_requantizing_needs_allow_requantize_and_a_tensor_in_its_type_is_copied(tmp_path, capsys,
+                                                                                 f32_k_model):
+    q4 = tmp_path / "q4_k_m.gguf"
+    quantize_file(f32_k_model, q4, "Q4_K_M", progress=False, log=lambda *a: None)
+    # as llama.cpp: nothing to re-type, so nothing re-encoded, no flag needed
+    assert main([str(q4), str(tmp_path / "same.gguf"), "Q4_K_M", "-q"]) == 0
+    assert tensor_bytes(tmp_path / "same.gguf") == tensor_bytes(q4)
+    err = one_line_error(capsys, q4, tmp_path / "q8.gguf", "Q8_0")
+    assert "requantizing from type Q6_K is disabled (output.weight -> Q8_0); pass " \
+           "--allow-requantize" in err
+    assert "requantizing from type Q8_0 is disabled" in one_line_error(
+        capsys, model_path("q8_0"), tmp_path / "f32.gguf", "F32")
+    assert not os.path.exists(tmp_path / "q8.gguf") and not os.path.exists(tmp_path / "f32.gguf")
+    assert main([str(q4), str(tmp_path / "q8.gguf"), "Q8_0", "-q", "--allow-requantize"]) == 0
+    types = {Type(t) for name, (t, _) in tensor_bytes(tmp_path / "q8.gguf").items()
+             if name.endswith(".weight") and "norm" not in name}
+    assert types == {Type.Q8_0}
+    # F16 is not a quantized type: re-typed without the flag; kept F16 tensors are copied
+    assert main([model_path("f16"), str(tmp_path / "f16-q8.gguf"), "Q8_0", "-q"]) == 0
+    assert main([model_path("f16"), str(tmp_path / "f16.gguf"), "F16", "-q"]) == 0
+    assert tensor_bytes(tmp_path / "f16.gguf") == tensor_bytes(model_path("f16"))
+
+
+@pytest.mark.parametrize("alignment", [16, 64])
+def test_general_alignment_is_kept_and_the_data_laid_out_to_it(tmp_path, alignment):
+    # 36 wide: the norms' 144 bytes pad to other offsets at 16, 32 and 64 bytes
+    f32 = tmp_path / "f32.gguf"
+    write_random_llama(f32, RandomLlamaSpec(n_vocab=llama_models.N_VOCAB, n_embd=36, n_head=2,
+                                            n_head_kv=2, n_ff=72, seed=9), vocab=llama_models.vocab())
+    kvs, tensors = gguf_parts(f32)
+    src = tmp_path / "aligned.gguf"
+    src.write_bytes(gguf_bytes(kvs + [("general.alignment", [V.UINT32], alignment)], tensors,
+                               alignment=alignment))
+    out = tmp_path / "out.gguf"
+    quantize_file(src, out, "F32", progress=False, log=lambda *a: None)
+    assert gguf.GGUFReader(out).fields["general.alignment"].contents() == alignment
+    tokens = np.arange(1, 9, dtype=np.int32)
+    logits = [LlamaModel(path, n_ctx=16, n_threads=1).forward(tokens, np.arange(8)).copy()
+              for path in (src, out)]      # the loader checks every offset against the key
+    assert np.array_equal(*logits)
+
+
+def test_metadata_is_copied_byte_for_byte(tmp_path):
+    # valid GGUF that llama.cpp copies: a token that is not UTF-8 (old conversions stored raw
+    # bytes), empty arrays of any type, an empty string
+    tokens = list(llama_models.vocab()["tokens"])
+    tokens[300] = b"\xe2\x96"
+    src = edited_model("odd-metadata.gguf", keys={
+        "tokenizer.ggml.tokens": ([V.ARRAY, V.STRING], tokens),
+        "general.tags": ([V.ARRAY, V.STRING], []), "x.ids": ([V.ARRAY, V.INT32], []),
+        "x.empty": ([V.STRING], ""), "x.u64": ([V.UINT64], 2**63 + 5)})
+    out = tmp_path / "q8.gguf"
+    assert main([src, str(out), "Q8_0", "-q"]) == 0
+
+    def kv_bytes(path):
+        fields = gguf.GGUFReader(path).fields
+        return {k: b"".join(p.tobytes() for p in f.parts) for k, f in fields.items()
+                if not k.startswith("GGUF.")}
+    before, after = kv_bytes(src), kv_bytes(out)
+    assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {
+        "general.file_type", "general.quantization_version"}
+    gg.Llama(str(out))
+
+
+def test_big_endian_and_split_files_are_one_line_errors(tmp_path, capsys):
+    big = edited_model("q-big-endian.gguf", order=">")
+    assert "big-endian GGUF file: ggml_py, like llama.cpp, reads only" in one_line_error(
+        capsys, big, tmp_path / "o.gguf", "Q8_0")
+    shard = edited_model("q-shard.gguf", keys={"split.no": ([V.UINT16], 0),
+                                               "split.count": ([V.UINT16], 2)})
+    assert "split GGUF files are not supported; merge them first (llama.cpp's gguf-split " \
+           "--merge)" in one_line_error(capsys, shard, tmp_path / "o.gguf", "Q8_0")
+    assert os.listdir(tmp_path) == []
