@@ -17,7 +17,10 @@ as llama.cpp's converter does. A checkpoint whose ``config.json`` says
 in llama.cpp's order and is written unchanged.
 
 Neither ``safetensors`` nor ``sentencepiece`` is needed: both formats are read
-here with numpy and a small protobuf reader.
+here with numpy and a small protobuf reader. Nor is ``transformers``: a byte-level
+BPE ``tokenizer.json``'s pre-tokenizer is named (``tokenizer.ggml.pre``) from its
+regexes, not from the HF tokenizer's output as llama.cpp does, and special tokens
+are read with gguf's ``SpecialVocab`` as llama.cpp's converter reads them.
 
 The weights are memory-mapped while the GGUF is written, so the output is written
 to a temporary file and renamed into place when complete, and an output that is
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import struct
@@ -40,6 +44,7 @@ import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script
 from ggml_py.gguf_write import atomic_output
+from ggml_py.pretokenize import CONTRACTIONS_ANY_CASE, RE_GPT2, PRE_TOKENIZERS
 
 
 class ConvertError(Exception):
@@ -69,8 +74,6 @@ class LlamaParams:
     rope_scaling_linear: float | None
     attention_bias: bool    # q/k/v/o projections have biases (blk.N.attn_*.bias)
     mlp_bias: bool          # gate/up/down projections have biases (blk.N.ffn_*.bias)
-    bos_id: int | None
-    eos_id: int | None
 
 
 def _positive_int(cfg: dict, key: str, path: Path, default: int | None = None) -> int:
@@ -149,17 +152,28 @@ def _flag(cfg: dict, key: str, path: Path) -> bool:
     return value
 
 
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON file that must hold an object (config.json, tokenizer_config.json, ...)."""
+    value = _read_json(path)
+    if not isinstance(value, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return value
+
+
 def read_config(model_dir: Path) -> LlamaParams:
-    """config.json -> LlamaParams; every value checked, errors name the key."""
+    """config.json -> LlamaParams; every value checked, errors name the key. (The special
+    token ids in it are read with the tokenizer: see read_vocab.)"""
     path = model_dir / "config.json"
     if not path.is_file():
         raise ConvertError(f"{model_dir}: no config.json")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ConvertError(f"{path}: not a JSON object")
+    cfg = _json_object(path)
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConvertError(f"{path}: architectures is {archs!r}, not a list of class names")
@@ -188,9 +202,6 @@ def read_config(model_dir: Path) -> LlamaParams:
         raise ConvertError(f"{path}: rope_pairing must be 'half' or 'adjacent', not {pairing!r}")
     tied = _flag(cfg, "tie_word_embeddings", path)
     rope_theta, rope_scaling_linear = _rope_config(cfg, path)
-    eos = cfg.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
     return LlamaParams(
         n_vocab=_positive_int(cfg, "vocab_size", path), n_embd=n_embd,
         n_ff=_positive_int(cfg, "intermediate_size", path),
@@ -199,8 +210,7 @@ def read_config(model_dir: Path) -> LlamaParams:
         rms_eps=_positive_float(cfg.get("rms_norm_eps"), "rms_norm_eps", path, default=1e-6),
         rope_theta=rope_theta, rope_dim=head_dim, tied=tied, adjacent_rope=pairing == "adjacent",
         rope_scaling_linear=rope_scaling_linear,
-        attention_bias=_flag(cfg, "attention_bias", path), mlp_bias=_flag(cfg, "mlp_bias", path),
-        bos_id=cfg.get("bos_token_id"), eos_id=eos)
+        attention_bias=_flag(cfg, "attention_bias", path), mlp_bias=_flag(cfg, "mlp_bias", path))
 
 
 # ----------------------------------------------------------------------------- weights
@@ -278,15 +288,55 @@ def read_pytorch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
         yield name, tensor.detach().to(torch.float32).numpy()
 
 
+# (files, their index, reader), tried in this order
+_WEIGHT_FORMATS = (("*.safetensors", "model.safetensors.index.json", read_safetensors),
+                   ("pytorch_model*.bin", "pytorch_model.bin.index.json", read_pytorch_bin))
+
+
+def _read_files(files: list[Path], reader) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
+    """({HF name: array}, {HF name: its file}) of `files`; a name in two files is an error
+    (a stale copy beside the real weights must not win silently)."""
+    weights: dict[str, np.ndarray] = {}
+    source: dict[str, Path] = {}
+    for f in files:
+        for name, array in reader(f):
+            if name in source:
+                raise ConvertError(f"tensor {name!r} is in both {source[name].name} and {f.name}; "
+                                   "remove the stale file")
+            weights[name], source[name] = array, f
+    return weights, source
+
+
+def _read_indexed(index: Path, reader) -> dict[str, np.ndarray]:
+    """The tensors of a sharded checkpoint: exactly the files the index's weight_map names,
+    each tensor in the file it names, and no tensor it does not list."""
+    weight_map = _json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ConvertError(f"{index}: no weight_map of tensor names to file names")
+    files = sorted({index.parent / f for f in weight_map.values()})
+    for f in files:
+        if not f.is_file():
+            raise ConvertError(f"{index}: its weight_map names {f.name}, which is missing")
+    weights, source = _read_files(files, reader)
+    for name, fname in weight_map.items():
+        if source.get(name) != index.parent / fname:
+            raise ConvertError(f"{index}: tensor {name!r} is not in {fname}, where its weight_map puts it")
+    extra = sorted(weights.keys() - weight_map.keys())
+    if extra:
+        raise ConvertError(f"{index}: tensor {extra[0]!r} of {source[extra[0]].name} is not in its weight_map")
+    return weights
+
+
 def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint, {HF name: float32 array}: the *.safetensors files, else
-    the pytorch_model*.bin files."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if files:
-        return {k: v for f in files for k, v in read_safetensors(f)}
-    bins = sorted(model_dir.glob("pytorch_model*.bin"))
-    if bins:
-        return {k: v for f in bins for k, v in read_pytorch_bin(f)}
+    """Every tensor of the checkpoint, {HF name: float32 array}: with an index
+    (model.safetensors.index.json) the files it names, else all *.safetensors files;
+    else the same for pytorch_model*.bin (pytorch_model.bin.index.json)."""
+    for pattern, index_name, reader in _WEIGHT_FORMATS:
+        if (model_dir / index_name).is_file():
+            return _read_indexed(model_dir / index_name, reader)
+        files = sorted(model_dir.glob(pattern))
+        if files:
+            return _read_files(files, reader)[0]
     raise ConvertError(f"{model_dir}: no weights (*.safetensors or pytorch_model.bin)")
 
 
@@ -369,15 +419,8 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
     out: dict[str, np.ndarray] = {}
     for hf_name, array in weights.items():
         name = gguf_name(hf_name, p.n_layer)
-        if name is None or (name == "output.weight" and p.tied):
-            continue
-        # the q, k biases are rows of the projection too: permuted alike, as llama.cpp's
-        # convert_hf_to_gguf.py does
-        if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight",
-                                                  "attn_q.bias", "attn_k.bias")):
-            heads = p.n_head if ".attn_q." in name else p.n_head_kv
-            array = permute_rope_rows(array, heads)
-        out[name] = array
+        if name is not None and not (name == "output.weight" and p.tied):
+            out[name] = array
     shapes = expected_shapes(p)
     for name in out:
         if name not in shapes:      # a bias the config does not announce: never drop it
@@ -389,15 +432,26 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
             raise ConvertError(f"missing tensor {name} (HF name of the checkpoint not found)")
         if out[name].shape != shape:
             raise ConvertError(f"tensor {name}: shape {out[name].shape}, expected {shape}")
+    # only now that the shapes are right: the q, k biases are rows of the projection too,
+    # permuted alike, as llama.cpp's convert_hf_to_gguf.py does
+    for name in shapes:
+        if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight",
+                                                  "attn_q.bias", "attn_k.bias")):
+            out[name] = permute_rope_rows(out[name], p.n_head if ".attn_q." in name else p.n_head_kv)
     return {name: out[name] for name in shapes}
 
 
 # ----------------------------------------------------------------------------- tokenizer
 
+# GGUF token types (gguf.TokenType); SentencePiece numbers its piece types the same way
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(1, 7)
+
+
 @dataclass
 class Vocab:
     """A tokenizer as GGUF stores it (tokenizer.ggml.*); types are GGUF token types."""
     model: str                  # "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+    pre: str                    # tokenizer.ggml.pre: "default", or a byte-level BPE pre-tokenizer
     tokens: list[str]
     scores: list[float] | None
     types: list[int]
@@ -493,17 +547,12 @@ def read_sentencepiece_model(path: Path) -> dict:
 
 def _tokenizer_config(model_dir: Path) -> dict:
     path = model_dir / "tokenizer_config.json"
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConvertError(f"{path}: not valid JSON ({e})") from None
+    return _json_object(path) if path.is_file() else {}
 
 
-def vocab_from_sentencepiece(path: Path, tok_cfg: dict) -> Vocab:
-    """A ``llama`` vocabulary from a SentencePiece ``tokenizer.model`` (unigram or BPE);
-    add_bos / add_eos from tokenizer_config.json."""
+def vocab_from_sentencepiece(path: Path) -> Vocab:
+    """A ``llama`` vocabulary from a SentencePiece ``tokenizer.model`` (unigram or BPE), with
+    its own special ids (read_vocab applies the checkpoint's)."""
     m = read_sentencepiece_model(path)
     if m["model_type"] not in (1, 2):
         raise ConvertError(f"{path}: SentencePiece model type {m['model_type']} (only unigram/BPE)")
@@ -511,92 +560,255 @@ def vocab_from_sentencepiece(path: Path, tok_cfg: dict) -> Vocab:
     def opt_id(i: int) -> int | None:
         return i if 0 <= i < len(m["pieces"]) else None
 
-    # SentencePiece piece types (NORMAL 1, UNKNOWN 2, CONTROL 3, USER_DEFINED 4,
-    # UNUSED 5, BYTE 6) are numbered like GGUF's token types.
-    return Vocab("llama", m["pieces"], m["scores"], m["types"], None,
+    return Vocab("llama", "default", m["pieces"], m["scores"], m["types"], None,
                  opt_id(m["bos_id"]), opt_id(m["eos_id"]), opt_id(m["unk_id"]), opt_id(m["pad_id"]),
-                 bool(tok_cfg.get("add_bos_token", True)), bool(tok_cfg.get("add_eos_token", False)),
-                 m["add_dummy_prefix"])
+                 add_bos=True, add_eos=False, add_space_prefix=m["add_dummy_prefix"])
 
 
-def vocab_from_tokenizer_json(path: Path, tok_cfg: dict) -> Vocab:
-    """A Hugging Face ``tokenizer.json`` with a BPE model.
+def _looks_special(text: str) -> bool:
+    """llama.cpp's does_token_look_special: added tokens some checkpoints forget to mark special."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or text.startswith("<|") and text.endswith("|>")
+            or text.startswith("<｜") and text.endswith("｜>")
+            or text.startswith("<unused") and text.endswith(">"))
+
+
+def added_token(text: str, special: bool) -> tuple[str, int]:
+    """(text, type) of an added token as llama.cpp's converter writes it: CONTROL when marked
+    special or looking special, else USER_DEFINED with SentencePiece's "▁" as a space."""
+    if special or _looks_special(text):
+        return text, CONTROL
+    return text.replace("▁", " "), USER_DEFINED
+
+
+def sentencepiece_added_tokens(model_dir: Path, tok_cfg: dict) -> dict[int, tuple[str, int]]:
+    """{id: (text, type)} of the tokens added to a SentencePiece vocabulary (by a fine-tune),
+    as llama.cpp's _create_vocab_sentencepiece reads them: added_tokens.json (USER_DEFINED),
+    then tokenizer_config.json's added_tokens_decoder, which wins (see added_token)."""
+    added = {}
+    path = model_dir / "added_tokens.json"
+    if path.is_file():
+        for text, i in _json_object(path).items():
+            if not _is_count(i):
+                raise ConvertError(f"{path}: token {text!r} has id {i!r}, not a non-negative integer")
+            added[i] = (text, USER_DEFINED)
+    decoder = tok_cfg.get("added_tokens_decoder") or {}
+    if not isinstance(decoder, dict):
+        raise ConvertError(f"{model_dir / 'tokenizer_config.json'}: added_tokens_decoder is not an object")
+    for key, entry in decoder.items():
+        content = entry.get("content") if isinstance(entry, dict) else None
+        if not (key.isascii() and key.isdigit()) or not isinstance(content, str):
+            raise ConvertError(f"{model_dir / 'tokenizer_config.json'}: added_tokens_decoder entry "
+                               f"{key!r}: {entry!r} is not an id and {{\"content\": text}}")
+        added[int(key)] = added_token(content, bool(entry.get("special")))
+    return added
+
+
+def _merge_text(merge, path: Path) -> str:
+    """A tokenizer.json merge, "a b" or ["a", "b"], as GGUF's "a b"."""
+    if isinstance(merge, str):
+        return merge
+    if isinstance(merge, list) and len(merge) == 2 and all(isinstance(m, str) for m in merge):
+        return " ".join(merge)
+    raise ConvertError(f"{path}: merge {merge!r} is not \"a b\" or [\"a\", \"b\"]")
+
+
+def read_tokenizer_json(path: Path) -> tuple[dict, list[str], list[dict]]:
+    """(tokenizer.json, its BPE merges as "a b", its added tokens), every id checked."""
+    tj = _read_json(path)
+    bpe = tj.get("model") if isinstance(tj, dict) else None
+    if not isinstance(bpe, dict):
+        raise ConvertError(f"{path}: not a tokenizer.json with a model vocabulary")
+    if bpe.get("type", "BPE") != "BPE":
+        raise ConvertError(f"{path}: tokenizer model {bpe.get('type')!r} is not supported (only BPE)")
+    vocab = bpe.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        raise ConvertError(f"{path}: the model vocabulary is {vocab!r}, not an object of tokens")
+    for text, i in vocab.items():
+        if not _is_count(i):
+            raise ConvertError(f"{path}: token {text!r} has id {i!r}, not a non-negative integer")
+    added = tj.get("added_tokens") or []
+    if not isinstance(added, list):
+        raise ConvertError(f"{path}: added_tokens is not a list")
+    for t in added:
+        if not isinstance(t, dict) or not isinstance(t.get("content"), str) or not _is_count(t.get("id")):
+            raise ConvertError(f"{path}: added token {t!r} has no text and integer id")
+    merges = bpe.get("merges") or []
+    if not isinstance(merges, list):
+        raise ConvertError(f"{path}: merges is not a list")
+    return tj, [_merge_text(m, path) for m in merges], added
+
+
+# HF writes the contractions case-insensitively; llama.cpp (ggml_py.pretokenize) spells the cases out
+_HF_CONTRACTIONS = "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
+# tokenizer.ggml.pre names a byte-level BPE checkpoint can get, in order of preference: the
+# names llama.cpp's converter writes, for the pre-tokenizers ggml_py.pretokenize implements
+BPE_PRE_NAMES = ("llama-bpe", "smaug-bpe", "gpt-2", "trillion", "qwen2", "stablelm2",
+                 "starcoder", "command-r")
+
+
+def _pre_tokenizer_regexes(pre) -> list[str] | None:
+    """The regexes a byte-level tokenizer.json pre_tokenizer splits with, in order and in
+    llama.cpp's spelling; None unless it is Split (Isolated) / Digits steps and one ByteLevel
+    that adds no prefix space (its use_regex is GPT-2's regex)."""
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) and pre.get("type") == "Sequence" else [pre]
+    regexes, byte_level = [], 0
+    for step in steps if isinstance(steps, list) else [None]:
+        step = step if isinstance(step, dict) else {}
+        pattern = step.get("pattern") if isinstance(step.get("pattern"), dict) else {}
+        if (step.get("type") == "Split" and isinstance(pattern.get("Regex"), str)
+                and step.get("behavior") == "Isolated" and not step.get("invert")):
+            regexes.append(pattern["Regex"].replace(_HF_CONTRACTIONS, CONTRACTIONS_ANY_CASE))
+        elif step.get("type") == "Digits":
+            regexes.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
+        elif step.get("type") == "ByteLevel" and not step.get("add_prefix_space"):
+            byte_level += 1
+            if step.get("use_regex", True):
+                regexes.append(RE_GPT2)
+        else:
+            return None
+    return regexes if byte_level == 1 else None
+
+
+def bpe_pre_name(tj: dict, tok_cfg: dict, path: Path) -> str:
+    """tokenizer.ggml.pre of a byte-level BPE tokenizer.json: the llama.cpp name whose
+    pre-tokenizer splits with the same regexes as its pre_tokenizer; among names sharing
+    them, the one with the same ignore_merges (the BPE model's) and clean_spaces
+    (tokenizer_config.json's clean_up_tokenization_spaces). llama.cpp's converter hashes the
+    HF tokenizer's output instead; like it, an unknown pre-tokenizer is refused."""
+    pre = tj.get("pre_tokenizer")
+    regexes = _pre_tokenizer_regexes(pre)
+    names = [n for n in BPE_PRE_NAMES if [r.pattern for r in PRE_TOKENIZERS[n].patterns] == regexes]
+    if not names:
+        found = json.dumps(pre)       # one line, whatever the regexes hold
+        raise ConvertError(f"{path}: BPE pre-tokenizer not recognized: {found[:400]} "
+                           f"(known: those of {', '.join(BPE_PRE_NAMES)})")
+    ignore_merges = bool(tj["model"].get("ignore_merges"))
+    clean = tok_cfg.get("clean_up_tokenization_spaces")
+
+    def mismatch(name: str) -> tuple[bool, bool]:
+        pt = PRE_TOKENIZERS[name]
+        return pt.ignore_merges != ignore_merges, isinstance(clean, bool) and pt.clean_spaces != clean
+
+    return min(names, key=mismatch)
+
+
+def vocab_from_tokenizer_json(path: Path, tok_cfg: dict, n_vocab: int) -> Vocab:
+    """A Hugging Face ``tokenizer.json`` with a BPE model, with its own special ids
+    (read_vocab applies the checkpoint's).
 
     Byte-fallback BPE (llama/SentencePiece style) becomes a ``llama`` vocabulary
     whose scores rank merges (a token made by merge r scores -r); byte-level BPE
-    becomes a ``gpt2`` vocabulary with its merges.
+    becomes a ``gpt2`` vocabulary with its merges and pre-tokenizer (bpe_pre_name).
     """
-    try:
-        tj = json.loads(path.read_text(encoding="utf-8"))
-        bpe = tj["model"]
-        vocab: dict[str, int] = bpe["vocab"]
-        merges = [m if isinstance(m, str) else " ".join(m) for m in bpe.get("merges", [])]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-        raise ConvertError(f"{path}: not a tokenizer.json with a model vocabulary ({e})") from None
-    if bpe.get("type", "BPE") != "BPE":
-        raise ConvertError(f"{path}: tokenizer model {bpe.get('type')!r} is not supported (only BPE)")
-    added = {t["content"]: t for t in tj.get("added_tokens", [])}
+    tj, merges, added_list = read_tokenizer_json(path)
+    bpe = tj["model"]
+    vocab: dict[str, int] = bpe["vocab"]
+    added = {t["content"]: t for t in added_list}
     n = max([*vocab.values(), *(t["id"] for t in added.values())]) + 1
+    if n > n_vocab:
+        raise ConvertError(f"tokenizer has {n} tokens, config.json vocab_size is {n_vocab}")
     tokens = [f"[PAD{i}]" for i in range(n)]
-    types = [5] * n                                   # UNUSED until seen
+    types = [UNUSED] * n
     for text, i in vocab.items():
-        tokens[i], types[i] = text, 1
-    for text, t in added.items():
-        tokens[t["id"]], types[t["id"]] = text, 3 if t.get("special") else 4
-
-    def special(key: str) -> int | None:
-        value = tok_cfg.get(key)
-        text = value.get("content") if isinstance(value, dict) else value
-        return vocab.get(text, added.get(text, {}).get("id")) if text else None
+        tokens[i], types[i] = text, NORMAL
+    for t in added.values():
+        tokens[t["id"]], types[t["id"]] = added_token(t["content"], bool(t.get("special")))
 
     spm_style = bool(bpe.get("byte_fallback")) or "<0x0A>" in vocab
-    if spm_style:
-        # llama.cpp's SPM tokenizer merges the bigram whose result scores highest,
-        # HF's BPE the pair with the lowest merge rank: score = -(first rank making it).
-        scores = [0.0] * n
-        for rank in range(len(merges) - 1, -1, -1):
-            merged = merges[rank].replace(" ", "", 1)
-            if merged in vocab:
-                scores[vocab[merged]] = -float(rank)
-        for i, text in enumerate(tokens):
-            if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-                types[i] = 6
-        unk = special("unk_token") if special("unk_token") is not None else vocab.get("<unk>")
-        bos = special("bos_token") if special("bos_token") is not None else vocab.get("<s>")
-        eos = special("eos_token") if special("eos_token") is not None else vocab.get("</s>")
-        if unk is not None:
-            types[unk] = 2
-        # The "▁" prefix is a Prepend normalizer, or a Metaspace pre-tokenizer
-        # that prepends (HF's two spellings of SentencePiece's add_dummy_prefix).
-        spec = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer")])
-        prefix = ('"Prepend"' in spec or '"prepend_scheme": "first"' in spec
-                  or '"prepend_scheme": "always"' in spec or '"add_prefix_space": true' in spec)
-        return Vocab("llama", tokens, scores, types, None, bos, eos, unk, special("pad_token"),
-                     bool(tok_cfg.get("add_bos_token", True)), bool(tok_cfg.get("add_eos_token", False)),
-                     prefix)
-    return Vocab("gpt2", tokens, None, types, merges, special("bos_token"), special("eos_token"),
-                 special("unk_token"), special("pad_token"),
-                 bool(tok_cfg.get("add_bos_token", False)), bool(tok_cfg.get("add_eos_token", False)),
-                 None)
+    if not spm_style:
+        pre = bpe_pre_name(tj, tok_cfg, path)
+        return Vocab("gpt2", pre, tokens, None, types, merges, None, None, None, None,
+                     add_bos=PRE_TOKENIZERS[pre].add_bos, add_eos=False, add_space_prefix=None)
+    # llama.cpp's SPM tokenizer merges the bigram whose result scores highest,
+    # HF's BPE the pair with the lowest merge rank: score = -(first rank making it).
+    scores = [0.0] * n
+    for rank in range(len(merges) - 1, -1, -1):
+        merged = merges[rank].replace(" ", "", 1)
+        if merged in vocab:
+            scores[vocab[merged]] = -float(rank)
+    for i, text in enumerate(tokens):
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            types[i] = BYTE
+    unk = vocab.get(_token_text(tok_cfg.get("unk_token")) or "<unk>")
+    if unk is not None:
+        types[unk] = UNKNOWN
+    # The "▁" prefix is a Prepend normalizer, or a Metaspace pre-tokenizer
+    # that prepends (HF's two spellings of SentencePiece's add_dummy_prefix).
+    spec = json.dumps([tj.get("normalizer"), tj.get("pre_tokenizer")])
+    prefix = ('"Prepend"' in spec or '"prepend_scheme": "first"' in spec
+              or '"prepend_scheme": "always"' in spec or '"add_prefix_space": true' in spec)
+    return Vocab("llama", "default", tokens, scores, types, None, vocab.get("<s>"), vocab.get("</s>"),
+                 unk, None, add_bos=True, add_eos=False, add_space_prefix=prefix)
 
 
-def read_vocab(model_dir: Path, p: LlamaParams) -> Vocab:
+def _token_text(entry) -> str | None:
+    """tokenizer_config.json's "eos_token" and friends: a text, or {"content": text, ...}."""
+    text = entry.get("content") if isinstance(entry, dict) else entry
+    return text if isinstance(text, str) else None
+
+
+def apply_special_tokens(vocab: Vocab, model_dir: Path, tok_cfg: dict) -> None:
+    """The checkpoint's special token ids and add_bos / add_eos, over the tokenizer's own.
+
+    First as llama.cpp's converter (gguf.SpecialVocab): an id is tokenizer_config.json's
+    ``bos_token`` (...) text among tokenizer.json's added tokens, else config.json's
+    ``bos_token_id`` (...); add_bos / add_eos are tokenizer_config.json's
+    ``add_bos_token`` / ``add_eos_token``, else what tokenizer.json's post_processor
+    template adds. An id that finds none is the text among all tokens (so the tokens of
+    added_tokens.json count), else the tokenizer's own.
+    """
+    import gguf
+
+    # its warnings (template tokens it cannot place, ids it skips) would break the
+    # one-line error output; what it skips is covered by the fallbacks below
+    quiet = logging.getLogger("gguf.vocab")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        special = gguf.SpecialVocab(model_dir, n_vocab=len(vocab.tokens))
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as e:
+        raise ConvertError(f"{model_dir}: cannot read the special tokens ({e})") from None
+    finally:
+        quiet.setLevel(level)
+    ids: dict[str, int] = {}
+    for i, text in enumerate(vocab.tokens):
+        ids.setdefault(text, i)
+    for kind in ("bos", "eos", "unk", "pad"):
+        tid = special.special_token_ids.get(kind)
+        if tid is None:
+            tid = ids.get(_token_text(tok_cfg.get(f"{kind}_token")))
+        if tid is not None:
+            setattr(vocab, f"{kind}_id", tid)
+    vocab.add_bos = special.add_special_token.get("bos", vocab.add_bos)
+    vocab.add_eos = special.add_special_token.get("eos", vocab.add_eos)
+
+
+def read_vocab(model_dir: Path, p: LlamaParams, log=print) -> Vocab:
     """The checkpoint's tokenizer (tokenizer.model, else tokenizer.json), padded with
-    [PAD<i>] tokens to config.json's vocab_size."""
+    [PAD<i>] tokens to config.json's vocab_size, its added tokens and special ids applied."""
     tok_cfg = _tokenizer_config(model_dir)
     if (model_dir / "tokenizer.model").is_file():
-        vocab = vocab_from_sentencepiece(model_dir / "tokenizer.model", tok_cfg)
+        vocab = vocab_from_sentencepiece(model_dir / "tokenizer.model")
+        added = sentencepiece_added_tokens(model_dir, tok_cfg)
     elif (model_dir / "tokenizer.json").is_file():
-        vocab = vocab_from_tokenizer_json(model_dir / "tokenizer.json", tok_cfg)
+        vocab = vocab_from_tokenizer_json(model_dir / "tokenizer.json", tok_cfg, p.n_vocab)
+        added = {}      # tokenizer.json holds its added tokens
     else:
         raise ConvertError(f"{model_dir}: no tokenizer (tokenizer.model or tokenizer.json)")
     if len(vocab.tokens) > p.n_vocab:
         raise ConvertError(f"tokenizer has {len(vocab.tokens)} tokens, config.json vocab_size is {p.n_vocab}")
     for i in range(len(vocab.tokens), p.n_vocab):     # pad to the embedding rows, as llama.cpp does
         vocab.tokens.append(f"[PAD{i}]")
-        vocab.types.append(5)
+        vocab.types.append(UNUSED)
         if vocab.scores is not None:
             vocab.scores.append(-1000.0)
+    for i, (text, kind) in sorted(added.items()):
+        if i >= p.n_vocab:      # llama.cpp's converter skips these too
+            log(f"warning: added token {text!r} has id {i}, not below vocab_size {p.n_vocab}: skipped")
+            continue
+        vocab.tokens[i], vocab.types[i], vocab.scores[i] = text, kind, -1000.0
+    apply_special_tokens(vocab, model_dir, tok_cfg)
     return vocab
 
 
@@ -629,7 +841,7 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
                       rope_scale_linear=p.rope_scaling_linear)
 
     w.add_tokenizer_model(vocab.model)
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(vocab.pre)
     w.add_token_list(vocab.tokens)
     if vocab.scores is not None:
         w.add_token_scores(vocab.scores)
@@ -666,7 +878,8 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The files of a checkpoint directory that ``convert`` reads."""
-    names = ("config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json")
+    names = ("config.json", "tokenizer.model", "tokenizer.json", "tokenizer_config.json",
+             "added_tokens.json", *(index for _, index, _ in _WEIGHT_FORMATS))
     files = [model_dir / n for n in names]
     files += [*model_dir.glob("*.safetensors"), *model_dir.glob("pytorch_model*.bin")]
     return [f for f in files if f.is_file()]
@@ -688,7 +901,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         if out.exists() and os.path.samefile(out, f):
             raise ConvertError(f"{out}: is the checkpoint's {f.name}; write the GGUF to another path")
     params = read_config(model_dir)
-    vocab = read_vocab(model_dir, params)
+    vocab = read_vocab(model_dir, params, log)
     tensors = {} if vocab_only else map_tensors(read_weights(model_dir), params)
     log(f"{model_dir}: llama, {params.n_layer} layers, {params.n_embd} wide, vocab {params.n_vocab}, "
         f"rope pairs {'adjacent (kept)' if params.adjacent_rope else 'half (q/k permuted)'}")

@@ -151,11 +151,11 @@ def byte_decode(token_text: str) -> bytes:
 # Pre-tokenizer regexes, as adapted by llama.cpp (src/llama-vocab.cpp). The
 # ``regex`` module's \s, \p{L} and \p{N} are the very tables llama.cpp's
 # unicode data was generated from.
-_CONTRACTIONS_ANY_CASE = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_RE_LLAMA3 = (_CONTRACTIONS_ANY_CASE + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+CONTRACTIONS_ANY_CASE = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_RE_LLAMA3 = (CONTRACTIONS_ANY_CASE + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_QWEN2 = (_CONTRACTIONS_ANY_CASE + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+_RE_QWEN2 = (CONTRACTIONS_ANY_CASE + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
              r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
@@ -197,13 +197,13 @@ def make_pre_tokenizers() -> dict[str, PreTokenizer]:
                              r"[0-9][0-9][0-9]"])
     llama3 = PreTokenizer([_RE_LLAMA3], ignore_merges=True, add_bos=True)
     llama3_like = PreTokenizer([_RE_LLAMA3])
-    gpt2 = PreTokenizer([_RE_GPT2])
-    gpt2_unclean = PreTokenizer([_RE_GPT2], clean_spaces=False)
-    digits_then_gpt2 = PreTokenizer([r"\p{N}", _RE_GPT2])
-    digits_then_gpt2_unclean = PreTokenizer([r"\p{N}", _RE_GPT2], clean_spaces=False)
+    gpt2 = PreTokenizer([RE_GPT2])
+    gpt2_unclean = PreTokenizer([RE_GPT2], clean_spaces=False)
+    digits_then_gpt2 = PreTokenizer([r"\p{N}", RE_GPT2])
+    digits_then_gpt2_unclean = PreTokenizer([r"\p{N}", RE_GPT2], clean_spaces=False)
     qwen2 = PreTokenizer([_RE_QWEN2], clean_spaces=False)
     qwen2_clean = PreTokenizer([_RE_QWEN2])
-    falcon = PreTokenizer([r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, r"[0-9][0-9][0-9]"])
+    falcon = PreTokenizer([r"[\p{P}\$\+<=>\^~\|`]+", RE_GPT2, r"[0-9][0-9][0-9]"])
     table = {"default": default, "falcon": falcon}
     for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
                  "midm-2.0", "lfm2", "jina-v5-nano"):

@@ -12,7 +12,9 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from ggml_py import convert as cv  # noqa: E402
+from ggml_py.gguf_metadata import read_gguf_metadata  # noqa: E402
 from ggml_py.tokenizer import Tokenizer  # noqa: E402
+from test_tokenizer import load_cases, vocab_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -537,6 +539,7 @@ def test_tokenizer_json_byte_level_bpe(tmp_path):
     assert f["tokenizer.ggml.tokens"][:5] == ["a", "b", "ab", "Ġ", "<|endoftext|>"]
     assert f["tokenizer.ggml.token_type"][:5] == [1, 1, 1, 1, 3]
     assert f["tokenizer.ggml.merges"] == ["a b"]
+    assert f["tokenizer.ggml.pre"] == "gpt-2"
     assert f["tokenizer.ggml.eos_token_id"] == 4
     assert "tokenizer.ggml.scores" not in f
 
@@ -546,6 +549,226 @@ def test_error_bad_tokenizer_json(tmp_path, capsys):
     assert "not supported" in _error(capsys, [str(d)])
     (d / "tokenizer.json").write_text("[]")
     assert "tokenizer.json" in _error(capsys, [str(d)])
+
+
+# ----------------------------------------------------------------------------- tokenizer.ggml.pre
+
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def _byte_level(add_prefix_space=False, use_regex=True) -> dict:
+    return {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": True,
+            "use_regex": use_regex}
+
+
+def _split_then_byte_level(regex: str) -> dict:
+    """A pre_tokenizer as HF writes Llama 3's and Qwen2's: one Split, then ByteLevel."""
+    return {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        _byte_level(use_regex=False)]}
+
+
+def _tokenizer_json_from_gguf(name: str, pre_tokenizer: dict, ignore_merges: bool) -> dict:
+    """A tokenizer.json holding llama.cpp's test vocabulary `name` (tests/data)."""
+    m = read_gguf_metadata(vocab_path(name))
+    toks, types = m["tokenizer.ggml.tokens"], m["tokenizer.ggml.token_type"]
+    return {"added_tokens": [{"id": i, "content": t, "special": True}
+                             for i, t in enumerate(toks) if types[i] == 3],
+            "pre_tokenizer": pre_tokenizer,
+            "model": {"type": "BPE", "ignore_merges": ignore_merges, "merges": m["tokenizer.ggml.merges"],
+                      "vocab": {t: i for i, t in enumerate(toks) if types[i] == 1}}}
+
+
+@pytest.mark.parametrize("name, pre_tokenizer, ignore_merges", [
+    ("llama-bpe", _split_then_byte_level(LLAMA3_REGEX), True),    # Llama 3's tokenizer.json
+    ("gpt-2", _byte_level(), False),                              # GPT-2's
+])
+def test_byte_level_checkpoints_tokenize_as_llama_cpp(tmp_path, name, pre_tokenizer, ignore_merges):
+    tj = _tokenizer_json_from_gguf(name, pre_tokenizer, ignore_merges)
+    d = _tokenizer_json_checkpoint(tmp_path, tj)
+    _set_config(d, vocab_size=len(read_gguf_metadata(vocab_path(name))["tokenizer.ggml.tokens"]))
+    out = cv.convert(d, tmp_path / "v.gguf", log=lambda *a: None, vocab_only=True)
+    assert read_gguf_metadata(out)["tokenizer.ggml.pre"] == name
+    tok = Tokenizer.from_gguf(str(out))
+    for text, expected in load_cases(name):             # llama.cpp's own expected ids
+        assert tok.tokenize(text, add_special=False) == expected, repr(text)
+
+
+@pytest.mark.parametrize("pre_tokenizer, ignore_merges, clean, name", [
+    (_split_then_byte_level(LLAMA3_REGEX), True, True, "llama-bpe"),
+    (_split_then_byte_level(LLAMA3_REGEX), True, False, "llama-bpe"),   # clean_spaces only breaks ties
+    (_split_then_byte_level(LLAMA3_REGEX), False, None, "smaug-bpe"),
+    (_split_then_byte_level(QWEN2_REGEX), False, False, "qwen2"),
+    (_split_then_byte_level(QWEN2_REGEX), False, True, "stablelm2"),
+    (_byte_level(), False, False, "trillion"),
+    ({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, _byte_level()]},
+     False, None, "starcoder"),
+])
+def test_bpe_pre_tokenizer_names(pre_tokenizer, ignore_merges, clean, name):
+    tj = {"pre_tokenizer": pre_tokenizer, "model": {"type": "BPE", "ignore_merges": ignore_merges}}
+    tok_cfg = {} if clean is None else {"clean_up_tokenization_spaces": clean}
+    assert cv.bpe_pre_name(tj, tok_cfg, Path("tokenizer.json")) == name
+
+
+@pytest.mark.parametrize("pre_tokenizer", [
+    _split_then_byte_level(r"\p{L}+|\s+"),                              # a regex no name has
+    _byte_level(add_prefix_space=True),
+    {"type": "Sequence", "pretokenizers": [{"type": "Punctuation"}, _byte_level()]},
+    {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": False},
+    None,
+])
+def test_an_unknown_byte_level_pre_tokenizer_is_refused(tmp_path, capsys, pre_tokenizer):
+    tj = {"pre_tokenizer": pre_tokenizer, "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}}
+    d = _tokenizer_json_checkpoint(tmp_path, tj)
+    assert "BPE pre-tokenizer not recognized" in _error(capsys, [str(d), "--vocab-only"])
+
+
+# ----------------------------------------------------------------------------- special and added tokens
+
+def _bos_template(bos: str) -> dict:
+    """Meta-Llama-3's post_processor: BOS before each sequence."""
+    first = {"SpecialToken": {"id": bos, "type_id": 0}}
+    return {"type": "TemplateProcessing",
+            "single": [first, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [first, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}]}
+
+
+@pytest.mark.parametrize("post_processor, tok_cfg_add_bos, add_bos", [
+    (None, None, False),                        # gpt-2's default
+    ("template", None, True),                   # from tokenizer.json, as gguf.SpecialVocab
+    ("template", False, False),                 # tokenizer_config.json wins
+])
+def test_add_bos_from_the_post_processor(tmp_path, post_processor, tok_cfg_add_bos, add_bos):
+    tj = {"added_tokens": [{"id": 4, "content": "<|begin|>", "special": True}],
+          "pre_tokenizer": _byte_level(),
+          "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "Ġ": 3}, "merges": ["a b"]}}
+    if post_processor:
+        tj["post_processor"] = {"type": "Sequence", "processors": [_bos_template("<|begin|>")]}
+    tok_cfg = {"bos_token": "<|begin|>", "eos_token": "<|begin|>"}
+    if tok_cfg_add_bos is not None:
+        tok_cfg["add_bos_token"] = tok_cfg_add_bos
+    d = _tokenizer_json_checkpoint(tmp_path, tj, tok_cfg)
+    m = read_gguf_metadata(cv.convert(d, tmp_path / "v.gguf", log=lambda *a: None, vocab_only=True))
+    assert (m["tokenizer.ggml.add_bos_token"], m["tokenizer.ggml.bos_token_id"]) == (add_bos, 4)
+    assert Tokenizer.from_gguf(str(tmp_path / "v.gguf")).tokenize("ab")[:1] == ([4] if add_bos else [2])
+
+
+def test_sentencepiece_added_tokens_and_special_ids(tmp_path):
+    d, _ = make_checkpoint(tmp_path)
+    _set_config(d, eos_token_id=None)
+    (d / "added_tokens.json").write_text(json.dumps(
+        {"<|im_end|>": N_TOKENS, "my▁word": N_TOKENS + 1, "<late>": N_VOCAB}))
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "added_tokens_decoder": {
+        str(N_TOKENS): {"content": "<|im_end|>", "special": False},       # looks special: CONTROL
+        "3": {"content": "▁x", "special": False}}}))                       # USER_DEFINED, "▁" a space
+    logged = []
+    out = cv.convert(d, tmp_path / "v.gguf", log=logged.append, vocab_only=True)
+    m = read_gguf_metadata(out)
+    assert m["tokenizer.ggml.pre"] == "default"
+    assert m["tokenizer.ggml.tokens"][N_TOKENS:] == ["<|im_end|>", "my▁word"]
+    assert m["tokenizer.ggml.token_type"][N_TOKENS:] == [3, 4]
+    assert m["tokenizer.ggml.scores"][N_TOKENS:] == [-1000.0, -1000.0]
+    assert (m["tokenizer.ggml.tokens"][3], m["tokenizer.ggml.token_type"][3]) == (" x", 4)
+    assert (m["tokenizer.ggml.bos_token_id"], m["tokenizer.ggml.eos_token_id"]) == (1, N_TOKENS)
+    assert any("'<late>'" in line and "skipped" in line for line in logged)
+    tok = Tokenizer.from_gguf(str(out))
+    assert tok.tokenize("<|im_end|>", add_special=False, parse_special=True) == [N_TOKENS]
+    _set_config(d, eos_token_id=2)          # config.json's id wins over a text found only by us
+    assert read_gguf_metadata(cv.convert(d, out, log=lambda *a: None, vocab_only=True))[
+        "tokenizer.ggml.eos_token_id"] == 2
+
+
+# ----------------------------------------------------------------------------- one-line errors
+
+def _q_proj_rows(d: Path, rows: int) -> None:
+    tensors = hf_tensors(np.random.default_rng(0), tied=True)
+    tensors["model.layers.0.self_attn.q_proj.weight"] = tensors["model.layers.0.self_attn.q_proj.weight"][:rows]
+    write_safetensors(d / "model.safetensors", tensors, {})
+    _set_config(d, rope_pairing="half")     # q rows are permuted: the shape must be checked first
+
+
+def _write(name: str, value):
+    return lambda d: (d / name).write_text(value if isinstance(value, str) else json.dumps(value))
+
+
+def _tokenizer_json(value):
+    def edit(d: Path):
+        (d / "tokenizer.model").unlink()
+        _write("tokenizer.json", value)(d)
+    return edit
+
+
+@pytest.mark.parametrize("edit, message", [
+    pytest.param(lambda d: _q_proj_rows(d, 14), "tensor blk.0.attn_q.weight: shape (14, 16), expected (16, 16)",
+                 id="q_proj-rows"),
+    pytest.param(_write("tokenizer_config.json", "[]"), "tokenizer_config.json: not a JSON object",
+                 id="tokenizer_config-list"),
+    pytest.param(_write("tokenizer_config.json", {"added_tokens_decoder": {"x": {"content": "a"}}}),
+                 "added_tokens_decoder entry 'x'", id="added_tokens_decoder-key"),
+    pytest.param(_write("tokenizer_config.json", {"added_tokens_decoder": {"5": "a"}}),
+                 "added_tokens_decoder entry '5'", id="added_tokens_decoder-entry"),
+    pytest.param(lambda d: _set_config(d, pad_token_id=-1), "invalid value for special token type pad: -1",
+                 id="config-negative-id"),     # llama.cpp's converter (gguf.SpecialVocab) refuses it too
+    pytest.param(_write("added_tokens.json", {"<x>": "270"}),
+                 "token '<x>' has id '270', not a non-negative integer", id="added_tokens-string-id"),
+    pytest.param(_tokenizer_json({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"content": "<s>"}]}),
+                 "added token {'content': '<s>'} has no text and integer id", id="tokenizer-added-no-id"),
+    pytest.param(_tokenizer_json({"model": {"type": "BPE", "vocab": {"a": 0}},
+                                  "added_tokens": [{"content": "<s>", "id": "1"}]}),
+                 "has no text and integer id", id="tokenizer-added-string-id"),
+    pytest.param(_tokenizer_json({"model": {"type": "BPE", "vocab": {"a": "0"}}}),
+                 "token 'a' has id '0', not a non-negative", id="tokenizer-string-id"),
+    pytest.param(_tokenizer_json({"model": {"type": "BPE", "vocab": {}}}), "the model vocabulary is {}",
+                 id="tokenizer-empty"),
+    pytest.param(_tokenizer_json({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": [["a"]]}}),
+                 "merge ['a'] is not", id="tokenizer-bad-merge"),
+])
+def test_bad_tokenizer_files_and_shapes_end_in_one_line(tmp_path, capsys, edit, message):
+    d, _ = make_checkpoint(tmp_path)
+    edit(d)
+    assert message in _error(capsys, [str(d), "--outfile", str(tmp_path / "o.gguf")])
+
+
+# ----------------------------------------------------------------------------- sharded weights
+
+def _shard(d: Path, hf: dict[str, np.ndarray]) -> dict[str, str]:
+    """Write `hf` as two shards with model.safetensors.index.json; returns the weight_map."""
+    names = list(hf)
+    weight_map = {}
+    for k, part in enumerate((names[::2], names[1::2])):
+        fname = f"model-{k + 1:05d}-of-00002.safetensors"
+        write_safetensors(d / fname, {n: hf[n] for n in part}, {})
+        weight_map.update(dict.fromkeys(part, fname))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return weight_map
+
+
+def test_an_index_names_exactly_the_files_read(tmp_path, capsys):
+    d, hf = make_checkpoint(tmp_path)
+    stale = {k: v * 0 for k, v in hf.items()}
+    write_safetensors(d / "model.safetensors", stale, {})       # an old copy beside the shards
+    weight_map = _shard(d, hf)
+    _, _, t = read(cv.convert(d, tmp_path / "o.gguf", "f32", log=lambda *a: None))
+    np.testing.assert_array_equal(t["token_embd.weight"].data, hf["model.embed_tokens.weight"])
+
+    weight_map["model.norm.weight"] = "model-00001-of-00002.safetensors"   # it is in the other shard
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert "tensor 'model.norm.weight' is not in model-00001-of-00002.safetensors" in _error(capsys, [str(d)])
+    del weight_map["model.norm.weight"]
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert "'model.norm.weight' of model-0000" in _error(capsys, [str(d)])
+    (d / "model-00002-of-00002.safetensors").unlink()
+    assert "names model-00002-of-00002.safetensors, which is missing" in _error(capsys, [str(d)])
+
+
+def test_a_tensor_in_two_files_without_an_index_is_an_error(tmp_path, capsys):
+    d, hf = make_checkpoint(tmp_path)
+    write_safetensors(d / "model-old.safetensors", {"model.norm.weight": hf["model.norm.weight"]}, {})
+    message = _error(capsys, [str(d), "--outfile", str(tmp_path / "o.gguf")])
+    assert "tensor 'model.norm.weight' is in both model-old.safetensors and model.safetensors" in message
 
 
 def test_bad_flags_end_in_one_line_and_status_2(capsys):
