@@ -24,6 +24,7 @@ from ggml_py.tensor import Context
 from ggml_py.types import Type
 
 ARCH = "llama"
+MAX_LAYERS = 512     # llama.cpp's LLAMA_MAX_LAYERS
 KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
@@ -45,6 +46,7 @@ class LlamaConfig:
     n_rot: int                    # rotated dimensions of each head (rope.dimension_count)
     rope_freq_base: float = 10000.0
     rope_freq_scale: float = 1.0  # 1 / linear scaling factor
+    rope_attn_factor: float = 1.0  # rope's cos and sin are scaled by it (rope.scaling.attn_factor)
     rms_eps: float = 1e-5
 
     @property
@@ -81,6 +83,8 @@ class LlamaConfig:
         n_head = count("attention.head_count")
         n_head_kv = count("attention.head_count_kv", n_head)
         n_layer = count("block_count")
+        if n_layer > MAX_LAYERS:
+            raise f.error(f"block_count {n_layer} is more than {MAX_LAYERS} (llama.cpp's limit)")
         n_ff = count("feed_forward_length")
         n_ctx_train = count("context_length", low=0)    # 0: unknown, n_ctx must be given
         if n_embd % n_head:
@@ -93,9 +97,11 @@ class LlamaConfig:
             raise f.error("attention key/value length differs from embedding_length / head_count")
         if count("expert_count", 0, low=0) > 0:
             raise f.error("mixture-of-experts llama models are not supported")
+        if count("expert_used_count", 0, low=0) > 0:
+            raise f.error("expert_used_count is set but expert_count is not")
         n_rot = key("rope.dimension_count", head_dim)
-        if n_rot <= 0 or n_rot % 2 or n_rot > head_dim:
-            raise f.error(f"rope.dimension_count {n_rot} must be even and at most {head_dim}")
+        if n_rot != head_dim:   # llama.cpp rotates whole heads of a llama model
+            raise f.error(f"rope.dimension_count {n_rot} must equal the head size {head_dim}")
 
         # as llama.cpp reads them: the type is linear unless named, the factor the
         # scaling.factor key or else the older scale_linear, 0 (or none given) no scaling
@@ -125,7 +131,8 @@ class LlamaConfig:
             n_ff=n_ff, head_dim=head_dim, n_rot=n_rot,
             rope_freq_base=finite("rope.freq_base", 10000.0, positive=True),
             rope_freq_scale=freq_scale,
-            rms_eps=finite("attention.layer_norm_rms_epsilon", 1e-5, positive=False),
+            rope_attn_factor=finite("rope.scaling.attn_factor", 1.0, positive=True),
+            rms_eps=finite("attention.layer_norm_rms_epsilon", REQUIRED, positive=False),
         )
 
 
@@ -325,7 +332,8 @@ def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T,
 
     # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
     scores = ops.mul_mat(keys, queries)                             # (H, T, K)
-    probs = ops.soft_max(scores, mask, 1.0 / math.sqrt(D))          # (H, T, K)
+    # rope's attn_factor scales the rotated q and k (whole heads), so the scores by its square
+    probs = ops.soft_max(scores, mask, c.rope_attn_factor ** 2 / math.sqrt(D))   # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
     out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, E)
     return linear(lw.wo, out, lw.bo)                                # (T, E)

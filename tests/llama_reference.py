@@ -28,6 +28,7 @@ class ReferenceLlama:
         factor = _field(r, "llama.rope.scaling.factor", _field(r, "llama.rope.scale_linear", 0.0))
         scaled = _field(r, "llama.rope.scaling.type", "linear") != "none" and factor != 0
         self.freq_scale = 1.0 / factor if scaled else 1.0
+        self.attn_factor = _field(r, "llama.rope.scaling.attn_factor", 1.0)   # scales cos, sin
         self.w = {}
         for t in r.tensors:
             shape = tuple(int(d) for d in reversed(t.shape.tolist()))
@@ -46,7 +47,8 @@ class ReferenceLlama:
         if self.freq_factors is not None:
             inv_freq = inv_freq / self.freq_factors[: self.n_rot // 2]
         theta = self.freq_scale * positions[:, None] * inv_freq[None, :]     # (T, n_rot/2)
-        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        cos = self.attn_factor * np.cos(theta)[:, None, :]
+        sin = self.attn_factor * np.sin(theta)[:, None, :]
         out = x.copy()
         x0, x1 = x[..., 0:self.n_rot:2], x[..., 1:self.n_rot:2]
         out[..., 0:self.n_rot:2] = x0 * cos - x1 * sin

@@ -189,6 +189,30 @@ def test_rope_scaling_we_cannot_run_is_refused(keys, match):
         LlamaConfig.from_gguf(GGUFModelFile(path))
 
 
+def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
+    # llama.cpp multiplies rope's cos and sin by rope.scaling.attn_factor for every scaling type
+    path = with_keys("rope-attn-factor.gguf", {"llama.rope.scaling.attn_factor": 1.7})
+    model = LlamaModel(path, n_ctx=64, kv_type=Type.F32, n_threads=1)
+    assert model.config.rope_attn_factor == pytest.approx(1.7)
+    logits = forward_all(model, TOKENS, batch=16)
+    expected = ReferenceLlama(path).forward(TOKENS)
+    assert np.abs(logits - expected).max() <= 1e-4
+    plain = ReferenceLlama(model_path("f32")).forward(TOKENS)
+    assert np.abs(plain - expected).max() > 1e-2     # the factor does change the logits
+
+
+@pytest.mark.parametrize("keys, match", [
+    ({"llama.rope.dimension_count": ([V.UINT32], 8)}, "rope.dimension_count 8 must equal the head size"),
+    ({"llama.attention.layer_norm_rms_epsilon": None}, "layer_norm_rms_epsilon"),
+    ({"llama.expert_used_count": ([V.UINT32], 2)}, "expert_used_count is set but expert_count is not"),
+    ({"llama.block_count": ([V.UINT32], 513)}, "block_count 513 is more than 512"),
+    ({"llama.rope.scaling.attn_factor": ([V.FLOAT32], 0.0)}, "attn_factor' = 0.0 must be a finite number > 0"),
+])
+def test_files_llama_cpp_refuses_are_refused(keys, match):
+    with pytest.raises(ModelLoadError, match=match):
+        LlamaConfig.from_gguf(GGUFModelFile(edited_model("llama-cpp-refuses.gguf", keys=keys)))
+
+
 def test_weights_are_used_in_place():
     model = LlamaModel(model_path("variant"), n_ctx=16, n_threads=1)
     mapped = model.file.reader.data
