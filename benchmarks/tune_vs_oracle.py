@@ -29,8 +29,8 @@ import time
 import ggml_py as gg
 from ggml_py import tune
 from ggml_py.cli.common import ArgumentParser, positive_int, run
-from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, bench,
-                                distinct_profiles, preset_shapes, random_weight)
+from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, Waker,
+                                bench, distinct_profiles, preset_shapes, random_weight)
 from ggml_py.tune_cli import parse_threads, parse_type
 
 import numpy as np
@@ -53,6 +53,7 @@ def time_profiles(graph, profiles, pool, repeat):
     """
     node = graph.nodes[-1]
     rounds = {p.name: [] for p in profiles}
+    waker = Waker()
 
     def fastest_ms(name):
         return min(rounds[name])
@@ -60,6 +61,7 @@ def time_profiles(graph, profiles, pool, repeat):
     def run_round(candidates, warm_up=False):
         for p in candidates:
             node.profile = p
+            waker.wake(pool)   # not paying for the previous profile's sleeping workers
             start = time.perf_counter()
             burst = []
             for _ in range(MAX_RUNS):
@@ -94,6 +96,7 @@ def full_size_graphs(n, k, type, m_values, rng, max_threads, share_with=None):
     graphs = {}
     for m in m_values:
         graph = graphs[m] = gg.build_forward(gg.mul_mat(weight, gg.view(acts, (m, k))))
+        graph.lookahead = 0   # workers stay awake between runs, as between a model's nodes
         node = graph.nodes[-1]
         for profile in node.profiles():
             node.profile = profile

@@ -79,6 +79,14 @@ def thread_count(n_threads, where):
     return _core.check_thread_count(n_threads, where)
 
 
+def check_tune(tune, where):
+    """tune as given if it is a TuneData (ggml_py.tune) or None, else a TypeError naming `where`."""
+    from ggml_py.tune import TuneData   # tune imports the profiles, not this module
+    if tune is not None and not isinstance(tune, TuneData):
+        raise TypeError(f"{where}: tune must be a TuneData or None, got {type(tune).__name__}")
+    return tune
+
+
 def shared_pool(n_threads):
     """The process's cached pool for n_threads (created on first use).
 
@@ -237,6 +245,7 @@ class Graph:
         n_threads: 1..256, None for default_threads().
         """
         n_threads = thread_count(n_threads, "plan")
+        check_tune(tune, "plan")
         rows = []
         for i, t in enumerate(self.nodes):
             reason, estimate = ("user" if t.profile_pinned else "default"), None

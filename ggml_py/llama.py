@@ -18,7 +18,7 @@ import numpy as np
 
 from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
-from ggml_py.graph import build_forward, default_threads, shared_pool
+from ggml_py.graph import build_forward, check_tune, default_threads, shared_pool
 from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
 from ggml_py.tensor import Context
 from ggml_py.types import Type
@@ -431,7 +431,7 @@ class LlamaModel:
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
-        self.tune = data
+        self.tune = check_tune(data, "set_tune")
         for g in self._graphs.values():
             g.graph.plan(self.n_threads, tune=data)
 

@@ -150,12 +150,13 @@ class Llama:
 
     def set_tune(self, data):
         """Schedule MUL_MAT profiles with tune data: a TuneData, a tune-file path
-        (checked against this CPU, build and model), or None for ggml's rule."""
-        if isinstance(data, (str, os.PathLike)):
+        (str, bytes or os.PathLike; checked against this CPU, build and model), or None
+        for ggml's rule. Anything else is a TypeError, and the schedule stays as it was."""
+        if isinstance(data, (str, bytes, os.PathLike)):
             from ggml_py import tune
             from ggml_py.tune_bench import model_shapes
             name, shapes = model_shapes(self.model.file)
-            data = tune.load(data, model=name, shapes=shapes, n_threads=self.n_threads())
+            data = tune.load(os.fsdecode(data), model=name, shapes=shapes, n_threads=self.n_threads())
         with self._lock:              # the graphs are planned again: not under a running eval
             self.model.set_tune(data)
 

@@ -52,14 +52,19 @@ def current_system():
 
 
 def interpolate(xs, ys, x):
-    """Piecewise-linear y(x) through (xs, ys), xs ascending; linear past both ends."""
-    if len(xs) == 1:
-        return ys[0]
+    """Piecewise-linear y(x) through (xs, ys), xs ascending (two or more); linear past
+    both ends, but never below 0 and never falling past the last x (a larger M never
+    takes less time: a last segment that falls, from noise, would reach 0)."""
+    if len(xs) < 2:
+        raise ValueError(f"interpolate needs two or more points, got {len(xs)}")
     i = 1
     while i < len(xs) - 1 and xs[i] < x:
         i += 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    slope = (y1 - y0) / (x1 - x0)
+    if x > x1:
+        return max(0.0, y1 + max(slope, 0.0) * (x - x1))
+    return max(0.0, y0 + slope * (x - x0))
 
 
 @dataclass
@@ -279,6 +284,9 @@ def _from_json(obj, path, model, check_system):
     if model is not None and name != model:
         raise TuneFileError(f"{path}: benched for model {name!r}, not {model!r}")
     m_values = check.ascending(obj["m_values"], "m_values")
+    if len(m_values) < 2:
+        check.fail(f"m_values must hold two or more Ms (estimates interpolate between them), "
+                   f"not {m_values!r}")
     thread_counts = check.thread_counts(obj["thread_counts"])
     data = TuneData(model=name, m_values=m_values, thread_counts=thread_counts, system=system)
     shapes = check.of_type(obj["shapes"], list, "shapes")

@@ -258,6 +258,12 @@ class ShapeBench:
             w = gg.view(self.weight, (rows, self.k)) if rows != self.n else self.weight
             b = gg.view(self.acts, (m, self.k))
             graph = gg.build_forward(gg.mul_mat(w, b))
+            # inside a model's graph the workers are awake when a MUL_MAT starts (the
+            # node before kept them busy): here too, not put to sleep at the end of a
+            # run for the next one to wake (that cost, added to the parallel stages, put
+            # `cpu` far behind on small products). A profile whose stage sleeps (wait)
+            # still pays the wake-up once per run, as the node after it would.
+            graph.lookahead = 0
             node = graph.nodes[-1]
             for profile in node.profiles():
                 node.profile = profile
@@ -269,6 +275,7 @@ class ShapeBench:
 
 MIN_CASE_SECONDS = 0.004  # a cheap case repeats until it has run this long ...
 MAX_RUNS = 16             # ... up to this many times, in each pass
+MIN_CHEAP_RUNS = 3        # a case whose fastest run is under MIN_CASE_SECONDS runs at least this often
 CLOSE_CALL = 1.5          # a runner-up closer than this to the fastest is measured again ...
 SECOND_LOOKS = 2          # ... this many more times, in turns with the fastest
 IN_THE_RACE = 1.5         # a profile whose sample is within this of the fastest is measured exactly
@@ -280,19 +287,30 @@ def time_stages(graph, profile, pool):
 
     Each stage keeps its fastest run: other work on the machine only ever adds
     time. One run, or for a cheap case as many as fit in MIN_CASE_SECONDS (up
-    to MAX_RUNS), so that one interruption cannot mislead a choice.
+    to MAX_RUNS) and at least MIN_CHEAP_RUNS, so that one interruption cannot
+    mislead a choice (a worker descheduled for a tick turns a 10-µs product
+    into a 4-ms run, and that alone can fill MIN_CASE_SECONDS).
     """
     node = graph.nodes[-1]   # the mul_mat (views of the operands come first)
     node.profile = profile
     samples = {s: [] for s in STAGES}
     start = time.perf_counter()
-    runs = 0
-    while runs < 1 or (runs < MAX_RUNS and time.perf_counter() - start < MIN_CASE_SECONDS):
+    runs, fastest_run = 0, float("inf")
+
+    def again():
+        if runs >= MAX_RUNS:
+            return False
+        cheap = fastest_run < 1e6 * MIN_CASE_SECONDS
+        return (runs < 1 or time.perf_counter() - start < MIN_CASE_SECONDS
+                or (cheap and runs < MIN_CHEAP_RUNS))
+
+    while again():
         graph.reset_stats()
         graph.compute(pool=pool, profile=True)
         row = graph.stats()[-1]
         for s, v in zip(STAGES, (row.init_us, row.compute_us, row.finalize_us)):
             samples[s].append(v)
+        fastest_run = min(fastest_run, row.init_us + row.compute_us + row.finalize_us)
         runs += 1
     return {s: min(v) for s, v in samples.items() if profile.stages[STAGES.index(s)].valid}
 
@@ -320,6 +338,9 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     e.g. tqdm (None: silent).
     """
     m_values = sorted(set(m_values or DEFAULT_M_VALUES))
+    if len(m_values) < 2:
+        raise ValueError(f"bench needs two or more Ms (estimates interpolate between them), "
+                         f"got {m_values}")
     rng = np.random.default_rng(seed)
     data = TuneData(model=model, m_values=m_values, thread_counts=sorted(set(thread_counts)))
     pools = {t: gg.ThreadPool(t) for t in thread_counts}
@@ -340,12 +361,30 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     return data
 
 
+class Waker:
+    """A tiny graph of one parallel op: computing it wakes a pool's workers and leaves
+    them spinning (look-ahead off), so that a timed MUL_MAT starts as one inside a
+    model's graph does, with the workers awake (not paying, in its first parallel
+    stage, for the previous profile's sleep)."""
+
+    def __init__(self):
+        self.ctx = gg.Context(mem_size=1 << 16)
+        x = self.ctx.from_numpy(np.zeros((8, 64), np.float32))     # (8, 64)
+        self.graph = gg.build_forward(gg.add(x, x))
+        self.graph.lookahead = 0
+
+    def wake(self, pool):
+        """Wake `pool`'s workers (a ThreadPool)."""
+        self.graph.compute(pool=pool)
+
+
 class CaseTimes:
     """The fastest stage times measured so far of one shape's cases (profile,
     thread count), per M and row count."""
 
     def __init__(self, sb, cases, pools):
         self.sb, self.cases, self.pools = sb, cases, pools
+        self.waker = Waker()
         self.best = {}      # (m, case index, rows) -> fastest {stage: µs}
         self.exact = set()  # (m, case index) measured on rows that behave like the whole weight
 
@@ -358,6 +397,7 @@ class CaseTimes:
         """Run case i at M=m on each of `rows` (default: all its row counts)."""
         pt, t = self.cases[i]
         for r in rows or self.rows(m, i):
+            self.waker.wake(self.pools[t])
             times = time_stages(self.sb.graph(r, m), pt.profile, self.pools[t])
             self.best[m, i, r] = fastest(self.best.get((m, i, r)), times)
 

@@ -175,8 +175,8 @@ def analyze_or_bench(argv):
     args = parser.parse_args(argv)
     if args.model and args.type is not None:
         parser.error("--type goes with --model-shape; a model's weights have their own")
-    if not 0 <= args.m_max <= 12:
-        parser.error("--m-max must be in 0..12")
+    if not 1 <= args.m_max <= 12:
+        parser.error("--m-max must be in 1..12 (two Ms or more: estimates interpolate between them)")
     if args.passes < 1:
         parser.error("--passes must be >= 1")
     return run_bench(args)

@@ -18,7 +18,11 @@ def test_interpolate_inside_and_past_both_ends():
     assert interpolate(xs, ys, 6) == pytest.approx(50.0)
     assert interpolate(xs, ys, 16) == pytest.approx(100.0)   # last segment's slope: 5 per M
     assert interpolate([2, 4], [10.0, 30.0], 1) == pytest.approx(0.0)   # clamped, not negative
-    assert interpolate([4], [7.0], 100) == 7.0
+    # past the last M a falling last segment (noise) stays at the last time, never 0
+    assert interpolate([1, 2, 4, 8], [7446.0, 7734.0, 15467.0, 8109.0], 16) == 8109.0
+    assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0
+    with pytest.raises(ValueError, match="two or more"):
+        interpolate([4], [7.0], 100)
 
 
 def test_extend_to_rows_is_a_straight_line_per_stage():
@@ -221,6 +225,7 @@ def write_json(path, obj):
     (lambda o: o.update(version=True), "version True"),
     (lambda o: o.update(m_values="1248"), "m_values must be a list"),
     (lambda o: o.update(m_values=[1.5, 2, 4, 8, 16, 32, 64]), "m_values must be an integer"),
+    (lambda o: o.update(m_values=[1]), "m_values must hold two or more Ms"),
     (lambda o: o.update(thread_counts=[]), "thread_counts is empty"),
     (lambda o: o.update(thread_counts=[0, 1, 2]), "thread_counts must be >= 1"),
     (lambda o: o.update(shapes=[]), "no shapes"),
@@ -372,6 +377,24 @@ def test_plan_uses_tune_data_and_falls_back():
     assert row.reason == "fallback"
 
 
+def test_tune_data_of_the_wrong_kind_is_a_type_error_and_changes_nothing(tmp_path):
+    graph, _, _ = mul_mat_graph(4)
+    with pytest.raises(TypeError, match="plan: tune must be a TuneData or None, got dict"):
+        graph.plan(1, tune={"x": 1})
+    from llama_models import model_path
+    tokens = [1, 300, 301, 302]
+    llm = gg.Llama(model_path("f32"), n_ctx=32, n_threads=1)
+    before = llm.eval(tokens).copy()
+    for bad in ({"x": 1}, 3, [synthetic_data()]):
+        with pytest.raises(TypeError, match="set_tune: tune must be a TuneData or None"):
+            llm.set_tune(bad)
+        assert llm.model.tune is None
+    llm.reset()
+    np.testing.assert_array_equal(llm.eval(tokens), before)   # the Llama still runs
+    with pytest.raises(TuneFileError, match="missing.json: cannot read tune file"):
+        llm.set_tune(bytes(tmp_path / "missing.json"))   # bytes name a file, as a model path does
+
+
 def test_batched_products_are_left_to_ggmls_rule():
     # tune data times one product of M rows; (2, M, K) x (N, K) is two products
     data = synthetic_data()
@@ -473,7 +496,8 @@ def test_cli_refuses_types_and_thread_counts_it_cannot_run(tmp_path, capsys, arg
 
 @pytest.mark.parametrize("args, match", [
     (["-m", "model.gguf", "--type", "F16"], "--type goes with --model-shape"),
-    (["--model-shape", "1.1B", "--m-max", "13"], "--m-max must be in 0..12"),
+    (["--model-shape", "1.1B", "--m-max", "13"], "--m-max must be in 1..12"),
+    (["--model-shape", "1.1B", "--m-max", "0"], "--m-max must be in 1..12 (two Ms or more"),
     (["--model-shape", "1.1B", "--passes", "0"], "--passes must be >= 1"),
     (["--model-shape", "1.1B", "--type", "Q8_K"], "argument --type: Q8_K weights have no matrix"),
     (["--model-shape", "1.1B", "--bogus"], "unrecognized arguments: --bogus"),
