@@ -116,6 +116,14 @@ def test_metadata_properties():
     assert llama3.pre == "llama-bpe" and gpt2.pre == "gpt-2"
 
 
+@pytest.mark.parametrize("name, ids", [
+    ("llama-bpe", [157, 110, 231, 6, 82]), ("gpt-2", [157, 110, 231, 6, 82]),
+])
+def test_letters_newer_than_unicode_15_1_split_as_llama_cpp(name, ids):
+    # U+1C89 (Unicode 16) is "other" to llama.cpp's tables: the contraction is not 's
+    assert tokenizer(name).tokenize("\u1c89's", add_special=False) == ids
+
+
 def test_bos_added_with_add_special():
     assert tokenizer("llama-spm").tokenize("Hello world") == [1, 15043, 3186]
     assert tokenizer("llama-spm").tokenize("Hello world", add_special=False) == [15043, 3186]
