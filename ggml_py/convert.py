@@ -29,7 +29,6 @@ one of the checkpoint's files is refused.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
