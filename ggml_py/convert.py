@@ -462,6 +462,7 @@ class Vocab:
     add_bos: bool
     add_eos: bool
     add_space_prefix: bool | None
+    chat_template: str | list | None = None   # tokenizer_config.json's, as gguf.SpecialVocab reads it
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -755,7 +756,9 @@ def apply_special_tokens(vocab: Vocab, model_dir: Path, tok_cfg: dict) -> None:
     ``bos_token_id`` (...); add_bos / add_eos are tokenizer_config.json's
     ``add_bos_token`` / ``add_eos_token``, else what tokenizer.json's post_processor
     template adds. An id that finds none is the text among all tokens (so the tokens of
-    added_tokens.json count), else the tokenizer's own.
+    added_tokens.json count), else the tokenizer's own. The chat template (one text, or
+    a list of named ones) is tokenizer_config.json's, else chat_template.jinja's or
+    chat_template.json's, as gguf.SpecialVocab reads it.
     """
     import gguf
 
@@ -781,6 +784,13 @@ def apply_special_tokens(vocab: Vocab, model_dir: Path, tok_cfg: dict) -> None:
             setattr(vocab, f"{kind}_id", tid)
     vocab.add_bos = special.add_special_token.get("bos", vocab.add_bos)
     vocab.add_eos = special.add_special_token.get("eos", vocab.add_eos)
+    template = special.chat_template
+    if isinstance(template, list) and not all(
+            isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("template"), str)
+            for c in template):
+        raise ConvertError(f"{model_dir}: chat_template: a list must hold "
+                           '{"name": text, "template": text} objects')
+    vocab.chat_template = template
 
 
 def read_vocab(model_dir: Path, p: LlamaParams, log=print) -> Vocab:
@@ -801,7 +811,7 @@ def read_vocab(model_dir: Path, p: LlamaParams, log=print) -> Vocab:
         vocab.tokens.append(f"[PAD{i}]")
         vocab.types.append(UNUSED)
         if vocab.scores is not None:
-            vocab.scores.append(-1000.0)
+            vocab.scores.append(-10000.0)   # llama.cpp's converter's score for these
     for i, (text, kind) in sorted(added.items()):
         if i >= p.n_vocab:      # llama.cpp's converter skips these too
             log(f"warning: added token {text!r} has id {i}, not below vocab_size {p.n_vocab}: skipped")
@@ -855,6 +865,8 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
     w.add_add_eos_token(vocab.add_eos)
     if vocab.add_space_prefix is not None:
         w.add_add_space_prefix(vocab.add_space_prefix)
+    if vocab.chat_template:
+        w.add_chat_template(vocab.chat_template)
 
     for tname, array in tensors.items():
         # 1-D tensors (norms) stay F32 in every output type, as in llama.cpp.

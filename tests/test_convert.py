@@ -160,6 +160,7 @@ def test_f32_round_trip_metadata_tensors_and_vocab(tmp_path):
     assert f["tokenizer.ggml.model"] == "llama"
     assert f["tokenizer.ggml.tokens"] == [p for p, _, _ in pieces] + ["[PAD%d]" % i for i in (N_TOKENS, N_TOKENS + 1)]
     assert f["tokenizer.ggml.scores"][:N_TOKENS] == pytest.approx([s for _, s, _ in pieces])
+    assert f["tokenizer.ggml.scores"][N_TOKENS:] == [-10000.0, -10000.0]    # as llama.cpp's converter
     assert f["tokenizer.ggml.token_type"] == [k for _, _, k in pieces] + [5, 5]
     assert (f["tokenizer.ggml.bos_token_id"], f["tokenizer.ggml.eos_token_id"],
             f["tokenizer.ggml.unknown_token_id"]) == (1, 2, 0)
@@ -679,6 +680,32 @@ def test_sentencepiece_added_tokens_and_special_ids(tmp_path):
     _set_config(d, eos_token_id=2)          # config.json's id wins over a text found only by us
     assert read_gguf_metadata(cv.convert(d, out, log=lambda *a: None, vocab_only=True))[
         "tokenizer.ggml.eos_token_id"] == 2
+
+
+@pytest.mark.parametrize("where, template, expected", [
+    ("tokenizer_config.json", "{{ messages }}", {"tokenizer.chat_template": "{{ messages }}"}),
+    ("chat_template.jinja", "{% for m in messages %}{{ m }}{% endfor %}",
+     {"tokenizer.chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}),
+    ("tokenizer_config.json", [{"name": "default", "template": "A"}, {"name": "tool use", "template": "B"}],
+     {"tokenizer.chat_template": "A", "tokenizer.chat_template.tool_use": "B",
+      "tokenizer.chat_templates": ["tool_use"]}),
+    ("tokenizer_config.json", None, {}),
+])
+def test_the_chat_template_is_kept(tmp_path, where, template, expected):
+    d, _ = make_checkpoint(tmp_path)
+    config = {"chat_template": template} if where == "tokenizer_config.json" else {"model_max_length": 64}
+    (d / "tokenizer_config.json").write_text(json.dumps(config))
+    if where == "chat_template.jinja":
+        (d / where).write_text(template)
+    m = read_gguf_metadata(cv.convert(d, tmp_path / "v.gguf", log=lambda *a: None, vocab_only=True))
+    assert {k: v for k, v in m.items() if k.startswith("tokenizer.chat_template")} == expected
+
+
+def test_a_malformed_chat_template_list_is_refused(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": ["{{ messages }}"]}))
+    out = _error(capsys, [str(d), "--outfile", str(tmp_path / "v.gguf")])
+    assert "chat_template: a list must hold" in out
 
 
 # ----------------------------------------------------------------------------- one-line errors
