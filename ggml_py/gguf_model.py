@@ -175,38 +175,41 @@ def _gguf_type_name(raw):
         return f"type id {raw}"
 
 
+def open_reader(path):
+    """A gguf.GGUFReader of the GGUF file `path`, its header checked as llama.cpp checks
+    it (layout_problem and the reader's own checks); ModelLoadError saying why not."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
+    if magic != b"GGUF":
+        raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:
+        reader = _reader_class()(path)
+    except _FileProblem as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+    except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
+    problem = layout_problem(reader)
+    if problem:
+        raise ModelLoadError(f"{path}: {problem}")
+    return reader
+
+
 class GGUFModelFile:
     """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
-        self.reader = self._open(self.path)
+        self.reader = open_reader(self.path)
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.used = set()          # names of the tensors weight() has handed out
         self.architecture = self.get("general.architecture", type=str)
-
-    def _open(self, path):
-        if not os.path.exists(path):
-            raise ModelLoadError(f"{path}: no such file")
-        if os.path.isdir(path):
-            raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
-        try:
-            with open(path, "rb") as f:
-                magic = f.read(4)
-        except OSError as e:
-            raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
-        if magic != b"GGUF":
-            raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        try:
-            reader = _reader_class()(path)
-        except _FileProblem as e:
-            raise ModelLoadError(f"{path}: {e}") from None
-        except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
-            raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
-        problem = layout_problem(reader)
-        if problem:
-            raise ModelLoadError(f"{path}: {problem}")
-        return reader
 
     def error(self, problem):
         """A ModelLoadError about this file."""

@@ -37,7 +37,7 @@ import gguf
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script
-from ggml_py.gguf_model import layout_problem
+from ggml_py.gguf_model import ModelLoadError, open_reader
 from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import quantize
 from ggml_py.tensor import type_traits
@@ -270,19 +270,12 @@ def hparam(reader, src, key, default=None):
 
 def open_input(src, dst):
     """Read and check `src` (a llama GGUF, not the file `dst`): (reader, ModelInfo)."""
-    if os.path.isdir(src):
-        raise QuantizeError(f"{src}: is a directory, not a GGUF file")
-    if not os.path.isfile(src):
-        raise QuantizeError(f"{src}: no such file")
-    if os.path.exists(dst) and os.path.samefile(src, dst):
+    if os.path.isfile(src) and os.path.exists(dst) and os.path.samefile(src, dst):
         raise QuantizeError(f"{dst}: the output is the input file; write to another path")
     try:
-        reader = gguf.GGUFReader(src)
-    except Exception as exc:   # the reader raises many kinds on a bad file
-        raise QuantizeError(f"{src}: not a readable GGUF file ({exc})") from None
-    problem = layout_problem(reader)
-    if problem:
-        raise QuantizeError(f"{src}: {problem}")
+        reader = open_reader(src)     # the header checked as the model loader checks it
+    except ModelLoadError as exc:
+        raise QuantizeError(str(exc)) from None
     arch_field = reader.fields.get("general.architecture")
     arch = arch_field.contents() if arch_field is not None else None
     if arch != "llama":

@@ -261,7 +261,7 @@ def test_cli_errors_are_one_line(tmp_path):
     src = model_path("f32")
     for args, text in [((tmp_path / "none.gguf", tmp_path / "o.gguf", "Q4_0"), "no such file"),
                        ((src, tmp_path / "o.gguf", "Q9_9"), "unknown type"),
-                       ((__file__, tmp_path / "o.gguf", "Q4_0"), "not a readable GGUF")]:
+                       ((__file__, tmp_path / "o.gguf", "Q4_0"), "not a GGUF file")]:
         proc = run_cli(*args)
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -375,4 +375,19 @@ def test_big_endian_and_split_files_are_one_line_errors(tmp_path, capsys):
                                                "split.count": ([V.UINT16], 2)})
     assert "split GGUF files are not supported; merge them first (llama.cpp's gguf-split " \
            "--merge)" in one_line_error(capsys, shard, tmp_path / "o.gguf", "Q8_0")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_input_header_is_checked_as_the_loader_checks_it(tmp_path, capsys):
+    # duplicate keys and misplaced tensor data: the loader refuses such files, so
+    # quantizing one must not write a file that then fails to load (or loads wrong)
+    kvs, tensors = gguf_parts(model_path("f32"))
+    dup = scratch_path("q-dup-key.gguf")
+    open(dup, "wb").write(gguf_bytes(kvs + [("llama.block_count", [V.UINT32], 1)], tensors))
+    assert "duplicate metadata key 'llama.block_count'" in one_line_error(
+        capsys, dup, tmp_path / "o.gguf", "Q8_0")
+    bad_alignment = edited_model("q-align.gguf", keys={"general.alignment": ([V.UINT32], 48)},
+                                 alignment=48)
+    assert "general.alignment = 48 (UINT32) must be a UINT32 power of two" in one_line_error(
+        capsys, bad_alignment, tmp_path / "o.gguf", "Q8_0")
     assert os.listdir(tmp_path) == []
