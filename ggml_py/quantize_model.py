@@ -340,6 +340,19 @@ def add_tensors(writer, reader, types, progress):
     return counts
 
 
+def unknown_type(name):
+    """The message for a type name that is not one of TARGETS."""
+    return f"unknown type {name!r}; choose one of {', '.join(TARGETS)}"
+
+
+def target_type(text):
+    """The TYPE argument: a name of TARGETS (any case), kept as given."""
+    import argparse
+    if text.upper() not in TARGETS:
+        raise argparse.ArgumentTypeError(unknown_type(text))
+    return text
+
+
 def quantize_file(src, dst, target_name, progress=True, log=print, allow_requantize=False):
     """Write `dst`: `src` with its weights re-typed to target_name. Returns (in bytes, out bytes).
 
@@ -350,7 +363,7 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
     """
     target = TARGETS.get(target_name.upper())
     if target is None:
-        raise QuantizeError(f"unknown type {target_name!r}; choose one of {', '.join(TARGETS)}")
+        raise QuantizeError(unknown_type(target_name))
     reader, model = open_input(src, dst)
     types = new_types(reader, target, model)
     if not allow_requantize:
@@ -384,7 +397,7 @@ def main(argv=None):
         epilog=HELP_MIXES)
     p.add_argument("input")
     p.add_argument("output", help="a new path (not the input); written whole or not at all")
-    p.add_argument("type", help="one of " + ", ".join(TARGETS))
+    p.add_argument("type", type=target_type, help="one of " + ", ".join(TARGETS))
     p.add_argument("--allow-requantize", action="store_true",
                    help="re-encode quantized weights into another type (lossy; llama.cpp's flag)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

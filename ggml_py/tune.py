@@ -28,6 +28,26 @@ FORMAT = "ggml_py-mulmat-tune"
 VERSION = 1
 
 
+# With one thread these profiles run exactly blas's code (the same
+# de-quantization, the same single-threaded sgemm on the calling thread), so
+# there they are benched, and chosen, only as blas.
+SAME_AS_BLAS_ON_ONE_THREAD = ("blas-split", "blas-mt")
+
+def distinct_profiles(profiles, n_threads):
+    """The profiles worth benching at n_threads.
+
+    With one thread blas-split and blas-mt are blas (SAME_AS_BLAS_ON_ONE_THREAD).
+    With more, blas still runs on one thread while blas-split does the same
+    work with the de-quantization shared out, so blas is left out where
+    blas-split exists (quantized and F16 weights).
+    """
+    names = {p.name for p in profiles}
+    if n_threads == 1:
+        return [p for p in profiles if p.name not in SAME_AS_BLAS_ON_ONE_THREAD]
+    return [p for p in profiles if not (p.name == "blas" and "blas-split" in names)]
+
+
+
 class TuneFileError(ValueError):
     """A tune file that cannot be used here (corrupt, other CPU, model or version)."""
 
@@ -176,6 +196,18 @@ def check_writable(path, not_over=None):
 
 
 MAX_FILE_BYTES = 64 << 20   # far above any real tune file (a 70B model's is well under 1 MB)
+MAX_M = (1 << 31) - 1       # an M beyond any batch (and exact in the float estimates)
+
+
+class _DuplicateKey(ValueError):
+    """A key twice in one JSON object (json.loads would keep the last silently)."""
+
+
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise _DuplicateKey(next(k for k in keys if keys.count(k) > 1))
+    return dict(pairs)
 
 
 def load(path, model=None, check_system=True, shapes=None, n_threads=None):
@@ -195,7 +227,10 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     if len(raw) > MAX_FILE_BYTES:
         raise TuneFileError(f"{path}: not a tune file (over {MAX_FILE_BYTES >> 20} MiB)")
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        obj = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except _DuplicateKey as exc:
+        raise TuneFileError(f"{path}: malformed tune file (key {str(exc)!r:.40} appears twice "
+                            f"in one object)") from None
     except (ValueError, RecursionError) as exc:   # JSONDecodeError and UnicodeDecodeError
         raise TuneFileError(f"{path}: not a tune file (corrupt or truncated JSON: {exc})") from None
     try:
@@ -236,17 +271,27 @@ class _Malformed:
             self.fail(f"{what} must be {self.KINDS[kind]}, not {value!r:.40}")
         return value
 
-    def integer(self, value, what, minimum):
+    def integer(self, value, what, minimum, maximum=None):
         self.of_type(value, int, what)
         if value < minimum:
             self.fail(f"{what} must be >= {minimum}, not {value}")
+        if maximum is not None and value > maximum:
+            self.fail(f"{what} must be <= {maximum}, not {value!r:.20}")
         return value
 
-    def ascending(self, values, what):
-        values = [self.integer(v, what, 1) for v in self.of_type(values, list, what)]
+    def ascending(self, values, what, maximum):
+        values = [self.integer(v, what, 1, maximum) for v in self.of_type(values, list, what)]
         if not values or values != sorted(set(values)):
             self.fail(f"{what} must be distinct, ascending and >= 1, not {values!r:.60}")
         return values
+
+    def thread_key(self, key, thread_counts, what):
+        """A times_us key: a thread count thread_counts lists, written as str(n)."""
+        n = int(key) if key.isascii() and key.isdigit() else None
+        if n is None or str(n) != key or n not in thread_counts:
+            self.fail(f"{what}: times for {key!r:.20} threads; the keys are thread counts "
+                      f"thread_counts lists, as plain numbers")
+        return n
 
     def thread_counts(self, values):
         """A set of thread counts >= 1, in any order (older files wrote them as given)."""
@@ -283,7 +328,7 @@ def _from_json(obj, path, model, check_system):
     name = check.of_type(obj["model"], str, "model")
     if model is not None and name != model:
         raise TuneFileError(f"{path}: benched for model {name!r}, not {model!r}")
-    m_values = check.ascending(obj["m_values"], "m_values")
+    m_values = check.ascending(obj["m_values"], "m_values", MAX_M)
     if len(m_values) < 2:
         check.fail(f"m_values must hold two or more Ms (estimates interpolate between them), "
                    f"not {m_values!r}")
@@ -334,10 +379,7 @@ def _shape_from_json(s, check, data, check_system):
         valid = [st for st, f in zip(STAGES, profile.stages) if f.valid]
         times = {}
         for t, per in check.of_type(p["times_us"], dict, f"{where} times_us").items():
-            n_threads = int(t) if t.isdigit() else None
-            if n_threads not in data.thread_counts:
-                check.fail(f"{where} {profile.name}: times for {t!r} threads, which thread_counts "
-                           f"does not list")
+            n_threads = check.thread_key(t, data.thread_counts, f"{where} {profile.name}")
             per = check.of_type(per, dict, f"{where} {profile.name} times")
             if sorted(per) != sorted(valid):
                 check.fail(f"{where} {profile.name}: times for stages {sorted(per)}, but it runs "
@@ -345,4 +387,13 @@ def _shape_from_json(s, check, data, check_system):
             times[n_threads] = {st: check.times(per[st], len(data.m_values),
                                                 f"{where} {profile.name} {st}") for st in valid}
         shape.profiles.append(ProfileTimes(profile, times))
+    if check_system:
+        # as ggml-tune benches: a profile missing at a thread count (damage, or an edit)
+        # would otherwise leave the choice to the others without a word
+        for t in data.thread_counts:
+            benched = [p.name for p in distinct_profiles(list(real.values()), t)]
+            timed = [pt.profile.name for pt in shape.profiles if t in pt.times_us]
+            if sorted(timed) != sorted(benched):
+                check.fail(f"{where}: times at {_threads([t])} for {', '.join(timed) or 'no profile'}; "
+                           f"ggml-tune benches {', '.join(benched)}")
     return shape

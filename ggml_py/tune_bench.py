@@ -38,7 +38,7 @@ import numpy as np
 import ggml_py as gg
 from ggml_py.profiles import STAGES
 from ggml_py.tensor import type_traits
-from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData
+from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData, distinct_profiles
 
 DEFAULT_M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 FLOP_BUDGET = 2e8         # products of fewer flops are measured whole
@@ -48,11 +48,6 @@ MIN_SAMPLE_ROWS = 1024    # the large slice: this many rows or N/8 (fewer misjud
 MAX_SAMPLE_FRACTION = 0.5  # ... and at most this much of the weight, else it is measured whole
 QUICK_MIN_ROWS = 256      # quick samples of tiled profiles: FLOP_BUDGET's worth of rows, at least this many
 QUICK_WHOLE_BYTES = 64 << 20  # a weight cheap in flops and in these bytes is measured whole
-
-# With one thread these profiles run exactly blas's code (the same
-# de-quantization, the same single-threaded sgemm on the calling thread), so
-# there they are benched, and chosen, only as blas.
-SAME_AS_BLAS_ON_ONE_THREAD = ("blas-split", "blas-mt")
 
 MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
@@ -200,20 +195,6 @@ def quick_row_counts(n, k, m, bytes_per_row, tiled):
     if tiled:
         large = int(min(large, max(QUICK_MIN_ROWS, FLOP_BUDGET / (2 * k * m))))
     return [n] if large > MAX_SAMPLE_FRACTION * n else [large]
-
-
-def distinct_profiles(profiles, n_threads):
-    """The profiles worth benching at n_threads.
-
-    With one thread blas-split and blas-mt are blas (SAME_AS_BLAS_ON_ONE_THREAD).
-    With more, blas still runs on one thread while blas-split does the same
-    work with the de-quantization shared out, so blas is left out where
-    blas-split exists (quantized and F16 weights).
-    """
-    names = {p.name for p in profiles}
-    if n_threads == 1:
-        return [p for p in profiles if p.name not in SAME_AS_BLAS_ON_ONE_THREAD]
-    return [p for p in profiles if not (p.name == "blas" and "blas-split" in names)]
 
 
 class ShapeBench:

@@ -12,7 +12,7 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import ArgumentParser, console_script, run, thread_list
+from ggml_py.cli.common import ArgumentParser, console_script, file_name, run, thread_list
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weight_type
 
 
@@ -37,7 +37,8 @@ def bench_parser():
                                 "shape, M and thread count; write a tune file. "
                                 "'ggml-tune analyze FILE' reads one.")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("-m", "--model", help="GGUF model: bench its matrix shapes and weight types")
+    src.add_argument("-m", "--model", type=file_name,
+                     help="GGUF model: bench its matrix shapes and weight types")
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
     p.add_argument("--type", type=parse_type,
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
@@ -46,7 +47,7 @@ def bench_parser():
     p.add_argument("--passes", type=int, default=1,
                    help="sweeps over all the shapes, one after another; each stage keeps "
                         "its fastest (default 1)")
-    p.add_argument("-o", "--file", required=True, help="tune file to write (JSON)")
+    p.add_argument("-o", "--file", required=True, type=file_name, help="tune file to write (JSON)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -110,21 +111,42 @@ def analyze(data, out=None):
 
 
 def plot_path(path):
-    """Where --plot PATH draws: PATH, with .png added when it names no format."""
+    """Where --plot PATH draws: PATH, with .png added when it names no format (a
+    name ending in "." gets "png"); checked before anything is printed: a format
+    matplotlib can write, in a folder that exists and may be written."""
     if not path:
         raise ValueError("--plot needs a file name")
     if os.path.isdir(path):
         raise ValueError(f"--plot {path}: is a directory")
-    return path if os.path.splitext(path)[1] else path + ".png"
+    ext = os.path.splitext(path)[1]
+    if ext in ("", "."):
+        path, ext = path.rstrip(".") + ".png", ".png"
+    formats = _plot_formats()
+    if ext[1:].lower() not in formats:
+        raise ValueError(f"--plot {path}: matplotlib cannot write {ext!r} files; "
+                         f"one of {', '.join(sorted(formats))}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--plot {path}: no such folder {folder}")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--plot {path}: cannot write in {folder}")
+    return path
 
 
-def plot(data, path):
-    """Time vs M per profile and thread count (log axes), one panel per shape."""
+def _plot_formats():
+    """The file extensions matplotlib's Agg figures can be saved as (png, pdf, svg, ...)."""
     try:
         import matplotlib
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
     matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    return set(Figure().canvas.get_supported_filetypes())
+
+
+def plot(data, path):
+    """Time vs M per profile and thread count (log axes), one panel per shape."""
+    _plot_formats()     # matplotlib there, its Agg backend chosen
     import matplotlib.pyplot as plt
     n = len(data.shapes)
     cols = min(n, 3)

@@ -447,7 +447,13 @@ def test_bench_pool_bad_threads_end_in_one_line(threads):
     ["mulmat", "--types", "i32"],
 ])
 def test_bench_subcommands_bad_values_end_in_one_line(args):
-    assert_one_line_error(run("ggml_py.bench", *args))
+    assert_one_line_error(run("ggml_py.bench", *args), 2)
+
+
+@pytest.mark.parametrize("args", [[], ["pool", "--spin-us", "nan"], ["pool", "--spin-us", "-5"],
+                                  ["pool", "--spin-us", "1e30"]])
+def test_bench_without_a_subcommand_or_with_a_bad_spin_ends_in_one_line(args):
+    assert_one_line_error(run("ggml_py.bench", *args), 2)
 
 
 def test_bench_mulmat_json_stays_json_when_a_case_is_skipped():

@@ -259,11 +259,11 @@ def current_umask():
 
 def test_cli_errors_are_one_line(tmp_path):
     src = model_path("f32")
-    for args, text in [((tmp_path / "none.gguf", tmp_path / "o.gguf", "Q4_0"), "no such file"),
-                       ((src, tmp_path / "o.gguf", "Q9_9"), "unknown type"),
-                       ((__file__, tmp_path / "o.gguf", "Q4_0"), "not a GGUF file")]:
+    for args, text, code in [((tmp_path / "none.gguf", tmp_path / "o.gguf", "Q4_0"), "no such file", 1),
+                             ((src, tmp_path / "o.gguf", "Q9_9"), "argument type: unknown type", 2),
+                             ((__file__, tmp_path / "o.gguf", "Q4_0"), "not a GGUF file", 1)]:
         proc = run_cli(*args)
-        assert proc.returncode == 1, proc.stderr
+        assert proc.returncode == code, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert text in proc.stderr
     other = tmp_path / "gpt2.gguf"

@@ -173,14 +173,18 @@ def test_profiles_with_the_same_code_are_benched_once():
 
 
 def synthetic_data(thread_counts=(1, 2)):
-    """CPU cheap at small M, BLAS-split cheap at large M: crossover at M=32."""
+    """CPU cheap at small M, BLAS cheap at large M: crossover at M=32."""
     cpu = gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32)[0]
     m_values = [1, 2, 4, 8, 16, 32, 64]
     cpu_times = {t: {"init": [1.0] * 7, "compute": [10.0 * m / t for m in m_values]}
                  for t in thread_counts}
     fake_blas = gg.TaskProfile(1, "blas", compute=gg.StageFlags(True, False, True))
     blas_times = {t: {"compute": [160.0 + 5.0 * m for m in m_values]} for t in thread_counts}
-    shape = ShapeTimes(64, 64, gg.F32, [ProfileTimes(cpu, cpu_times), ProfileTimes(fake_blas, blas_times)])
+    # blas-mt, benched from 2 threads on (as ggml-tune does), never the fastest here
+    blas_mt = next(p for p in gg.task_profiles(gg.Op.MUL_MAT, gg.F32, gg.F32) if p.name == "blas-mt")
+    blas_mt_times = {t: {"compute": [200.0 + 5.0 * m for m in m_values]} for t in thread_counts if t > 1}
+    shape = ShapeTimes(64, 64, gg.F32, [ProfileTimes(cpu, cpu_times), ProfileTimes(fake_blas, blas_times),
+                                        ProfileTimes(blas_mt, blas_mt_times)])
     return TuneData(model="synthetic", m_values=m_values, thread_counts=list(thread_counts),
                     shapes=[shape])
 
@@ -247,12 +251,33 @@ def write_json(path, obj):
     (lambda o: o["shapes"][0]["profiles"][1].update(stages=[[0, 0, 0], [1, 1, 1], [0, 0, 0]]),
      "'blas' \\(id 1\\) is not one of this build's MUL_MAT profiles for F32"),
     (lambda o: o["shapes"][0]["profiles"][1].update(name="turbo"), "'turbo'"),
+    # an M no float holds (the estimates would raise OverflowError at plan time)
+    (lambda o: o.update(m_values=[1, 2, 4, 8, 16, 32, 10 ** 400]), "m_values must be <= 2147483647"),
+    # a thread count, or one profile at one, without times: the choice would go to the others
+    (lambda o: o.update(thread_counts=[1, 2, 3]),
+     "64x64 F32: times at 3 threads for no profile; ggml-tune benches cpu, blas, blas-mt"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"].pop("2"),
+     "times at 2 threads for blas, blas-mt; ggml-tune benches cpu, blas, blas-mt"),
+    (lambda o: o["shapes"][0]["profiles"][2]["times_us"].update({"1": {"compute": [1.0] * 7}}),
+     "times at 1 thread for cpu, blas, blas-mt; ggml-tune benches cpu, blas"),
+    # thread counts written otherwise than str(n): "02" and "2" would both be 2, the last winning
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"].update({"02": o["shapes"][0]["profiles"][0]["times_us"]["2"]}),
+     "'02' threads"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"].update({"\u0661": {}}), "threads; the keys are"),
 ])
 def test_bad_files_are_rejected_with_a_reason(tmp_path, edit, match):
     obj = synthetic_data().to_json()
     edit(obj)
     with pytest.raises(TuneFileError, match=match):
         tune.load(write_json(tmp_path / "bad.json", obj))
+
+
+def test_a_key_twice_in_one_object_is_rejected(tmp_path):
+    # json.loads would keep the last silently
+    text = json.dumps(synthetic_data().to_json())
+    (tmp_path / "dup.json").write_text(text.replace('"model": ', '"model": "other", "model": ', 1))
+    with pytest.raises(TuneFileError, match="key 'model' appears twice in one object"):
+        tune.load(tmp_path / "dup.json")
 
 
 def test_truncated_missing_and_other_model_files(tmp_path):
@@ -501,6 +526,8 @@ def test_cli_refuses_types_and_thread_counts_it_cannot_run(tmp_path, capsys, arg
     (["--model-shape", "1.1B", "--passes", "0"], "--passes must be >= 1"),
     (["--model-shape", "1.1B", "--type", "Q8_K"], "argument --type: Q8_K weights have no matrix"),
     (["--model-shape", "1.1B", "--bogus"], "unrecognized arguments: --bogus"),
+    (["-m", ""], "argument -m/--model: expected a file name, got ''"),
+    (["-m", "", "--type", "Q4_0"], "argument -m/--model: expected a file name"),
 ])
 def test_cli_bad_flags_end_in_one_line_and_status_2(tmp_path, capsys, args, match):
     with pytest.raises(SystemExit) as stop:
@@ -525,9 +552,16 @@ def test_analyze_plot_paths(tmp_path, capsys, monkeypatch):
     assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "pic")]) == 0
     assert f"plot -> {tmp_path / 'pic.png'}" in capsys.readouterr().out
     assert (tmp_path / "pic.png").stat().st_size > 1000
-    for bad, match in [(tmp_path, "is a directory"), ("", "needs a file name")]:
+    assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "dot.")]) == 0
+    assert f"plot -> {tmp_path / 'dot.png'}" in capsys.readouterr().out     # the file written
+    assert (tmp_path / "dot.png").is_file()
+    for bad, match in [(tmp_path, "is a directory"), ("", "needs a file name"),
+                       (tmp_path / "x.xyz", "matplotlib cannot write '.xyz' files; one of"),
+                       (tmp_path / "a.tar.gz", "cannot write '.gz' files"),
+                       (tmp_path / "none" / "x.png", "no such folder")]:
         assert tune_main(["analyze", str(path), "--plot", str(bad)]) == 1
-        assert match in capsys.readouterr().err
+        captured = capsys.readouterr()
+        assert match in captured.err and captured.out == ""     # refused before any CSV
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 1
     assert "--plot needs matplotlib" in capsys.readouterr().err

@@ -23,16 +23,13 @@ SUBCOMMANDS = {
 def main(argv=None):
     """Parse `ggml-bench <subcommand> [options]` and run the subcommand; returns its exit code."""
     parser = ArgumentParser(prog="ggml-bench", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", metavar="subcommand")
+    sub = parser.add_subparsers(dest="command", metavar="subcommand", required=True)
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
         modules[name] = module
     args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
     try:
         # a bad flag ends in one line and status 2 (argparse); a bad file or model in
         # one line and status 1

@@ -32,7 +32,8 @@ def add_arguments(parser):
                         help="weight types (f32, f16, q4_0, ...)")
     parser.add_argument("--threads", type=thread_list, default="1,2",
                         help="thread counts, comma separated")
-    parser.add_argument("--profiles", default="all", help="profile names, or 'all' valid ones")
+    parser.add_argument("--profiles", type=profile_names, default="all",
+                        help="comma-separated MUL_MAT profile names, or 'all' valid ones")
     parser.add_argument("--repeat", type=positive_int, default=5,
                         help="timed runs per case (median kept)")
     parser.add_argument("--max-seconds", type=positive_number, default=2.0,
@@ -67,6 +68,19 @@ def type_list(text):
             raise argparse.ArgumentTypeError(f"unknown weight type {name!r}; one of {', '.join(valid)}")
         types.append(names[name.strip().lower()])
     return types
+
+
+def profile_names(text):
+    """--profiles: None for 'all', else a set of MUL_MAT profile names."""
+    import ggml_py as gg
+    if text == "all":
+        return None
+    wanted = {p.strip() for p in text.split(",")}
+    known = {p.name for t in (gg.F32, gg.Q4_0) for p in gg.task_profiles(gg.Op.MUL_MAT, t)}
+    if not wanted <= known:
+        raise argparse.ArgumentTypeError(f"unknown {sorted(wanted - known)}; choose from "
+                                         f"{sorted(known)} or 'all'")
+    return wanted
 
 
 def _median_time(fn, repeat, max_seconds):
@@ -104,11 +118,7 @@ def run(args):
     import ggml_py as gg
 
     shapes, m_values, threads, types = args.shapes, args.m, args.threads, args.types
-    wanted = None if args.profiles == "all" else {p.strip() for p in args.profiles.split(",")}
-    known = {p.name for t in (gg.F32, gg.Q4_0) for p in gg.task_profiles(gg.Op.MUL_MAT, t)}
-    if wanted is not None and not wanted <= known:
-        raise ValueError(f"--profiles: unknown {sorted(wanted - known)}; choose from "
-                         f"{sorted(known)} or 'all'")
+    wanted = args.profiles
 
     bandwidth = read_bandwidth(args.bandwidth_mib)
     rows = []

@@ -6,6 +6,7 @@
    workers burn beside it, as a share of one core.
 Both for each waiting policy, medians over repeats.
 """
+import argparse
 import json
 import statistics
 import threading
@@ -15,9 +16,18 @@ import numpy as np
 import psutil
 
 import ggml_py as gg
-from ggml_py.cli.common import positive_int, thread_list
+from ggml_py._core import MAX_SPIN_US
+from ggml_py.cli.common import number, positive_int, thread_list
 
 POLICIES = ("spin", "sleep", "spin-then-sleep")
+
+
+def spin_budget(text):
+    """--spin-us: a number of microseconds in 0 .. MAX_SPIN_US."""
+    value = number(text)
+    if not 0 <= value <= MAX_SPIN_US:
+        raise argparse.ArgumentTypeError(f"must be in 0 .. {MAX_SPIN_US:g}, got {text!r}")
+    return value
 
 
 def add_arguments(parser):
@@ -26,7 +36,8 @@ def add_arguments(parser):
                         help="comma-separated thread counts (default 1,2,4)")
     parser.add_argument("--nodes", type=positive_int, default=2000, help="nodes in the dispatch chain")
     parser.add_argument("--repeats", type=positive_int, default=15, help="timed computes per case")
-    parser.add_argument("--spin-us", type=float, default=200.0, help="spin budget of spin-then-sleep")
+    parser.add_argument("--spin-us", type=spin_budget, default=200.0,
+                        help=f"spin budget of spin-then-sleep, µs (0 .. {MAX_SPIN_US:g})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
