@@ -217,7 +217,9 @@ cdef class Context:
     cdef readonly size_t used
     cdef uintptr_t base
 
-    def __init__(self, size_t mem_size=16 << 20):
+    def __cinit__(self, size_t mem_size=16 << 20):
+        # in __cinit__, not __init__: a second __init__ call must not swap the arena
+        # under the tensor structs that live in it
         raw = np.zeros(mem_size + ARENA_ALIGN, dtype=np.uint8)
         start = (-raw.ctypes.data) % ARENA_ALIGN
         self.buffer = raw[start:start + mem_size]
@@ -256,6 +258,7 @@ cdef class TensorBase:
     cdef readonly uintptr_t owner_base
     cdef readonly int ndim
     cdef readonly bint read_only     # data is a read-only buffer: never a write's destination
+    cdef int n_computing             # computes running over this node (its profile is then fixed)
 
     def __cinit__(self, *args, **kwargs):
         if len(args) != 1 or args[0] is not _MAKE or kwargs:
@@ -319,6 +322,11 @@ cdef class TensorBase:
         return _profile_to_tuple(&self.t.profile)
 
     def _set_profile_raw(self, int32_t id, str name, stages):
+        if self.n_computing:
+            # the running compute sized its work buffer for the profile it started with
+            raise RuntimeError(f"profile: this {_OP_NAMES.get(self.t.op, '?')} node is being "
+                               f"computed (by another thread, or around this signal handler); "
+                               f"set its profile before or after the compute")
         _profile_from_tuple(&self.t.profile, id, name, stages)
 
     def _default_profile_raw(self):
@@ -675,6 +683,14 @@ cdef class CGraph:
         g.nodes = self.nodes
         return ggml_py_graph_work_size(&g, n_threads)
 
+    cdef void _hold_profiles(self, int step):
+        """Mark the nodes as computed (+1) or no longer (-1): a profile change meanwhile
+        (another thread, a signal handler between nodes) raises instead of running a
+        kernel on a work buffer sized for another profile."""
+        cdef TensorBase t
+        for t in self.tensors:
+            t.n_computing += step
+
     def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
         """Run every node.
 
@@ -703,21 +719,25 @@ cdef class CGraph:
             plan.abort_callback = _abort_requested
             plan.abort_data = <void *> raised
             plan.abort_interval_ns = <int64_t> (abort_interval_ms * 1e6)
-        if pool is None:
-            with nogil:
-                status = ggml_py_graph_compute(&g, &plan, NULL)
-        else:
-            if pool.pool == NULL:
-                raise ValueError("compute: the ThreadPool is closed")
-            pool._lock("compute")   # another thread's compute on this pool finishes first
-            try:
-                if pool.pool == NULL:
-                    raise ValueError("compute: the ThreadPool is closed")
-                cpool = pool.pool
+        if pool is not None and pool.pool == NULL:
+            raise ValueError("compute: the ThreadPool is closed")
+        self._hold_profiles(1)
+        try:
+            if pool is None:
                 with nogil:
-                    status = ggml_py_graph_compute(&g, &plan, cpool)
-            finally:
-                pool._unlock()
+                    status = ggml_py_graph_compute(&g, &plan, NULL)
+            else:
+                pool._lock("compute")   # another thread's compute on this pool finishes first
+                try:
+                    if pool.pool == NULL:
+                        raise ValueError("compute: the ThreadPool is closed")
+                    cpool = pool.pool
+                    with nogil:
+                        status = ggml_py_graph_compute(&g, &plan, cpool)
+                finally:
+                    pool._unlock()
+        finally:
+            self._hold_profiles(-1)
         if status == GGML_PY_STATUS_ABORTED:
             if raised:
                 raise raised[0]

@@ -6,6 +6,8 @@ over the first, each of its (right-aligned) dimensions dividing the first's.
 """
 import contextlib
 import math
+import numbers
+import operator
 import struct
 import threading
 
@@ -21,10 +23,26 @@ ROPE_NORMAL = 0
 ROPE_NEOX = 2
 
 
+def _int(opname, name, value):
+    """An integer argument (a Python or numpy int, not a float or text to be
+    truncated or parsed); TypeError naming the op and argument otherwise."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{opname}: {name} must be an integer, got {value!r:.40}") from None
+
+
+def _real(what, value):
+    """A real number argument as float (not text to be parsed); TypeError naming `what`."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, got {value!r:.40}")
+    return float(value)
+
+
 def _f32_bits(x, what="a parameter"):
     """A float stored in an int32 op_params slot; ValueError (naming `what`, e.g.
     "scale: s") for one beyond float32's range (inf and NaN pass, as floats do)."""
-    x = float(x)
+    x = _real(what, x)
     if math.isfinite(x) and abs(x) > F32_MAX:
         raise ValueError(f"{what} {x} is beyond float32's range")
     return struct.unpack("<i", struct.pack("<f", x))[0]
@@ -102,7 +120,7 @@ def _check_writable(opname, name, t):
 
 def _check_float(opname, name, value, positive=False):
     """A finite float32 >= 0 (> 0 with positive)."""
-    value = float(value)
+    value = _real(f"{opname}: {name}", value)
     if not abs(value) <= F32_MAX or value < 0 or (positive and value == 0):   # NaN fails too
         raise ValueError(f"{opname}: {name} must be a finite number "
                          f"{'> 0' if positive else '>= 0'}, got {value}")
@@ -383,6 +401,7 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
     if pos.ndim != 1 or pos._ne[0] != a._ne[2]:
         raise ValueError(f"rope: a is {a.shape} but pos is {pos.shape}: "
                          f"one position per token (a's third-from-last dimension)")
+    n_dims, mode = _int("rope", "n_dims", n_dims), _int("rope", "mode", mode)
     if n_dims <= 0 or n_dims % 2 or n_dims > a._ne[0]:
         raise ValueError(f"rope: n_dims={n_dims} must be even and at most the head size {a._ne[0]}")
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
@@ -411,10 +430,10 @@ def concat(a, b, axis=0):
     _check_type("concat", "a", a, (Type.F32,))
     _check_type("concat", "b", b, (Type.F32,))
     ndim = max(a.ndim, b.ndim)
-    if axis < 0:
-        axis += ndim
+    given = _int("concat", "axis", axis)
+    axis = given + ndim if given < 0 else given
     if not 0 <= axis < ndim:
-        raise ValueError(f"concat: axis {axis} out of range for {ndim} dimensions")
+        raise ValueError(f"concat: axis {given} out of range for {ndim} dimensions")
     dim = ndim - 1 - axis
     if any(a._ne[i] != b._ne[i] for i in range(MAX_DIMS) if i != dim):
         raise ValueError(f"concat: a is {a.shape} but b is {b.shape}: "
@@ -430,13 +449,14 @@ def view(a, shape, strides=None, offset=0):
     """A view of a's data: numpy-order shape and byte strides, at byte offset."""
     _check_tensor("view", a=a)
     ne = ne_of_shape(shape)
+    offset = _int("view", "offset", offset)
     traits = type_traits(a.type)
     if strides is None:
         nb = _contiguous_nb(a.type, ne)
     else:
         if len(strides) != len(shape):
             raise ValueError(f"view: shape {tuple(shape)} and strides {tuple(strides)} differ in length")
-        nb = tuple(reversed([int(s) for s in strides])) + (0,) * (MAX_DIMS - len(shape))
+        nb = tuple(reversed([_int("view", "a stride", s) for s in strides])) + (0,) * (MAX_DIMS - len(shape))
         nb = tuple(nb[i] if i < len(shape) else nb[len(shape) - 1] * ne[len(shape) - 1]
                    for i in range(MAX_DIMS))
         if nb[0] != traits["type_size"]:
@@ -478,7 +498,7 @@ def permute(a, axes):
 
 def _permuted(op, a, axes):
     _check_tensor(op.name.lower(), a=a)
-    axes = [int(x) for x in axes]
+    axes = [_int("permute", "an axis", x) for x in axes]
     if sorted(axes) != list(range(a.ndim)):
         raise ValueError(f"permute: axes {tuple(axes)} are not a permutation of {a.ndim} axes")
     if type_traits(a.type)["blck_size"] != 1 and axes[-1] != a.ndim - 1:

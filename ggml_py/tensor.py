@@ -191,12 +191,22 @@ class Context(_core.Context):
         buffer: a C-contiguous numpy array of exactly the tensor's bytes; it is
         kept alive by the tensor. A read-only buffer (a weight mapped from a
         file) gives a read-only tensor: reading ops use it, and cpy/set_rows
-        into it (or into a view of it) raise ValueError.
+        into it (or into a view of it) raise ValueError. Its bytes are taken
+        as they are, so a float buffer must be of the tensor's own dtype (a
+        float64 array as F32 would be read as garbage: TypeError) and every
+        buffer in this machine's byte order; raw bytes (uint8, ...) may hold
+        any type (quantized blocks, BF16 bits).
         """
         type = Type(type)
         ne = ne_of_shape(shape)
         expected = packed_nbytes(type, ne)
         buffer = np.asarray(buffer)
+        if buffer.dtype.itemsize > 1 and not buffer.dtype.isnative:
+            raise ValueError(f"from_buffer: the buffer's {buffer.dtype.str} is in the other byte "
+                             f"order; convert it first (buffer.astype(buffer.dtype.newbyteorder('=')))")
+        if buffer.dtype.kind in "fc" and NUMPY_DTYPES.get(type) != buffer.dtype:
+            raise TypeError(f"from_buffer: a {buffer.dtype} buffer does not hold {type.name} values; "
+                            f"convert it (from_numpy) or pass its bytes (buffer.view(np.uint8))")
         if not buffer.flags.c_contiguous or buffer.nbytes != expected:
             raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "
                              f"bytes, buffer has {buffer.nbytes} "

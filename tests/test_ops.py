@@ -1146,6 +1146,56 @@ def test_bad_op_parameters(ctx, build, pattern):
     assert gg.rms_norm(_t(ctx, (3,)), eps=0.0).op == gg.Op.RMS_NORM   # eps 0 is fine
 
 
+@pytest.mark.parametrize("build, pattern", [
+    (lambda c: gg.view(_t(c, (2, 3, 4)), (2, 2), strides=(8.5, 4)), r"^view: a stride must be an integer, got 8.5"),
+    (lambda c: gg.view(_t(c, (2, 3, 4)), (2,), offset=4.5), r"^view: offset must be an integer"),
+    (lambda c: gg.permute(_t(c, (2, 3, 4)), (0.0, 1.9, 2)), r"^permute: an axis must be an integer"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8.0), r"^rope: n_dims must be an integer"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), "8"), r"^rope: n_dims must be an integer"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, mode=2.0), r"^rope: mode must be an integer"),
+    (lambda c: gg.scale(_t(c, (3,)), "2"), r"^scale: s must be a number, got '2'"),
+    (lambda c: gg.norm(_t(c, (3,)), eps="1e-5"), r"^norm: eps must be a number"),
+    (lambda c: gg.concat(_t(c, (2, 3)), _t(c, (2, 3)), 1.0), r"^concat: axis must be an integer"),
+], ids=["view-stride", "view-offset", "permute-axes", "rope-n_dims-float", "rope-n_dims-str",
+        "rope-mode", "scale-str", "norm-eps-str", "concat-axis-float"])
+def test_arguments_are_never_truncated_or_parsed(ctx, build, pattern):
+    # int() would have taken 8.5 as 8 and "2" as 2 without a word
+    with pytest.raises(TypeError, match=pattern):
+        build(ctx)
+
+
+def test_a_concat_axis_out_of_range_is_named_as_given(ctx):
+    with pytest.raises(ValueError, match=r"^concat: axis -4 out of range for 3 dimensions"):
+        gg.concat(_t(ctx, (2, 3, 4)), _t(ctx, (2, 3, 4)), -4)
+    assert gg.concat(_t(ctx, (2, 3, 4)), _t(ctx, (2, 3, 4)), np.int64(-1)).shape == (2, 3, 8)
+
+
+def test_from_buffer_refuses_values_it_would_misread(ctx):
+    with pytest.raises(ValueError, match="other byte order"):
+        ctx.from_buffer(np.arange(4, dtype=">f4"), gg.F32, (4,))
+    with pytest.raises(TypeError, match="a float64 buffer does not hold F32 values"):
+        ctx.from_buffer(np.arange(2, dtype=np.float64), gg.F32, (4,))
+    with pytest.raises(TypeError, match="a float32 buffer does not hold Q8_0 values"):
+        ctx.from_buffer(np.zeros(8, np.float32), gg.Q8_0, (32,))
+    # raw bytes hold any type; a buffer of the tensor's own dtype is taken as it is
+    raw = gg.quantize(np.ones((1, 32), np.float32), gg.Q8_0).reshape(-1)
+    assert ctx.from_buffer(raw, gg.Q8_0, (32,)).type == gg.Q8_0
+    np.testing.assert_array_equal(ctx.from_buffer(np.arange(4, dtype=np.float16), gg.F16, (4,)).numpy(),
+                                  np.arange(4))
+
+
+def test_a_second_init_leaves_the_context_as_it_was(ctx):
+    # the arena is made once: a second __init__ must not free the memory of the
+    # tensor structs that live in it
+    c = gg.Context(1 << 16)
+    t = c.from_buffer(np.arange(4, dtype=np.float32), gg.F32, (4,))
+    c.__init__(16)
+    assert c.mem_size == 1 << 16
+    junk = [np.full(1 << 20, 0xAB, np.uint8) for _ in range(20)]
+    assert t.type == gg.F32 and t.shape == (4,) and len(junk) == 20
+    np.testing.assert_array_equal(t.numpy(), np.arange(4))
+
+
 def test_task_profiles_agree_with_mul_mat(ctx):
     for src0, src1 in ((gg.Q8_K, gg.F32), (gg.Q8_1, gg.F32), (gg.I32, gg.F32), (gg.F32, gg.F16)):
         assert gg.task_profiles(gg.Op.MUL_MAT, src0, src1) == []

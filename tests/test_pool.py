@@ -192,6 +192,44 @@ def test_ctrl_c_interrupts_within_100ms(watchdog):
     pool.close()
 
 
+def test_a_profile_cannot_change_while_its_node_is_computed(watchdog):
+    # the compute sized its work buffer for the profiles it started with: a profile
+    # needing more (blas-split on a quantized weight: all of it in f32) set meanwhile,
+    # from another thread or from a signal handler (run between nodes), overran it
+    graph = long_graph()
+    node = graph.nodes[-1]
+    before = node.profile
+    other = next(p for p in node.profiles() if p.name != before.name)
+    errors = []
+
+    def from_another_thread():
+        time.sleep(0.1)
+        try:
+            node.profile = other
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    thread = threading.Thread(target=from_another_thread)
+    thread.start()
+    graph.compute(n_threads=2)
+    thread.join()
+    assert errors and "this mul_mat node is being computed" in errors[0]
+    assert node.profile == before
+
+    def handler(signum, frame):
+        node.profile = other
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(RuntimeError, match="being computed"):
+            graph.compute(n_threads=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    node.profile = other           # between computes, as ever
+    assert node.profile.name == other.name
+
+
 def test_closed_pool_is_an_error():
     pool = gg.ThreadPool(2)
     pool.close()
