@@ -250,18 +250,21 @@ class Llama:
     # ---- generation ---------------------------------------------------------------
 
     def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-                 repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True):
+                 repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True,
+                 frequency_penalty=0.0, presence_penalty=0.0):
         """The text pieces generated after prompt (text, or token ids), an iterator that
         produces them as they are generated; the arguments are checked now.
 
         Stops after max_tokens (< 0: until the end of the context), at an
         end-of-generation token unless ignore_eos, or when the context is full.
         temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
-        repeat_last_n -1: the penalty looks back over the whole context.
+        The penalties (repeat, frequency, presence) look back over the last
+        repeat_last_n tokens, the prompt's included, as llama-cli's (-1: the whole context).
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-                                seed=seed)
+                                frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, seed=seed)
         return self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
 
     def _pieces(self, tokens):

@@ -42,6 +42,12 @@ def token_nll(logits, tokens):
     return -(picked - max_logit[:, 0].astype(np.float64) - np.log(sum_exp))
 
 
+# llama.cpp's llama-perplexity and llama-cli refuse such a vocabulary too (an EOS after
+# the text would be scored, or generation would start after it)
+ADD_EOS_REFUSED = ("this vocabulary adds an EOS token after every text (tokenizer.ggml."
+                   "add_eos_token); a decoder-only model cannot run on such input")
+
+
 def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     """Perplexity of text under llm (a Llama) with chunks of n_ctx tokens.
 
@@ -57,6 +63,8 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
         n_batch = checked_int("perplexity: n_batch", n_batch, low=1)
     if checked_int("perplexity: n_chunks", n_chunks) == 0:
         raise ValueError("perplexity: n_chunks must be at least 1, or negative for all chunks; got 0")
+    if llm.tokenizer.add_eos:
+        raise ValueError(f"perplexity: {ADD_EOS_REFUSED}")
     tokens = llm._input_ids(text, add_bos=True)
     if n_ctx > llm.n_ctx():
         raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context "

@@ -49,6 +49,11 @@ class SamplingParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{name} must be a number, got {value!r}")
+            try:
+                value = float(value)
+            except OverflowError:     # an int beyond a float's range
+                raise ValueError(f"{name} must be a number a float holds, got an integer of "
+                                 f"{int(value).bit_length()} bits") from None
             if math.isnan(value):
                 raise ValueError(f"{name} must be a number, got nan")
         if not 0 < self.repeat_penalty < math.inf:

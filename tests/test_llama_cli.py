@@ -135,6 +135,50 @@ def test_main_prompt_is_read_as_llama_cli_reads_it(tmp_path):
     assert from_file[:-1] == plain and from_file[-1].startswith("   258 -> ")   # <0xFF>
 
 
+def test_a_prompt_starting_with_a_dash_is_the_prompt():
+    # as llama-cli: the word after -p is the prompt, even "-ROMEO" (argparse took it for a flag)
+    dashed = verbose_prompt_tokens("-p", "-ROMEO.")
+    assert dashed == verbose_prompt_tokens("--prompt=-ROMEO.")
+    assert dashed[:1] == ["     1 -> '<s>'"] and "-" in dashed[1]
+    assert verbose_prompt_tokens("-p", "--x") == verbose_prompt_tokens("--prompt=--x")
+
+
+def test_presence_and_frequency_penalties():
+    line = next(l for l in main("-p", "ROMEO.", "-n", 0, "--presence-penalty", 0.5,
+                                "--frequency-penalty", 0.25).stderr.splitlines()
+                if l.startswith("sampler params"))
+    assert "frequency_penalty = 0.250, presence_penalty = 0.500" in line
+    # a huge presence penalty: greedy text never repeats a token of the window
+    llm = gg.Llama()
+    ids = list(llm.generate_tokens("ROMEO.", gg.SamplingParams(temperature=0, presence_penalty=1e4,
+                                                               repeat_last_n=-1), max_tokens=40))
+    prompt = llm.tokenize("ROMEO.")
+    assert len(ids) == 40 and len(set(ids)) == 40 and not set(ids) & set(prompt)
+    plain = list(llm.generate_tokens("ROMEO.", gg.SamplingParams(temperature=0), max_tokens=40))
+    assert len(set(plain)) < 40                              # without it, tokens repeat
+    assert "".join(llm.generate("ROMEO.", max_tokens=40, temperature=0, presence_penalty=1e4,
+                                repeat_last_n=-1)) == llm.detokenize(ids)
+
+
+def test_vocabularies_llama_cpp_refuses_or_cannot_start_from():
+    from llama_models import V, edited_model
+    no_bos = edited_model("cli-no-bos.gguf", keys={"tokenizer.ggml.add_bos_token": ([V.BOOL], False)})
+
+    def error_after_loading(proc):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        return proc.stderr.strip().splitlines()[-1]
+
+    assert "error: the prompt is empty" in error_after_loading(main("-m", no_bos, "-p", "", "-n", 2, "-c", 64))
+    assert main("-m", no_bos, "-p", "The", "-n", 2, "-c", 64).returncode == 0
+    add_eos = edited_model("cli-add-eos.gguf", keys={"tokenizer.ggml.add_eos_token": ([V.BOOL], True)})
+    for module, args in (("ggml_py.cli.main", ["-p", "Hello", "-n", 2]),
+                         ("ggml_py.cli.perplexity", ["-f", TEXT_FILE, "-c", 16])):
+        line = error_after_loading(run(module, "-m", add_eos, "-c", 64, *args))
+        assert "error: this vocabulary adds an EOS token after every text" in line
+    with pytest.raises(ValueError, match="adds an EOS token after every text"):
+        gg.Llama(add_eos, n_ctx=64).perplexity("hello " * 200, n_ctx=16)
+
+
 def test_process_escapes_as_llama_cpp():
     # common.cpp's string_process_escapes: \n \r \t \' \" \\ and \xHH; others stay
     assert process_escapes(r"A\nB\r\t\'\"\\") == "A\nB\r\t'\"\\"

@@ -117,6 +117,10 @@ def test_seed_minus_one_draws_a_random_seed():
     (dict(temperature=None), TypeError, "temperature must be a number, got None"),
     (dict(repeat_penalty=None), TypeError, "repeat_penalty must be a number, got None"),
     (dict(top_p="0.9"), TypeError, "top_p must be a number"),
+    # integers no float holds (math.isnan raised OverflowError on them)
+    (dict(temperature=10 ** 400), ValueError, "temperature must be a number a float holds"),
+    (dict(min_p=-10 ** 400), ValueError, "min_p must be a number a float holds"),
+    (dict(repeat_penalty=10 ** 5000), ValueError, "repeat_penalty must be a number a float holds"),
 ])
 def test_bad_params_are_refused(params, error, match):
     with pytest.raises(error, match=match):

@@ -14,6 +14,7 @@ from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_scr
                                 kv_type, number, positive_number, process_escapes,
                                 read_prompt_file, resolve_ctx_size, run, setup_tune,
                                 warn_past_training_context)
+from ggml_py.perplexity import ADD_EOS_REFUSED
 from ggml_py.sampling import SamplingParams
 
 PROG = "ggml-main"
@@ -25,6 +26,21 @@ def repeat_window(text):
     if value < -1:
         raise argparse.ArgumentTypeError(f"must be at least -1 (-1: the context), got {value}")
     return value
+
+
+def prompt_taken_whole(argv):
+    """argv with -p/--prompt VALUE as --prompt=VALUE: as llama-cli, the word after -p is
+    the prompt even when it starts with '-' ("-p '- a list item'"), which argparse
+    would take for a flag."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("-p", "--prompt") and i + 1 < len(argv):
+            out.append(f"--prompt={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def build_parser():
@@ -46,7 +62,11 @@ def build_parser():
     p.add_argument("--repeat-penalty", type=positive_number, default=1.0,
                    help="penalize repeated tokens (default: 1.0 = off; must be > 0)")
     p.add_argument("--repeat-last-n", type=repeat_window, default=64,
-                   help="last n tokens the penalty considers (default: 64, 0 = off, -1 = context)")
+                   help="last n tokens the penalties consider (default: 64, 0 = off, -1 = context)")
+    p.add_argument("--presence-penalty", type=number, default=0.0,
+                   help="subtracted from a repeated token's logit (default: 0.0 = off)")
+    p.add_argument("--frequency-penalty", type=number, default=0.0,
+                   help="times a token's count, subtracted from its logit (default: 0.0 = off)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="never end at an end-of-text token (its logit is set to -inf)")
     p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens")
@@ -62,7 +82,7 @@ def main(argv=None):
     """Load the model, echo the prompt and stream the generated text to stdout, timings to
     stderr. Returns the exit status: 0, or 130 when interrupted."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(prompt_taken_whole(sys.argv[1:] if argv is None else argv))
     args.model = args.model or default_model_path()
     resolve_ctx_size(args)
     cache_type = kv_type(parser, args)
@@ -82,12 +102,19 @@ def main(argv=None):
     if setup_tune(llm, args, log):
         return 0
 
-    # as llama-cli: special tokens in the prompt ("<s>") are parsed
-    ids = llm.tokenize(prompt, special=True) or [llm.token_bos()]
+    if llm.tokenizer.add_eos:
+        raise ValueError(ADD_EOS_REFUSED)
+    # as llama-cli: special tokens in the prompt ("<s>") are parsed; an empty prompt is
+    # the BOS alone, or refused where the vocabulary adds none
+    ids = llm.tokenize(prompt, special=True)
+    if not ids:
+        raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                            repeat_last_n=repeat_last_n, seed=seed)
+                            repeat_last_n=repeat_last_n,
+                            frequency_penalty=args.frequency_penalty,
+                            presence_penalty=args.presence_penalty, seed=seed)
     # checks now that the prompt fits the context: nothing is echoed for one that does not
     generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
                                     ignore_eos=args.ignore_eos)
@@ -97,6 +124,7 @@ def main(argv=None):
         for t in ids:
             log(f"{t:6d} -> '{llm.tokenizer.token_to_piece(t).decode('utf-8', 'replace')}'")
     log(f"sampler params: repeat_last_n = {repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}, "
+        f"frequency_penalty = {args.frequency_penalty:.3f}, presence_penalty = {args.presence_penalty:.3f}, "
         f"top_k = {args.top_k}, top_p = {args.top_p:.3f}, min_p = {args.min_p:.3f}, temp = {args.temp:.3f}")
     log(f"generate: n_ctx = {llm.n_ctx()}, n_batch = {args.batch_size}, "
         f"n_predict = {args.n_predict}, seed = {seed}")

@@ -15,6 +15,7 @@ from ggml_py.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
                                 kv_type, process_escapes, read_prompt_file, resolve_ctx_size, run,
                                 setup_tune, warn_past_training_context)
+from ggml_py.perplexity import ADD_EOS_REFUSED
 
 PROG = "ggml-perplexity"
 
@@ -71,6 +72,8 @@ def main(argv=None):
     warn_past_training_context(llm, log, "perplexity")
     if setup_tune(llm, args, log):
         return 0
+    if llm.tokenizer.add_eos:
+        raise ValueError(ADD_EOS_REFUSED)
     log("perplexity: tokenizing the input ..")
     t0 = time.perf_counter()
     tokens = llm.tokenize(text, add_bos=True)   # as llama-perplexity: "<s>" etc. stay text
