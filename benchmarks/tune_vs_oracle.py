@@ -28,10 +28,10 @@ import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import ArgumentParser, positive_int, run
+from ggml_py.cli.common import ArgumentParser, positive_int, run, weight_type
 from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, Waker,
                                 bench, distinct_profiles, preset_shapes, random_weight)
-from ggml_py.tune_cli import parse_threads, parse_type
+from ggml_py.tune_cli import parse_threads
 
 import numpy as np
 
@@ -136,7 +136,7 @@ def oracle_times(shapes, type, m_values, threads, repeat, sweeps):
 def main(argv=None):
     p = ArgumentParser(prog="tune_vs_oracle.py", description=__doc__.splitlines()[0])
     p.add_argument("--model-shape", default="1.1B", choices=sorted(PRESETS))
-    p.add_argument("--type", type=parse_type, default=gg.Type.Q4_0)
+    p.add_argument("--type", type=weight_type, default=gg.Type.Q4_0)
     p.add_argument("--threads", type=parse_threads, default=[1, 2])
     p.add_argument("--repeat", type=positive_int, default=5)
     p.add_argument("--sweeps", type=positive_int, default=3,

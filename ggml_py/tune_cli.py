@@ -5,30 +5,20 @@ or plot a tune file.
     ggml-tune --model-shape 1.1B --type Q4_0 -o tune.json --n-threads 1,2 --m-max 9
     ggml-tune analyze tune.json [--plot tune.png]
 """
-import argparse
 import os
 import sys
 import time
 
 import ggml_py as gg
 from ggml_py import tune
-from ggml_py.cli.common import ArgumentParser, console_script, file_name, run, thread_list
-from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes, weight_type
+from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, thread_list,
+                                weight_type)
+from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
 
 
 def parse_threads(text):
     """--n-threads: comma-separated thread counts (1 .. 256), sorted, each once."""
     return sorted(set(thread_list(text)))
-
-
-def parse_type(text):
-    """--type: a weight type name (any case) that has a matrix product kernel."""
-    try:
-        return weight_type(gg.Type[text.upper()])
-    except KeyError:
-        raise argparse.ArgumentTypeError(f"unknown type {text!r}") from None
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def bench_parser():
@@ -40,7 +30,7 @@ def bench_parser():
     src.add_argument("-m", "--model", type=file_name,
                      help="GGUF model: bench its matrix shapes and weight types")
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
-    p.add_argument("--type", type=parse_type,
+    p.add_argument("--type", type=weight_type,
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
     p.add_argument("--n-threads", type=parse_threads, default=[1, 2], help="e.g. 1,2,4 (default 1,2)")
     p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from ggml_py.cli.common import positive_int, positive_int_list, positive_number, thread_list
+from ggml_py.cli.common import (positive_int, positive_int_list, positive_number, thread_list,
+                                weight_type_list)
 
 DEFAULT_SHAPES = "2048x2048,5632x2048,2048x5632,32000x2048"
 DEFAULT_M = "1,8,32,128,512"
@@ -28,7 +29,7 @@ def add_arguments(parser):
                         help="weights NxK, comma separated")
     parser.add_argument("--m", type=positive_int_list, default=DEFAULT_M,
                         help="activation rows M, comma separated")
-    parser.add_argument("--types", type=type_list, default=DEFAULT_TYPES,
+    parser.add_argument("--types", type=weight_type_list, default=DEFAULT_TYPES,
                         help="weight types (f32, f16, q4_0, ...)")
     parser.add_argument("--threads", type=thread_list, default="1,2",
                         help="thread counts, comma separated")
@@ -55,19 +56,6 @@ def shape_list(text):
             raise argparse.ArgumentTypeError(f"bad shape {item!r}: N and K must be positive")
         shapes.append((n, k))
     return shapes
-
-
-def type_list(text):
-    """--types: comma-separated names (any case) of weight types with a matrix product kernel."""
-    import ggml_py as gg
-    names = {t.name.lower(): t for t in gg.Type}
-    valid = sorted(n for n, t in names.items() if gg.type_traits(t)["has_vec_dot"])
-    types = []
-    for name in text.split(","):
-        if name.strip().lower() not in valid:
-            raise argparse.ArgumentTypeError(f"unknown weight type {name!r}; one of {', '.join(valid)}")
-        types.append(names[name.strip().lower()])
-    return types
 
 
 def profile_names(text):

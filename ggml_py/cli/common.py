@@ -97,6 +97,26 @@ def ctx_size(text):
     return value
 
 
+def weight_type(text):
+    """A weight type flag: a type name (any case) with a matrix product kernel."""
+    import ggml_py as gg
+    from ggml_py.tune_bench import weight_type as checked
+    names = {t.name.lower(): t for t in gg.Type}
+    type = names.get(text.strip().lower())
+    if type is None:
+        valid = sorted(n for n, t in names.items() if gg.type_traits(t)["has_vec_dot"])
+        raise argparse.ArgumentTypeError(f"unknown weight type {text!r}; one of {', '.join(valid)}")
+    try:
+        return checked(type)
+    except ValueError as exc:     # a type without a kernel (I8, Q8_K, ...)
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def weight_type_list(text):
+    """A comma-separated list of weight types (weight_type)."""
+    return [weight_type(name) for name in text.split(",")]
+
+
 def file_name(text):
     """A file flag: an empty name is refused (it must not fall back to a default file)."""
     if not text:
