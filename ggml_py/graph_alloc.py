@@ -18,6 +18,8 @@ costs a second build's time (milliseconds per layer), not memory.
 """
 from dataclasses import dataclass
 
+import numpy as np
+
 from ggml_py import ops
 from ggml_py.graph import build_forward
 from ggml_py.tensor import Context
@@ -152,11 +154,15 @@ class PackedBuild:
     unpacked_bytes: int    # what they would take unpacked
 
 
-def build_packed(build, outputs_of, arena_bytes):
+def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
     """Build twice (see module doc). build(ctx) -> result; outputs_of(result) -> tensors.
 
     arena_bytes: a guess of the arena the build needs besides its results
     (tensor structs and leaf data such as inputs); doubled until it suffices.
+    buffer_for: None (the intermediates get a buffer in the graph's own arena), or
+    buffer_for(nbytes) -> a writable uint8 numpy array of at least nbytes, its start
+    aligned to ALIGN: one buffer shared by graphs that never run at the same time
+    (their outputs, too, then last only until the next of them runs).
     """
     while True:
         first_ctx = Context(mem_size=arena_bytes)
@@ -176,8 +182,17 @@ def build_packed(build, outputs_of, arena_bytes):
     others = first_ctx.used
     del first, first_graph, first_outputs, recorder, first_ctx
 
-    ctx = Context(mem_size=others + buffer_bytes + 2 * ALIGN)
-    buffer = ctx.new_tensor(Type.I8, (max(buffer_bytes, ALIGN),), name="intermediates")
+    size = max(buffer_bytes, ALIGN)
+    if buffer_for is None:
+        ctx = Context(mem_size=others + buffer_bytes + 2 * ALIGN)
+        buffer = ctx.new_tensor(Type.I8, (size,), name="intermediates")
+    else:
+        shared = buffer_for(size)
+        if shared.ctypes.data % ALIGN or shared.nbytes < size or not shared.flags.writeable:
+            raise ValueError(f"build_packed: buffer_for({size}) must give a writable buffer of "
+                             f"that many bytes, aligned to {ALIGN}")
+        ctx = Context(mem_size=others + 2 * ALIGN)
+        buffer = ctx.from_buffer(shared[:size].view(np.int8), Type.I8, (size,), name="intermediates")
     placer = _Placer(buffer, offsets)
     with ops.place_results(placer):
         result = build(ctx)

@@ -27,7 +27,8 @@ ARCH = "llama"
 MAX_LAYERS = 512     # llama.cpp's LLAMA_MAX_LAYERS
 KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
-MAX_GRAPHS = 16       # built graphs kept (least recently used dropped)
+MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
+WORK_ALIGN = 64       # ... and the intermediates buffer they share starts on a cache line
 
 
 # ---- config -------------------------------------------------------------------
@@ -345,13 +346,14 @@ def feed_forward(x, lw):
     return linear(lw.w_down, gated, lw.b_down)
 
 
-def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
+def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None):
     """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
     n_out: logits are computed for the last n_out tokens only (1 to sample the
     next token, T for all).
     packed: intermediates share one buffer where their lifetimes allow
-    (graph_alloc); otherwise each has its own memory.
+    (graph_alloc); otherwise each has its own memory. buffer_for: see
+    graph_alloc.build_packed (a buffer shared with other graphs).
     """
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
@@ -379,7 +381,7 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True):
         return ctx, tokens, positions, slots, mask, logits
 
     if packed:
-        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
+        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K), buffer_for)
         return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
                             buffer_bytes=built.buffer_bytes)
     ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
@@ -428,26 +430,59 @@ class LlamaModel:
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
         self._graphs = OrderedDict()
+        # enough for a sequence's every window twice (a prompt's batches and the tokens
+        # generated after them; a perplexity chunk's batches), so that none is rebuilt
+        self.max_graphs = max(MIN_GRAPHS, 2 * -(-self.n_ctx // kv_pad) + 8)
+        # the graphs run one at a time: one buffer of intermediates and one work
+        # buffer serve them all, sized for the largest (as ggml's compute buffer)
+        self._intermediates = None   # uint8 array, WORK_ALIGN-aligned
+        self._work_donor = None      # the graph whose work buffer the next ones share
+        self._work_bytes = 0
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
         self.tune = check_tune(data, "set_tune")
         for g in self._graphs.values():
             g.graph.plan(self.n_threads, tune=data)
+            self._share_work(g.graph)
 
     def graph(self, T, K, n_out):
         """The cached forward graph for (T, K, n_out), built on first use."""
         key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
-            g = self._graphs[key] = build_forward_graph(self.config, self.weights, self.cache,
-                                                        T, K, n_out, self.packed)
+            before = self._intermediates
+            g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
+                                    self.packed, buffer_for=self._intermediates_for)
+            if self._intermediates is not before:
+                # a larger buffer: drop the graphs over the old one (rebuilt when needed),
+                # so that only one stays allocated
+                self._graphs.clear()
+                self._work_donor, self._work_bytes = None, 0
+            self._graphs[key] = g
             g.graph.plan(self.n_threads, tune=self.tune)
-            while len(self._graphs) > MAX_GRAPHS:
+            self._share_work(g.graph)
+            while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
         else:
             self._graphs.move_to_end(key)
         return g
+
+    def _intermediates_for(self, nbytes):
+        """The shared buffer of intermediates, grown to nbytes when smaller."""
+        if self._intermediates is None or self._intermediates.nbytes < nbytes:
+            self._intermediates = None        # the old one goes before the new one comes
+            raw = np.empty(nbytes + WORK_ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % WORK_ALIGN
+            self._intermediates = raw[start:start + nbytes]
+        return self._intermediates
+
+    def _share_work(self, graph):
+        """Give graph the work buffer of the graphs before it (or, when it needs more,
+        its own, which the next graphs share)."""
+        size = graph.reserve(self.n_threads, share_with=self._work_donor)
+        if size > self._work_bytes:
+            self._work_donor, self._work_bytes = graph, size
 
     def forward(self, tokens, positions, n_out=None):
         """Run one batch: tokens, positions int (T,) -> logits (n_out, V) of the last
@@ -465,15 +500,22 @@ class LlamaModel:
                                                      for t in (tokens.min(), tokens.max())):
             raise ValueError(f"forward: token ids must be integers in 0..{self.config.n_vocab - 1}")
         tokens = tokens.astype(np.int32)
-        slots = self.cache.slots_for(positions)
         n_out = T if n_out is None else n_out
         if not 1 <= n_out <= T:
             raise ValueError(f"forward: n_out must be in 1..{T}, got {n_out}")
-        g = self.graph(T, self.cache.window(self.kv_pad), n_out)
-        g.tokens[:] = tokens
-        g.positions[:] = positions
-        g.slots[:] = slots
-        self.cache.fill_mask(g.mask, positions)
-        pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
-        g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
+        n_past, held = self.cache.n_past, self.cache.slot_pos.copy()
+        try:
+            slots = self.cache.slots_for(positions)
+            g = self.graph(T, self.cache.window(self.kv_pad), n_out)
+            g.tokens[:] = tokens
+            g.positions[:] = positions
+            g.slots[:] = slots
+            self.cache.fill_mask(g.mask, positions)
+            pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
+            g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
+        except BaseException:
+            # a failed call (no memory for a graph, Ctrl-C) leaves no position marked
+            # as held that it may not have written
+            self.cache.n_past, self.cache.slot_pos[:] = n_past, held
+            raise
         return g.logits

@@ -122,6 +122,43 @@ def test_graphs_are_cached_and_calls_allocate_nothing():
     assert model._graphs[(1, 64, 1)] is graph and graph.ctx.used == used
 
 
+def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkeypatch):
+    # 20 windows of 16 slots: a sequence fed in batches of 16 needs 20 graphs, more than
+    # the 16 once kept, which made every graph be rebuilt (and reallocated) every time
+    import ggml_py.llama as llama
+    builds = []
+    build = llama.build_forward_graph
+    monkeypatch.setattr(llama, "build_forward_graph", lambda *a, **k: builds.append(a[3:6]) or build(*a, **k))
+    model = LlamaModel(model_path("f32"), n_ctx=320, kv_type=Type.F32, n_threads=2, kv_pad=16)
+    tokens = np.resize(TOKENS, 320)
+
+    def one_pass():
+        model.cache.clear()
+        return forward_all(model, tokens, batch=16)
+
+    first = one_pass()          # the buffer grows with the window: graphs over the old one go
+    second = one_pass()
+    n_built = len(builds)
+    np.testing.assert_array_equal(one_pass(), second)
+    assert len(builds) == n_built, builds[n_built:]           # the third pass built nothing
+    np.testing.assert_allclose(first, second, atol=2e-5, rtol=0)
+    graphs = list(model._graphs.values())
+    assert len(graphs) == 20
+    # one buffer of intermediates and one work buffer for all of them (as ggml's compute buffer)
+    assert all(np.shares_memory(g.logits, model._intermediates) for g in graphs)
+    assert len({id(g.graph._work) for g in graphs}) == 1
+
+
+def test_a_refused_forward_leaves_the_cache_as_it_was():
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    fresh = model.forward(TOKENS[:1], [0]).copy()
+    model.cache.clear()
+    with pytest.raises(ValueError, match="n_out must be in 1..4"):
+        model.forward(TOKENS[:4], np.arange(4), n_out=0)
+    assert model.cache.n_past == 0 and (model.cache.slot_pos == -1).all()
+    np.testing.assert_array_equal(model.forward(TOKENS[:1], [0]), fresh)
+
+
 def test_kv_window_hides_unused_slots():
     # a wide window (most slots empty or stale) gives the same logits as a tight one
     tight = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1, kv_pad=8)
