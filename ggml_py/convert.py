@@ -939,7 +939,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Convert a Hugging Face-style llama checkpoint directory to GGUF.")
     parser.add_argument("model", help="directory with config.json, weights and tokenizer")
     parser.add_argument("--outfile", help="output path (default: MODEL/<name>-<outtype>.gguf)")
-    parser.add_argument("--outtype", default="f16", type=str.lower,
+    parser.add_argument("--outtype", default="f16", type=str.lower, choices=OUTTYPES,
                         help="f32, f16 (default) or bf16; 1-D tensors stay f32")
     parser.add_argument("--vocab-only", action="store_true",
                         help="write the metadata and tokenizer only (no tensors)")

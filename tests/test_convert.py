@@ -349,7 +349,14 @@ def test_error_bad_json_and_missing_key(tmp_path, capsys):
 
 def test_error_unknown_outtype(tmp_path, capsys):
     d, _ = make_checkpoint(tmp_path)
-    assert "unknown --outtype 'q9_9'" in _error(capsys, [str(d), "--outtype", "q9_9"])
+    with pytest.raises(SystemExit) as stop:        # a flag error, as every console script's
+        cv.main([str(d), "--outtype", "q9_9"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert "argument --outtype: invalid choice: 'q9_9'" in err
+    assert cv.main([str(d), "--outtype", "F32", "--vocab-only", "--outfile", str(tmp_path / "v.gguf")]) == 0
+    with pytest.raises(cv.ConvertError, match="unknown --outtype 'q8'"):   # the API checks it too
+        cv.convert(d, tmp_path / "x.gguf", "q8")
 
 
 def test_error_missing_weights_and_tokenizer(tmp_path, capsys):
