@@ -10,11 +10,12 @@ tensors (norms) stay as they are; the output matrix (or the token embeddings
 when the output is tied to them) takes Q6_K, or Q8_0 when the target is Q8_0
 or its row length is not a multiple of 256; attn_v, attn_output and ffn_down
 take more bits in Q2_K, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M and Q5_K_M. A row
-length a type's blocks do not divide falls back as llama.cpp does (Q4_K -> Q5_0,
-Q5_K -> Q5_1, Q6_K -> Q8_0; then F16), except Q2_K/Q3_K -> Q4_0: llama.cpp takes
-IQ4_NL there, which ggml_py does not have, so Q4_0 is this project's own
-substitute. Q3_K, Q4_K and Q5_K
-are llama.cpp's aliases of Q3_K_M, Q4_K_M and Q5_K_M.
+length a type's blocks do not divide falls back as llama.cpp does (Q2_K, Q3_K ->
+Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16, as for a 32-element type
+on such a row). Q3_K, Q4_K and Q5_K are llama.cpp's aliases of Q3_K_M, Q4_K_M and
+Q5_K_M. A re-typed tensor holding a value that is not finite (a weight beyond
+F16's range, also in Q4_1 / Q5_1 block minimums) is refused, as llama.cpp
+validates what it quantized.
 
 As in llama.cpp, a tensor already in its new type is copied unchanged, and a
 quantized tensor is re-encoded into another type only with --allow-requantize.
@@ -39,7 +40,7 @@ import numpy as np
 from ggml_py.cli.common import ArgumentParser, console_script
 from ggml_py.gguf_model import ModelLoadError, open_reader
 from ggml_py.gguf_write import atomic_output
-from ggml_py.quants import quantize
+from ggml_py.quants import dequantize, quantize
 from ggml_py.tensor import type_traits
 from ggml_py.types import Type
 
@@ -118,8 +119,7 @@ types (llama.cpp's mixes for a llama model; 1-D tensors always stay as they are)
   Q5_K_M (= Q5_K)        the same with Q5_K
 80-layer GQA models (70B) take Q5_K for a Q3_K/Q4_K attn_v. The output takes Q8_0 when its
 row length is not a multiple of 256; a row length a K type does not divide falls back to
-Q4_0 (Q2_K, Q3_K; llama.cpp: IQ4_NL, which ggml_py lacks), Q5_0 (Q4_K), Q5_1 (Q5_K),
-Q8_0 (Q6_K), then F16.
+Q4_0 (Q2_K, Q3_K), Q5_0 (Q4_K), Q5_1 (Q5_K), Q8_0 (Q6_K), then F16, as llama.cpp.
 """
 
 
@@ -182,7 +182,7 @@ def tensor_type(name, row_len, target, model):
         return target.default           # llama.cpp mixes only quantized file types
     new = mix_type(name, row_len, target, model)
     while row_len % type_traits(new)["blck_size"] != 0:
-        # from a legacy type (Q4_0 .. Q8_0) llama.cpp has no fallback and stops; F16 here
+        # a K type falls back to a 32-element one, that to F16 (llama.cpp's rule)
         new = FALLBACK.get(new, Type.F16)
     return new
 
@@ -307,6 +307,21 @@ def check_requantize(src, reader, types):
                                 f"to re-type quantized weights")
 
 
+def check_finite(name, type, data, shape=None):
+    """data, a tensor re-typed to `type` (float values, or blocks of numpy `shape`),
+    after checking, as llama.cpp validates what it quantized, that every value it
+    holds is finite: a weight beyond the type's range (65504 for F16, and for the
+    block minimum of Q4_1 / Q5_1), or NaN / inf of the input that reaches the
+    output, is a QuantizeError."""
+    values = data if shape is None else dequantize(data, type, shape)
+    bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise QuantizeError(f"tensor {name}: {bad} of its {values.size} values are not finite "
+                            f"in {type.name} (weights beyond the type's range, or NaN / inf in "
+                            f"the input); llama.cpp refuses such data too")
+    return data
+
+
 def add_tensors(writer, reader, types, progress):
     """Add every tensor of `reader` to `writer` in its type of `types` ({name: type}):
     re-typed, or copied unchanged where the type stays. Returns {type name: count}."""
@@ -325,11 +340,13 @@ def add_tensors(writer, reader, types, progress):
         else:
             values = to_f32(t).reshape(shape)
             if new == Type.F32:
-                writer.add_tensor(t.name, values)
+                writer.add_tensor(t.name, check_finite(t.name, new, values))
             elif new == Type.F16:
-                writer.add_tensor(t.name, values.astype(np.float16))
+                with np.errstate(over="ignore"):      # reported by check_finite, in one line
+                    half = values.astype(np.float16)
+                writer.add_tensor(t.name, check_finite(t.name, new, half))
             else:
-                data = quantize(values, new)
+                data = check_finite(t.name, new, quantize(values, new), shape)
                 writer.add_tensor(t.name, data, raw_shape=data.shape,
                                   raw_dtype=gguf.GGMLQuantizationType(int(new)))
         counts[new.name] = counts.get(new.name, 0) + 1

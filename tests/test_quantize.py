@@ -391,3 +391,27 @@ def test_the_input_header_is_checked_as_the_loader_checks_it(tmp_path, capsys):
     assert "general.alignment = 48 (UINT32) must be a UINT32 power of two" in one_line_error(
         capsys, bad_alignment, tmp_path / "o.gguf", "Q8_0")
     assert os.listdir(tmp_path) == []
+
+
+def test_values_the_type_cannot_hold_are_refused_as_llama_cpp_refuses_them(tmp_path, capsys):
+    # a weight of -1e5: F16 overflows, and so does Q4_1's block minimum (an F16); llama.cpp
+    # refuses the file ("quantized data validation failed"), ggml-quantize wrote infinities
+    def weight_set_to(value):
+        def edit(parts):
+            for part in parts:
+                if part[0] == "blk.0.attn_q.weight":
+                    data = np.frombuffer(part[3], np.float32).copy()
+                    data[5] = value
+                    part[3] = data.tobytes()
+            return parts
+        return edit
+
+    src = edited_model("q-big-weight.gguf", tensors=weight_set_to(-1e5))
+    for target in ("F16", "Q4_1", "Q5_1"):
+        line = one_line_error(capsys, src, tmp_path / "o.gguf", target)
+        assert "tensor blk.0.attn_q.weight: " in line and f"values are not finite in {target}" in line
+    assert os.listdir(tmp_path) == []
+    for target in ("Q8_0", "Q4_0"):          # whose scales hold it: quantized as ever
+        assert main([src, str(tmp_path / f"{target}.gguf"), target, "-q"]) == 0
+    nan = edited_model("q-nan-weight.gguf", tensors=weight_set_to(np.nan))
+    assert "values are not finite in F16" in one_line_error(capsys, nan, tmp_path / "n.gguf", "F16")
