@@ -228,8 +228,9 @@ def copy_metadata(reader, writer, file_type):
             writer.add_custom_alignment(int(reader.alignment))
             continue
         writer.add_key_value(key, field_value(field), *field_types(field))
-    writer.add_uint32("general.file_type", int(file_type))
+    # last, in llama.cpp's order: its output and ours are then the same bytes
     writer.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
+    writer.add_uint32("general.file_type", int(file_type))
 
 
 def to_f32(t):

@@ -364,6 +364,10 @@ def test_metadata_is_copied_byte_for_byte(tmp_path):
     before, after = kv_bytes(src), kv_bytes(out)
     assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == {
         "general.file_type", "general.quantization_version"}
+    # the input's order, these two last in llama.cpp's order (its file: the same bytes)
+    keys = [k for k in gguf.GGUFReader(out).fields if not k.startswith("GGUF.")]
+    assert keys[-2:] == ["general.quantization_version", "general.file_type"]
+    assert keys[:-2] == [k for k in before if k not in keys[-2:]]
     gg.Llama(str(out))
 
 
