@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py.tensor import row_bytes, type_traits
+from ggml_py.tensor import data_alignment, row_bytes, type_traits
 from ggml_py.types import Type
 
 REQUIRED = object()
@@ -296,6 +296,10 @@ class GGUFModelFile:
         if data.nbytes != expected:
             raise self.error(f"tensor {name!r} has {data.nbytes} bytes, {wtype.name} "
                              f"{file_shape} needs {expected}")
+        if data.ctypes.data % data_alignment(wtype):
+            # a file aligned to less than the type needs (general.alignment 1 or 2): the
+            # kernels read through typed pointers, so this weight gets an aligned copy
+            data = data.copy()
         self.used.add(name)
         return Weight(name, wtype, file_shape, data)
 

@@ -12,7 +12,8 @@ import struct
 import threading
 
 from ggml_py import _core
-from ggml_py.tensor import MAX_DIMS, Tensor, ne_of_shape, packed_nbytes, row_bytes, type_traits
+from ggml_py.tensor import (MAX_DIMS, Tensor, data_alignment, ne_of_shape, packed_nbytes, row_bytes,
+                            type_traits)
 from ggml_py.types import Op, Type
 
 # types the element-wise copy converts between (others copy only to their own type)
@@ -463,6 +464,10 @@ def view(a, shape, strides=None, offset=0):
             raise ValueError(f"view: the last stride must be the element size {traits['type_size']}")
     if offset < 0 or any(s < 0 for s in nb):
         raise ValueError("view: negative offset or stride")
+    align = data_alignment(a.type)
+    if offset % align or any(s % align for s in nb):
+        raise ValueError(f"view: offset {offset} and strides {tuple(reversed(nb[:len(tuple(shape))]))} "
+                         f"must be multiples of {align} bytes, where {a.type.name} data starts")
     extent = offset + row_bytes(a.type, ne[0]) + sum((ne[i] - 1) * nb[i] for i in range(1, MAX_DIMS))
     if 0 in ne:
         extent = offset

@@ -46,6 +46,15 @@ def type_traits(type):
     }
 
 
+def data_alignment(type):
+    """Bytes a `type` element or block must start on for the kernels, which read it
+    through typed pointers: the largest power of two dividing its size, at most 8
+    (F32 4, F16 2, a Q4_0 block 2, a Q8_K block 4). Arena tensors and packed rows
+    always are; views at other offsets or strides, and buffers elsewhere, are refused."""
+    size = type_traits(type)["type_size"]
+    return min(size & -size, 8)
+
+
 def row_bytes(type, n):
     """Bytes of a row of n elements of `type` (n >= 0 must fill whole blocks)."""
     traits = type_traits(type)
@@ -204,6 +213,11 @@ class Context(_core.Context):
         if buffer.dtype.itemsize > 1 and not buffer.dtype.isnative:
             raise ValueError(f"from_buffer: the buffer's {buffer.dtype.str} is in the other byte "
                              f"order; convert it first (buffer.astype(buffer.dtype.newbyteorder('=')))")
+        align = data_alignment(type)
+        if buffer.ctypes.data % align:
+            raise ValueError(f"from_buffer: the buffer's address is not a multiple of {align} "
+                             f"bytes, which {type.name} data must start on; pass a copy "
+                             f"(buffer.copy())")
         if buffer.dtype.kind in "fc" and NUMPY_DTYPES.get(type) != buffer.dtype:
             raise TypeError(f"from_buffer: a {buffer.dtype} buffer does not hold {type.name} values; "
                             f"convert it (from_numpy) or pass its bytes (buffer.view(np.uint8))")

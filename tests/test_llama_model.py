@@ -502,6 +502,30 @@ def test_bad_tensor_infos_each_have_their_own_message(edit, problem):
     assert load_error(edited_model("infos.gguf", **edit)) == problem
 
 
+def test_a_file_aligned_to_two_bytes_loads_with_aligned_weights():
+    # general.alignment 2 is valid GGUF; F32 data then starts 2 bytes off a 4-byte boundary,
+    # which the kernels (typed pointers) must not read: such a weight is copied
+    kvs, tensors = gguf_parts(model_path("f32"))
+    for pad in range(4):
+        path = scratch_path("align2.gguf")
+        with open(path, "wb") as f:
+            f.write(gguf_bytes(kvs + [("x.pad", [V.STRING], "p" * pad), ("general.alignment", [V.UINT32], 2)],
+                               tensors, alignment=2))
+        reader = gguf.GGUFReader(path)
+        if any(t.data.ctypes.data % 4 for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.F32):
+            break
+    else:
+        pytest.fail("no padding gave misaligned F32 data")
+    from ggml_py.tensor import data_alignment
+    models = [LlamaModel(p, n_ctx=16, n_threads=1) for p in (model_path("f32"), path)]
+    w = models[1].weights
+    weights = [w.token_embd, w.output_norm, w.output] + [x for layer in w.layers
+                                                          for x in vars(layer).values() if x is not None]
+    assert all(x.data.ctypes.data % data_alignment(x.type) == 0 for x in weights)
+    logits = [m.forward(TOKENS[:8], np.arange(8)).copy() for m in models]
+    np.testing.assert_array_equal(*logits)
+
+
 def test_duplicate_metadata_keys_are_refused():
     kvs, tensors = gguf_parts(model_path("f32"))
     path = scratch_path("dup-key.gguf")

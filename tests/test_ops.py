@@ -1184,6 +1184,23 @@ def test_from_buffer_refuses_values_it_would_misread(ctx):
                                   np.arange(4))
 
 
+def test_data_the_kernels_would_read_misaligned_is_refused(ctx):
+    # the kernels read elements and blocks through typed pointers
+    x = ctx.from_numpy(np.arange(16, dtype=np.float32))
+    with pytest.raises(ValueError, match="must be multiples of 4 bytes, where F32 data starts"):
+        gg.view(x, (3,), offset=1)
+    with pytest.raises(ValueError, match="multiples of 4 bytes"):
+        gg.view(x, (2, 2), strides=(6, 4))
+    assert gg.view(x, (3,), offset=8).shape == (3,)
+    raw = np.zeros(4 * 4 + 1, np.uint8)[1:]
+    with pytest.raises(ValueError, match="address is not a multiple of 4 bytes"):
+        ctx.from_buffer(raw, gg.F32, (4,))
+    q = np.zeros(18 * 2 + 1, np.uint8)[1:]      # Q4_0 blocks: 2-byte scales
+    with pytest.raises(ValueError, match="not a multiple of 2 bytes, which Q4_0"):
+        ctx.from_buffer(q, gg.Q4_0, (64,))
+    assert ctx.from_buffer(np.zeros(18 * 3, np.uint8)[18:], gg.Q4_0, (64,)).type == gg.Q4_0
+
+
 def test_a_second_init_leaves_the_context_as_it_was(ctx):
     # the arena is made once: a second __init__ must not free the memory of the
     # tensor structs that live in it
