@@ -20,15 +20,20 @@ import time
 import numpy as np
 
 import ggml_py as gg
+from ggml_py.cli.common import (ArgumentParser, file_name, positive_int, read_prompt_file, run,
+                                thread_count)
 from ggml_py.perplexity import perplexity, token_nll
 
 PROMPT = "ROMEO. But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
 
 
 def llama_cpp_model(path, n_ctx, n_threads, logits_all=True):
+    """llama-cpp-python's Llama on `path`, n_threads for batches too (its default for
+    those is every core, which is not what ggml_py gets)."""
     import llama_cpp
-    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_ctx,
-                           logits_all=logits_all, verbose=False)
+    return llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads,
+                           n_threads_batch=n_threads, n_batch=n_ctx, logits_all=logits_all,
+                           verbose=False)
 
 
 def llama_cpp_perplexity(lc, tokens, n_ctx, add_bos, bos):
@@ -48,35 +53,50 @@ def llama_cpp_perplexity(lc, tokens, n_ctx, add_bos, bos):
     return float(np.exp(nll / count))
 
 
-def time_in_turns(fn_a, fn_b, repeat):
-    """Median seconds of fn_a and fn_b, run in turns after one warm-up each."""
-    fn_a(), fn_b()
+def time_in_turns(case_a, case_b, repeat):
+    """Median seconds of the timed part of two cases, run in turns after one warm-up
+    each; a case is (setup, timed): setup() runs untimed before each timed()."""
+    for setup, timed in (case_a, case_b):
+        setup(), timed()
     runs = ([], [])
     for _ in range(repeat):
-        for fn, out in zip((fn_a, fn_b), runs):
+        for (setup, timed), out in zip((case_a, case_b), runs):
+            setup()
             start = time.perf_counter()
-            fn()
+            timed()
             out.append(time.perf_counter() - start)
     return statistics.median(runs[0]), statistics.median(runs[1])
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", required=True)
-    p.add_argument("-f", "--file", help="text for perplexity (none: skip it)")
-    p.add_argument("-c", "--ctx-size", type=int, default=256)
-    p.add_argument("--chunks", type=int, default=8)
-    p.add_argument("-t", "--threads", type=int, default=2)
-    p.add_argument("-p", "--n-prompt", type=int, default=128)
-    p.add_argument("-n", "--n-gen", type=int, default=32)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--tune-file", help="ggml-tune data for ggml_py's MUL_MAT profiles")
-    args = p.parse_args()
+def at_least(low):
+    """A flag type: an integer >= low."""
+    def parse(text):
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def main(argv=None):
+    p = ArgumentParser(prog="compare_llama_cpp.py", description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", required=True, type=file_name)
+    p.add_argument("-f", "--file", type=file_name, help="text for perplexity (none: skip it)")
+    p.add_argument("-c", "--ctx-size", type=at_least(4), default=256)
+    p.add_argument("--chunks", type=at_least(2), default=8,
+                   help="perplexity chunks at most (llama.cpp's method needs 2 or more)")
+    p.add_argument("-t", "--threads", type=thread_count, default=2)
+    p.add_argument("-p", "--n-prompt", type=positive_int, default=128)
+    p.add_argument("-n", "--n-gen", type=positive_int, default=32)
+    p.add_argument("--repeat", type=positive_int, default=3)
+    p.add_argument("--tune-file", type=file_name, help="ggml-tune data for ggml_py's MUL_MAT profiles")
+    args = p.parse_args(argv)
     try:
         import llama_cpp  # noqa: F401  (the peer; checked before loading anything)
     except ImportError:
-        sys.exit("compare_llama_cpp.py: needs llama-cpp-python (pip install llama-cpp-python; "
-                 "see the README's Benchmarks section)")
+        raise ValueError("needs llama-cpp-python (pip install llama-cpp-python; see the "
+                         "README's Benchmarks section)") from None
+    text = read_prompt_file(args.file) if args.file else None     # a missing file: now
 
     ours = gg.Llama(args.model, n_ctx=max(args.ctx_size, args.n_prompt + args.n_gen),
                     n_threads=args.threads)
@@ -96,8 +116,7 @@ def main():
           f"(max |logit| {np.abs(ref).max():.3g}); greedy next tokens agree on "
           f"{100 * (got.argmax(1) == ref.argmax(1)).mean():.0f} % of positions")
 
-    if args.file:
-        text = open(args.file, encoding="utf-8").read()
+    if text is not None:
         tokens = ours.tokenize(text, add_bos=True)[: args.chunks * args.ctx_size + 1]
         tokens = tokens[: max(2, len(tokens) // args.ctx_size) * args.ctx_size]
         ppl_ours = perplexity(ours, tokens, n_ctx=args.ctx_size).ppl
@@ -110,32 +129,32 @@ def main():
     lc = llama_cpp_model(args.model, max(args.ctx_size, args.n_prompt + args.n_gen), args.threads,
                          logits_all=False)
 
-    def ours_pp():
-        ours.reset()
-        ours._decode(prompt)   # the last token's logits only, like llama.cpp here
-
-    def lc_pp():
-        lc.reset()
-        lc.eval(prompt)
-
     def ours_tg():
-        ours.reset()
-        ours._decode(prompt[:1])
         for t in range(args.n_gen):
             ours._decode([prompt[(t + 1) % len(prompt)]])
 
     def lc_tg():
-        lc.reset()
-        lc.eval(prompt[:1])
         for t in range(args.n_gen):
             lc.eval([prompt[(t + 1) % len(prompt)]])
 
-    rows = [("pp", args.n_prompt, *time_in_turns(ours_pp, lc_pp, args.repeat)),
-            ("tg", args.n_gen, *time_in_turns(ours_tg, lc_tg, args.repeat))]
+    def ours_first():
+        ours.reset()
+        ours._decode(prompt[:1])
+
+    def lc_first():
+        lc.reset()
+        lc.eval(prompt[:1])
+
+    # pp: the prompt from an empty cache, the last token's logits only (as llama-bench);
+    # tg: n_gen decodes after one token (that one untimed, as llama-bench times n)
+    pp = time_in_turns((ours.reset, lambda: ours._decode(prompt)),
+                       (lc.reset, lambda: lc.eval(prompt)), args.repeat)
+    tg = time_in_turns((ours_first, ours_tg), (lc_first, lc_tg), args.repeat)
+    rows = [("pp", args.n_prompt, *pp), ("tg", args.n_gen, *tg)]
     print(f"{'test':<8} {'ggml_py t/s':>12} {'llama.cpp t/s':>14} {'ratio':>7}")
     for name, n, t_ours, t_lc in rows:
         print(f"{name}{n:<6} {n / t_ours:12.1f} {n / t_lc:14.1f} {t_lc / t_ours:7.2f}")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run("compare_llama_cpp.py", main))

@@ -151,10 +151,19 @@ def main(argv=None):
     args = p.parse_args(argv)
     type, threads = args.type, args.threads
     shapes = preset_shapes(args.model_shape, type)
+    for path in (args.save_tune, args.save_oracle):
+        if path is not None:
+            tune.check_writable(path)     # before minutes of measuring, not after
     print(gg.system_info())
 
     if args.tune_file:
-        datas = [tune.load(f) for f in args.tune_file]
+        # a file without these shapes or thread counts would be scored on the fallback rule
+        datas = [tune.load(f, shapes=shapes) for f in args.tune_file]
+        for f, data in zip(args.tune_file, datas):
+            missing = sorted(set(threads) - set(data.thread_counts))
+            if missing:
+                raise ValueError(f"{f}: not benched at {missing} thread(s); pass --threads "
+                                 f"{','.join(map(str, data.thread_counts))} or bench again")
     else:
         start = time.perf_counter()
         with StolenTime() as stolen:

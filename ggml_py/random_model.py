@@ -35,6 +35,37 @@ class RandomLlamaSpec:
     weight_type: str = "F32"              # F32, F16, BF16 or any quantized type of ggml_py
     seed: int = 0
 
+    def __post_init__(self):
+        """ValueError / TypeError for a shape that would write a file ggml_py refuses."""
+        import math
+
+        from ggml_py.sampling import checked_int
+        from ggml_py.tensor import type_traits
+        from ggml_py.types import Type
+        for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"):
+            checked_int(name, getattr(self, name), low=1)
+        checked_int("n_ctx_train", self.n_ctx_train, low=0)
+        checked_int("seed", self.seed, low=0)
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"n_embd {self.n_embd} must be n_head ({self.n_head}) heads of an "
+                             f"even size (rope rotates pairs)")
+        if self.n_head % self.n_head_kv:
+            raise ValueError(f"n_head {self.n_head} must be a multiple of n_head_kv {self.n_head_kv}")
+        for name, low in (("rope_freq_base", 0.0), ("rms_eps", 0.0), ("rope_scale_linear", 0.0)):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low
+                    and (value > 0 or name != "rope_freq_base")):
+                raise ValueError(f"{name} must be a finite number >= 0 (> 0 for the base), got {value!r}")
+        name = self.weight_type.upper() if isinstance(self.weight_type, str) else None
+        if name not in Type.__members__ or not type_traits(Type[name])["has_vec_dot"]:
+            raise ValueError(f"weight_type {self.weight_type!r} is not a type ggml_py has a "
+                             f"matrix product for")
+        block = type_traits(Type[name])["blck_size"]
+        for what in ("n_embd", "n_ff"):
+            if getattr(self, what) % block:
+                raise ValueError(f"{what} {getattr(self, what)} is not a multiple of {name}'s "
+                                 f"block of {block} (rows of the matrices)")
+
 
 def builtin_spm_vocab(n_vocab):
     """A small SentencePiece vocabulary: <unk> <s> </s>, 256 byte tokens, then pieces."""

@@ -462,11 +462,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("script, args, code", [
     ("examples/graph_demo.py", ["-t", "0"], 2),
     ("examples/graph_demo.py", ["--width", "0"], 2),
-    ("benchmarks/make_model.py", ["x.gguf", "--shape", "foo"], 1),
-    ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "64x2"], 1),
-    ("benchmarks/make_model.py", ["x.gguf", "--shape", "64x1", "--n-vocab", "999999"], 1),
+    ("benchmarks/make_model.py", ["x.gguf", "--shape", "foo"], 2),
+    ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "64x2"], 2),
+    ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "256x1"], 2),   # n_ff 704
+    ("benchmarks/make_model.py", ["x.gguf", "--shape", "64x1", "--n-vocab", "999999"], 2),
+    ("benchmarks/make_model.py", ["x.gguf", "--shape", "64x1", "--n-vocab", "100"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--type", "q9"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--threads", "0"], 2),
+    ("benchmarks/tune_vs_oracle.py", ["--save-oracle", "/nonexistent/o.json"], 1),
+    ("benchmarks/compare_llama_cpp.py", ["--bogus"], 2),
+    ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "-t", "0"], 2),
+    ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "--chunks", "1"], 2),
+    ("benchmarks/compare_llama_cpp.py", ["-m", "/nonexistent.gguf"], 1),
 ])
 def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
     path = os.path.join(REPO, script)
@@ -505,3 +512,13 @@ def test_bench_mulmat_json_stays_json_when_a_case_is_skipped():
                "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert [r["k"] for r in json.loads(proc.stdout)["results"]] and "skipping" in proc.stderr
+
+
+def test_tune_vs_oracle_refuses_a_tune_file_of_other_shapes(tmp_path):
+    # scored anyway, its every choice was ggml's rule reported as "tuned"
+    bench([(64, 64, gg.Type.F32)], m_values=[1, 2], thread_counts=[1]).save(tmp_path / "small.json")
+    script = os.path.join(REPO, "benchmarks/tune_vs_oracle.py")
+    proc = subprocess.run([sys.executable, script, "--tune-file", str(tmp_path / "small.json"),
+                           "--threads", "1"], capture_output=True, text=True, env=ENV, cwd=tmp_path,
+                          timeout=120)
+    assert "has no times for 5 of the model's matrix shapes" in assert_one_line_error(proc, 1)

@@ -526,6 +526,27 @@ def test_a_file_aligned_to_two_bytes_loads_with_aligned_weights():
     np.testing.assert_array_equal(*logits)
 
 
+@pytest.mark.parametrize("changes, error, match", [
+    (dict(n_embd=60, n_head=4), ValueError, "heads of an even size"),     # head size 15
+    (dict(n_embd=64, n_head=3), ValueError, "heads of an even size"),
+    (dict(n_head=4, n_head_kv=3), ValueError, "multiple of n_head_kv"),
+    (dict(n_head=0), ValueError, "n_head must be at least 1"),
+    (dict(n_layer=-1), ValueError, "n_layer must be at least 1"),
+    (dict(n_ff=0), ValueError, "n_ff must be at least 1"),
+    (dict(n_embd=2.5), TypeError, "n_embd must be an integer"),
+    (dict(rms_eps=-1.0), ValueError, "rms_eps must be a finite number"),
+    (dict(rope_freq_base=0.0), ValueError, "rope_freq_base must be"),
+    (dict(weight_type="Q9"), ValueError, "weight_type 'Q9' is not a type"),
+    (dict(weight_type="Q8_K"), ValueError, "weight_type 'Q8_K'"),
+    (dict(weight_type="Q4_K"), ValueError, "n_embd 64 is not a multiple of Q4_K's block of 256"),
+    (dict(weight_type="Q4_0", n_ff=176), ValueError, "n_ff 176 is not a multiple of Q4_0's block of 32"),
+])
+def test_random_specs_that_would_write_unusable_files_are_refused(changes, error, match):
+    # they wrote files ggml_py then refused, or stopped half-way with a partial file
+    with pytest.raises(error, match=match):
+        RandomLlamaSpec(**changes)
+
+
 def test_duplicate_metadata_keys_are_refused():
     kvs, tensors = gguf_parts(model_path("f32"))
     path = scratch_path("dup-key.gguf")
