@@ -54,17 +54,23 @@ def _parse_gguf_kv(data: mmap.mmap, path: str) -> dict[str, Any]:
     offset = 24
     fields: dict[str, Any] = {}
     key = None  # the key being read, for the message
+    duplicate = None
     try:
         # A key/value pair takes at least 13 bytes: key length, value type, a u8.
         _check_count(data, offset, n_kv, 13, "key/value")
         for _ in range(n_kv):
             key = None
             key, offset = _read_gguf_string(data, offset)
+            if key in fields:   # refused, as llama.cpp and gguf refuse it (not: the last wins)
+                duplicate = key
+                break
             (value_type,) = _U32.unpack_from(data, offset)
             fields[key], offset = _read_gguf_value(data, offset + 4, value_type)
     except (struct.error, IndexError, ValueError) as e:
         where = f"key {key!r}: " if key is not None else ""
         raise ValueError(f"{path}: truncated or corrupt GGUF metadata ({where}{e})") from e
+    if duplicate is not None:
+        raise ValueError(f"{path}: duplicate metadata key {duplicate!r}")
     return fields
 
 
@@ -158,6 +164,10 @@ def _reader_field_value(field: Any) -> Any:
     if not types:
         return None
     if types[0] == _GGUF_ARRAY:
+        if len(types) > 2 and types[1] == _GGUF_ARRAY:
+            # an array of arrays: no tokenizer key holds one; shown as such (the reader's
+            # flat parts would otherwise read as one long array) so that it is refused
+            return [[]]
         if types[-1] == _GGUF_STRING:
             return [bytes(field.parts[i]).decode("utf-8", "surrogateescape") for i in field.data]
         return [item for i in field.data for item in field.parts[i].tolist()]

@@ -28,6 +28,7 @@ import heapq
 import numbers
 import operator
 import os
+import re
 from typing import Any, Iterable, Mapping
 
 from ggml_py.gguf_metadata import tokenizer_fields, plain_value, read_gguf_metadata
@@ -71,6 +72,7 @@ ATTR_NORMAL = 1 << 2
 ATTR_CONTROL = 1 << 3
 ATTR_USER_DEFINED = 1 << 4
 ATTR_BYTE = 1 << 5
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")    # a byte token's text
 ATTR_LSTRIP = 1 << 7
 ATTR_RSTRIP = 1 << 8
 
@@ -318,6 +320,13 @@ class Tokenizer:
             self._attrs = [ATTR_NORMAL] * n_vocab
         else:
             self._attrs = [_ATTR_FROM_TYPE.get(t, ATTR_UNDEFINED) for t in types[:n_vocab]]
+            for i, attr in enumerate(self._attrs):
+                # llama.cpp reads a byte token's value with strtol, whatever the text
+                # ("<0x4G>" as 0x04, a text under 3 characters aborts it): such a file
+                # is damaged, so it is refused rather than read either way
+                if attr & ATTR_BYTE and not _BYTE_TOKEN.fullmatch(tokens[i]):
+                    raise TokenizerError(f"{self.source}: token {i} {tokens[i]!r:.20} is a byte "
+                                         f"token (type BYTE) but does not read <0xHH>")
 
     def _configure(self, get) -> None:
         """Vocabulary-type defaults, then the flags the metadata overrides."""
@@ -363,7 +372,11 @@ class Tokenizer:
             if default is not None and default >= n_vocab:
                 default = None  # a built-in default outside a small vocabulary
             value = get(key, "int")
-            if value is not None and 0 <= value < n_vocab:
+            if value is not None and value < 0:
+                # llama.cpp reads these as u32 and refuses another type; a negative one
+                # must not fall back to the default without a word
+                raise TokenizerError(f"{self.source}: {_KEY}{key} = {value} is negative")
+            if value is not None and value < n_vocab:     # past the vocabulary: ignored, as llama.cpp
                 default = value
             setattr(self, attr + "_id", default)
         # llama.cpp reads these as GGUF bools; the string "false" is not false.
@@ -469,13 +482,27 @@ class Tokenizer:
         """True if ``token_id`` ends generation (EOS, EOT, EOM and similar)."""
         return token_id in self.eog_ids
 
+    def checked_id(self, token_id: Any) -> int:
+        """token_id as an int in 0..n_vocab-1: TypeError for a non-integer (a float, a
+        bool), IndexError outside the vocabulary (a negative id is not counted from the end)."""
+        if isinstance(token_id, bool):   # (numpy's bool has no __index__: refused below)
+            raise TypeError(f"token ids must be integers, got bool {token_id!r}")
+        try:
+            token_id = operator.index(token_id)  # numpy integers too, not 1.5
+        except TypeError:
+            raise TypeError(f"token ids must be integers, got {type(token_id).__name__} "
+                            f"{token_id!r}") from None
+        if not 0 <= token_id < self.n_vocab:
+            raise IndexError(f"token id {token_id} out of range [0, {self.n_vocab})")
+        return token_id
+
     def is_control(self, token_id: int) -> bool:
         """True for control tokens (BOS, EOS, chat markers, ...)."""
-        return bool(self._attrs[token_id] & ATTR_CONTROL)
+        return bool(self._attrs[self.checked_id(token_id)] & ATTR_CONTROL)
 
     def token_text(self, token_id: int) -> str:
         """The raw vocabulary text of a token (e.g. ``'\u2581Hello'`` or ``'<0x0A>'``)."""
-        return self._tokens[token_id]
+        return self._tokens[self.checked_id(token_id)]
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose vocabulary text is exactly ``text``, or None."""
@@ -483,7 +510,7 @@ class Tokenizer:
 
     def token_score(self, token_id: int) -> float:
         """The token's score (SentencePiece log-probability; 0.0 when absent)."""
-        return self._scores[token_id]
+        return self._scores[self.checked_id(token_id)]
 
     def __repr__(self) -> str:
         kind = "SPM" if self.is_spm else f"BPE/{self.pre or 'default'}"
@@ -768,13 +795,7 @@ class Tokenizer:
         nothing. Up to ``lstrip`` leading spaces are removed. A piece may be
         part of a multi-byte UTF-8 character.
         """
-        try:
-            token_id = operator.index(token_id)  # numpy integers too, not 1.5
-        except TypeError:
-            raise TypeError(f"token ids must be integers, got {type(token_id).__name__} "
-                            f"{token_id!r}") from None
-        if not 0 <= token_id < self.n_vocab:
-            raise IndexError(f"token id {token_id} out of range [0, {self.n_vocab})")
+        token_id = self.checked_id(token_id)
         if not special and self._attrs[token_id] & _ATTR_SPECIAL:
             return b""
         piece = self._pieces[token_id]
@@ -795,11 +816,7 @@ class Tokenizer:
                 return text.replace(_SPACE_ESCAPE, " ").encode("utf-8", "surrogateescape")
             return byte_decode(text)
         if attr & ATTR_BYTE:
-            # "<0xNN>"; like strtol, anything unparsable reads as 0.
-            try:
-                return bytes([int(text[3:5], 16)])
-            except ValueError:
-                return b"\x00"
+            return bytes([int(text[3:5], 16)])     # "<0xHH>", checked at load
         return b""  # unused / undefined tokens render as nothing
 
     def detokenize_bytes(self, ids: Iterable[int], remove_special: bool = False,
@@ -869,8 +886,10 @@ class IncrementalDecoder:
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def feed(self, token_id: int) -> str:
-        """Add one token id; return the text that became final (often ``''``)."""
+        """Add one token id; return the text that became final (often ``''``). A bad id
+        raises (TypeError, IndexError) and leaves the decoder as it was."""
         tok = self._tokenizer
+        token_id = tok.checked_id(token_id)
         if self._first and self._remove_special and tok.add_bos and token_id == tok.bos_id:
             self._first = False
             self._strip_space = False

@@ -372,6 +372,12 @@ def write_tiny_spm(path: Path, **changes: tuple[int, bytes] | None) -> Path:
     return path
 
 
+def gguf_nested_string_array(rows: list[list[str]]) -> bytes:
+    """An array of arrays of strings (valid GGUF; no tokenizer key holds one)."""
+    return struct.pack("<IQ", GGUF_ARRAY, len(rows)) + b"".join(
+        gguf_array(GGUF_STRING, row)[0:] for row in rows)
+
+
 WRONG_TYPES = [  # key, (type, value), what the message says
     ("bos_token_id", (GGUF_ARRAY, gguf_array(GGUF_U32, [1])),
      "bos_token_id must be an integer, got an array"),
@@ -384,6 +390,11 @@ WRONG_TYPES = [  # key, (type, value), what the message says
     ("token_type", (GGUF_U32, struct.pack("<I", 5)),
      "token_type must be an array of integers, got an integer"),
     ("add_bos_token", (GGUF_STRING, gguf_string("false")), "add_bos_token must be a bool, got a string"),
+    # an array of arrays: gguf's reader gives it flat, so it loaded (flattened) from a reader
+    ("tokens", (GGUF_ARRAY, gguf_nested_string_array([TINY_TOKENS[:3], TINY_TOKENS[3:]])),
+     "tokens must be an array of strings, got an array at index 0"),
+    # llama.cpp reads special ids as u32: a negative one fell back to the default silently
+    ("bos_token_id", (5, struct.pack("<i", -1)), "bos_token_id = -1 is negative"),
 ]
 
 
@@ -397,6 +408,45 @@ def test_wrong_typed_metadata_is_a_load_error_naming_the_key(tmp_path, name, val
     gguf = pytest.importorskip("gguf")
     with pytest.raises(TokenizerError, match=f"tokenizer.ggml.{message}$"):
         Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+
+
+def test_a_duplicate_key_is_refused(tmp_path):
+    # the last one won (bos 15043 where llama.cpp, and gguf, refuse the file)
+    fields = list(tiny_spm_fields().items()) + [("tokenizer.ggml.bos_token_id", (GGUF_U32, struct.pack("<I", 2)))]
+    path = tmp_path / "dup.gguf"
+    write_gguf(path, [(key, kind, value) for key, (kind, value) in fields])
+    with pytest.raises(ValueError, match="dup.gguf: duplicate metadata key 'tokenizer.ggml.bos_token_id'"):
+        Tokenizer.from_gguf(path)
+
+
+@pytest.mark.parametrize("text", ["<0x4G>", "<0x-1>", "Q~", "<0x411>"])
+def test_a_byte_token_that_does_not_read_0xHH_is_refused(tmp_path, text):
+    # read as 0x00 (llama.cpp: strtol's prefix, 0x04 / 0xFF, or it aborts on a short text)
+    tokens = list(TINY_TOKENS)
+    tokens[3 + 0x41] = text
+    path = write_tiny_spm(tmp_path / "byte.gguf", tokens=(GGUF_ARRAY, gguf_array(GGUF_STRING, tokens)))
+    with pytest.raises(TokenizerError, match=f"token 68 .* is a byte token .* does not read <0xHH>"):
+        Tokenizer.from_gguf(path)
+    assert Tokenizer.from_gguf(write_tiny_spm(tmp_path / "good.gguf")).token_to_piece(3 + 0x41) == b"A"
+
+
+def test_ids_are_checked_by_every_accessor_and_a_bad_one_leaves_the_decoder_alone():
+    tok = tokenizer("llama-spm")
+    for call in (tok.token_text, tok.token_score, tok.is_control, tok.token_to_piece):
+        with pytest.raises(IndexError, match="token id -1 out of range"):
+            call(-1)                                 # not the last token, counted from the end
+        with pytest.raises(IndexError):
+            call(tok.n_vocab)
+        with pytest.raises(TypeError):
+            call(True)
+    with pytest.raises(TypeError, match="got bool"):
+        tok.detokenize([True, 15043])
+    decoder = tok.decoder()
+    with pytest.raises(IndexError):
+        decoder.feed(10 ** 9)
+    assert "".join(decoder.feed(i) for i in [15043, 3186]) + decoder.flush() == "Hello world"
+    with pytest.raises(TypeError, match="got float 1.0"):
+        tok.decoder(remove_special=True).feed(1.0)      # not taken for BOS (id 1)
 
 
 def test_merges_must_be_strings():
