@@ -154,16 +154,18 @@ class PackedBuild:
     unpacked_bytes: int    # what they would take unpacked
 
 
-def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
-    """Build twice (see module doc). build(ctx) -> result; outputs_of(result) -> tensors.
+@dataclass
+class PackedPlan:
+    """Where build_packed puts a build's results: offsets in one buffer of buffer_bytes."""
+    offsets: list
+    buffer_bytes: int      # the shared buffer of intermediates
+    unpacked_bytes: int    # what they would take unpacked
+    other_bytes: int       # the arena besides them (tensor structs, inputs)
 
-    arena_bytes: a guess of the arena the build needs besides its results
-    (tensor structs and leaf data such as inputs); doubled until it suffices.
-    buffer_for: None (the intermediates get a buffer in the graph's own arena), or
-    buffer_for(nbytes) -> a writable uint8 numpy array of at least nbytes, its start
-    aligned to ALIGN: one buffer shared by graphs that never run at the same time
-    (their outputs, too, then last only until the next of them runs).
-    """
+
+def plan_packed(build, outputs_of, arena_bytes):
+    """The first build of build_packed only (tensor structs, no result data): where
+    each result goes and how large the buffer must be."""
     while True:
         first_ctx = Context(mem_size=arena_bytes)
         recorder = _Recorder(first_ctx.new_tensor(Type.I8, (ALIGN,)))
@@ -178,10 +180,21 @@ def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
     first_outputs = outputs_of(first)
     first_graph = build_forward(*first_outputs)
     offsets, buffer_bytes = plan_offsets(first_graph.nodes, recorder.results, first_outputs)
-    unpacked = sum(n for _, n in recorder.results)
-    others = first_ctx.used
-    del first, first_graph, first_outputs, recorder, first_ctx
+    return PackedPlan(offsets, buffer_bytes, sum(n for _, n in recorder.results), first_ctx.used)
 
+
+def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
+    """Build twice (see module doc). build(ctx) -> result; outputs_of(result) -> tensors.
+
+    arena_bytes: a guess of the arena the build needs besides its results
+    (tensor structs and leaf data such as inputs); doubled until it suffices.
+    buffer_for: None (the intermediates get a buffer in the graph's own arena), or
+    buffer_for(nbytes) -> a writable uint8 numpy array of at least nbytes, its start
+    aligned to ALIGN: one buffer shared by graphs that never run at the same time
+    (their outputs, too, then last only until the next of them runs).
+    """
+    plan = plan_packed(build, outputs_of, arena_bytes)
+    offsets, buffer_bytes, others = plan.offsets, plan.buffer_bytes, plan.other_bytes
     size = max(buffer_bytes, ALIGN)
     if buffer_for is None:
         ctx = Context(mem_size=others + buffer_bytes + 2 * ALIGN)
@@ -198,4 +211,5 @@ def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
         result = build(ctx)
     if placer.count != len(offsets):
         raise RuntimeError("build_packed: the two builds made different graphs")
-    return PackedBuild(result, build_forward(*outputs_of(result)), ctx, buffer_bytes, unpacked)
+    return PackedBuild(result, build_forward(*outputs_of(result)), ctx, buffer_bytes,
+                       plan.unpacked_bytes)

@@ -11,6 +11,7 @@ through numpy views and runs the graph. The K window grows in steps of
 sequence builds only a handful of graphs.
 """
 import math
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ import numpy as np
 from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import build_forward, check_tune, default_threads, shared_pool
-from ggml_py.graph_alloc import STRUCT_BYTES, build_packed
+from ggml_py.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
 from ggml_py.tensor import Context
 from ggml_py.types import Type
 
@@ -355,6 +356,24 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
     (graph_alloc); otherwise each has its own memory. buffer_for: see
     graph_alloc.build_packed (a buffer shared with other graphs).
     """
+    build = _forward_builder(c, weights, cache, T, K, n_out)
+    if packed:
+        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K), buffer_for)
+        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
+                            buffer_bytes=built.buffer_bytes)
+    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
+    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
+
+
+def forward_graph_bytes(c, weights, cache, T, K, n_out):
+    """Bytes of the packed intermediates of build_forward_graph(..., T, K, n_out), found
+    without building it (tensor structs only)."""
+    build = _forward_builder(c, weights, cache, T, K, n_out)
+    return plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K)).buffer_bytes
+
+
+def _forward_builder(c, weights, cache, T, K, n_out):
+    """build(ctx) -> (ctx, tokens, positions, slots, mask, logits) of the forward pass."""
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
         positions = ctx.new_tensor(Type.I32, (T,), name="positions")
@@ -379,13 +398,7 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
         logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n_out, V)
         logits.name = "logits"
         return ctx, tokens, positions, slots, mask, logits
-
-    if packed:
-        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K), buffer_for)
-        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
-                            buffer_bytes=built.buffer_bytes)
-    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
-    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
+    return build
 
 
 def _leaf_bytes(c, T, K):
@@ -436,8 +449,10 @@ class LlamaModel:
         # the graphs run one at a time: one buffer of intermediates and one work
         # buffer serve them all, sized for the largest (as ggml's compute buffer)
         self._intermediates = None   # uint8 array, WORK_ALIGN-aligned
+        self._reserved_for = set()   # batch sizes T whose largest graph the buffer fits
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
+        self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
@@ -451,7 +466,15 @@ class LlamaModel:
         key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
+            t0 = time.perf_counter()
             before = self._intermediates
+            if self.packed and T not in self._reserved_for:
+                # size the buffer at once for T tokens over the whole context (as ggml
+                # reserves its compute buffer), so that the windows to come, which need
+                # more, do not grow it and drop the graphs built so far
+                self._intermediates_for(forward_graph_bytes(self.config, self.weights, self.cache,
+                                                            T, self.n_ctx, T))
+                self._reserved_for.add(T)
             g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
                                     self.packed, buffer_for=self._intermediates_for)
             if self._intermediates is not before:
@@ -464,6 +487,8 @@ class LlamaModel:
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
+            self.build_s += time.perf_counter() - t0
+            self.n_built += 1
         else:
             self._graphs.move_to_end(key)
         return g
@@ -483,6 +508,8 @@ class LlamaModel:
         size = graph.reserve(self.n_threads, share_with=self._work_donor)
         if size > self._work_bytes:
             self._work_donor, self._work_bytes = graph, size
+            for g in self._graphs.values():     # all move to it: the smaller one is freed
+                g.graph.reserve(self.n_threads, share_with=graph)
 
     def forward(self, tokens, positions, n_out=None):
         """Run one batch: tokens, positions int (T,) -> logits (n_out, V) of the last

@@ -10,7 +10,7 @@
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,7 +49,14 @@ def token_ids(tokens):
 
 @dataclass
 class Timings:
-    """Counters like llama.cpp's perf print (seconds, tokens)."""
+    """Counters like llama.cpp's perf print (seconds, tokens).
+
+    prompt: a prompt's evaluations (generate's, an eval() of several tokens);
+    eval: those of one generated token (an eval() of one). Building a graph for a new batch shape (once per shape:
+    llama.cpp has no such one-off cost after its warm-up) is kept out of both and
+    counted in build_s. start: when the model was loaded; total time is the wall
+    time from then to the print, as llama.cpp's (which excludes the load too).
+    """
     load_s: float = 0.0
     prompt_s: float = 0.0
     prompt_tokens: int = 0
@@ -57,24 +64,40 @@ class Timings:
     eval_tokens: int = 0
     sample_s: float = 0.0
     sample_runs: int = 0
+    build_s: float = 0.0
+    builds: int = 0
+    start: float = field(default_factory=time.perf_counter)
 
     def lines(self):
-        """llama.cpp-style timing lines."""
+        """llama.cpp-style timing lines, and the graph-build line."""
         def rate(label, seconds, n, unit):
             ms = 1e3 * seconds
             per = ms / n if n else 0.0
             tps = n / seconds if seconds > 0 else 0.0
             return (f"{label} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, "
                     f"{tps:8.2f} tokens per second)")
-        total = self.load_s + self.prompt_s + self.eval_s + self.sample_s
+        total = time.perf_counter() - self.start
         return [
             rate("   sampling time", self.sample_s, self.sample_runs, "runs"),
             f"       load time = {1e3 * self.load_s:10.2f} ms",
             rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
             rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
+            f"graph build time = {1e3 * self.build_s:10.2f} ms / {self.builds:5d} graphs",
             f"      total time = {1e3 * total:10.2f} ms / "
             f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
         ]
+
+    def count(self, n_tokens, seconds, build_s, builds, prompt):
+        """Add one evaluation of n_tokens (a prompt's, or a generated token's) that took
+        `seconds`, `build_s` of them building `builds` graphs."""
+        self.build_s += build_s
+        self.builds += builds
+        if prompt:
+            self.prompt_s += seconds - build_s
+            self.prompt_tokens += n_tokens
+        else:
+            self.eval_s += seconds - build_s
+            self.eval_tokens += n_tokens
 
 
 class Llama:
@@ -114,7 +137,7 @@ class Llama:
         # one call at a time reads or changes the sequence, the cache and the graphs'
         # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
         self._lock = threading.RLock()
-        self.timings = Timings(load_s=time.perf_counter() - t0)
+        self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
 
     # ---- facts ------------------------------------------------------------------
 
@@ -194,12 +217,22 @@ class Llama:
 
     def eval(self, tokens):
         """Evaluate tokens (integer ids) after the current sequence; logits
-        (len(tokens), n_vocab), a copy."""
+        (len(tokens), n_vocab), a copy. Counted in timings."""
         tokens = token_ids(tokens)
         out = np.empty((len(tokens), self.n_vocab()), np.float32)
         with self._lock:
-            self._decode(tokens, out=out)
+            self._timed_decode(tokens, prompt=len(tokens) > 1, out=out)
         return out
+
+    def _timed_decode(self, tokens, prompt, **kwargs):
+        """_decode, counted in timings as a prompt's or a generated token's (see Timings)."""
+        model = self.model
+        t0, build_s, builds = time.perf_counter(), model.build_s, model.n_built
+        try:
+            return self._decode(tokens, **kwargs)
+        finally:
+            self.timings.count(len(tokens), time.perf_counter() - t0, model.build_s - build_s,
+                               model.n_built - builds, prompt)
 
     def _check_vocab(self, tokens):
         """ValueError unless every token id (a list of ints) is in 0..n_vocab - 1."""
@@ -297,15 +330,13 @@ class Llama:
 
     def _generate(self, ids, sampler, max_tokens):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
-        t0 = time.perf_counter()
         with self._lock:                  # one call at a time changes the sequence
             keep = self._common_prefix(ids)
             self.tokens = self.tokens[:keep]
             self.model.cache.truncate(keep)
-            logits = self._decode(ids[keep:]).copy()   # the graph's buffer: the next call's
+            # a copy: the graph's buffer is the next call's
+            logits = self._timed_decode(ids[keep:], prompt=True).copy()
             mine = self.changes
-        self.timings.prompt_s += time.perf_counter() - t0
-        self.timings.prompt_tokens += len(ids) - keep
 
         n = 0
         while max_tokens < 0 or n < max_tokens:
@@ -320,16 +351,13 @@ class Llama:
             n += 1
             if self.n_tokens >= self.n_ctx() or (0 <= max_tokens <= n):
                 return
-            t0 = time.perf_counter()
             with self._lock:
                 if self.changes != mine:
                     raise RuntimeError("generate: this Llama's sequence was changed by another "
                                        "call (eval, generate, perplexity or reset) while the "
                                        "generator was paused; start a new generate")
-                logits = self._decode([token]).copy()
+                logits = self._timed_decode([token], prompt=False).copy()
                 mine = self.changes
-            self.timings.eval_s += time.perf_counter() - t0
-            self.timings.eval_tokens += 1
 
     def _common_prefix(self, ids):
         """Tokens of the cached sequence reusable for ids (the last id is always re-run)."""

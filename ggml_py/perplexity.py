@@ -54,7 +54,8 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     text: str or UTF-8 bytes (bytearray, memoryview), or token ids already tokenized with BOS.
     n_batch: tokens per evaluation (None: llm.n_batch), capped at n_ctx.
     n_chunks: score at most this many chunks (negative: all of them; 0 is refused).
-    callback(i, n_chunk, running_ppl, seconds) is called after each chunk.
+    callback(i, n_chunk, running_ppl, seconds) is called after each chunk (seconds: its
+    evaluation and scoring, less the one-off building of graphs). Counted in llm.timings.
     Raises ValueError if the text is shorter than 2 * n_ctx tokens.
     """
     import time
@@ -90,7 +91,9 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
             if add_bos:
                 chunk = [llm.token_bos()] + chunk[1:]
             llm.reset()
-            llm._decode(chunk, out=logits, first_output=first)
+            built = llm.model.build_s
+            llm._timed_decode(chunk, prompt=True, out=logits, first_output=first)
+            built = llm.model.build_s - built     # a graph built once, not a chunk's work
             # logits row j (position first + j) predicts token first + j + 1
             values = token_nll(logits[:-1], np.asarray(tokens[i * n_ctx + first + 1:(i + 1) * n_ctx]))
             nll += float(values.sum())
@@ -98,7 +101,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
             count += len(values)
             running.append(math.exp(nll / count))
             if callback is not None:
-                callback(i, n_chunk, running[-1], time.perf_counter() - t0)
+                callback(i, n_chunk, running[-1], time.perf_counter() - t0 - built)
     finally:
         llm.n_batch = saved_batch
         llm.reset()

@@ -121,6 +121,24 @@ def test_generation_stops_when_context_is_full():
     assert small.timings.prompt_tokens == len(prompt) and small.timings.eval_tokens == len(tokens) - 1
 
 
+def test_timings_count_eval_and_keep_graph_building_apart():
+    import time
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
+    t = llm.timings
+    llm.eval([1, 2, 3, 4])
+    llm.eval([5])                       # eval() was not counted at all
+    assert (t.prompt_tokens, t.eval_tokens, t.builds) == (4, 1, 2) and t.build_s > 0
+    llm.reset()
+    llm.eval([1, 2, 3, 4])              # a shape built before: nothing to build, all evaluation
+    assert (t.prompt_tokens, t.builds) == (8, 2)
+    lines = t.lines()
+    assert any(line.startswith("graph build time") and line.endswith("    2 graphs") for line in lines)
+    # total: the wall time since the load (not a sum that included the load)
+    time.sleep(0.05)
+    total_ms = float(t.lines()[-1].split("=")[1].split("ms")[0])
+    assert total_ms >= 50 and total_ms < 1e3 * (t.load_s + 60)
+
+
 def reference_perplexity(reference, tokens, n_ctx, bos):
     nll = []
     for i in range(len(tokens) // n_ctx):

@@ -73,7 +73,10 @@ def run_test(llm, kind, n, repetitions):
     after one untimed warm-up run."""
     rng = np.random.default_rng(0)
     timer = time_prompt if kind == "pp" else time_generation
-    timer(llm, n if kind == "pp" else 1, rng)            # warm-up: builds the graphs
+    # warm-up: one whole run, which builds every graph the timed runs use (a tgN past
+    # 256 tokens needs a graph per 256-slot window; llama-bench's one-token tg warm-up
+    # would leave those to the first timed run)
+    timer(llm, n, rng)
     samples = [n / timer(llm, n, rng) for _ in range(repetitions)]
     return samples
 

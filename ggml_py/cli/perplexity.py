@@ -102,7 +102,6 @@ def main(argv=None):
         bar.update(1)
 
     status = 0
-    t0 = time.perf_counter()
     try:
         result = llm.perplexity(tokens, n_ctx=n_ctx, n_chunks=n_chunk, callback=on_chunk)
     except KeyboardInterrupt:
@@ -119,9 +118,8 @@ def main(argv=None):
     else:
         print(f"Final estimate: PPL = {result.ppl:.4f}")
         log("Unexpected negative standard deviation of log(prob)")
-    seconds, n_eval = time.perf_counter() - t0, n_chunk * n_ctx
-    log(f"perf: eval time = {1e3 * seconds:10.2f} ms / {n_eval} tokens "
-        f"({1e3 * seconds / n_eval:.2f} ms per token, {n_eval / seconds:.2f} tokens per second)")
+    for line in llm.timings.lines():
+        log(f"perf: {line}")
     return status
 
 
