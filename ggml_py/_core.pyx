@@ -723,6 +723,11 @@ cdef class CGraph:
             raise ValueError("compute: the ThreadPool is closed")
         self._hold_profiles(1)
         try:
+            # the work buffer was sized before the profiles were held: a profile set in
+            # between (another thread) may need more, which no kernel must find out
+            if ggml_py_graph_work_size(&g, pool.n_threads if pool is not None else 1) > plan.work_size:
+                raise RuntimeError("compute: a node's profile changed while the compute started "
+                                   "(its work buffer is too small); compute again")
             if pool is None:
                 with nogil:
                     status = ggml_py_graph_compute(&g, &plan, NULL)

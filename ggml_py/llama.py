@@ -29,6 +29,8 @@ MAX_LAYERS = 512     # llama.cpp's LLAMA_MAX_LAYERS
 KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
+MAX_GRAPHS = 64       # ... and at most
+RESERVE_SPARE = 4     # the shared buffer is reserved with need / this to spare
 WORK_ALIGN = 64       # ... and the intermediates buffer they share starts on a cache line
 
 
@@ -347,18 +349,22 @@ def feed_forward(x, lw):
     return linear(lw.w_down, gated, lw.b_down)
 
 
-def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None):
+def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None,
+                        mask_buffer=None):
     """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
     n_out: logits are computed for the last n_out tokens only (1 to sample the
     next token, T for all).
     packed: intermediates share one buffer where their lifetimes allow
     (graph_alloc); otherwise each has its own memory. buffer_for: see
-    graph_alloc.build_packed (a buffer shared with other graphs).
+    graph_alloc.build_packed (a buffer shared with other graphs). mask_buffer:
+    a float32 array of T * K or more elements to hold the mask (shared with
+    other graphs that never run at the same time; None: the graph's own).
     """
-    build = _forward_builder(c, weights, cache, T, K, n_out)
+    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer)
     if packed:
-        built = build_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K), buffer_for)
+        leaf_bytes = _leaf_bytes(c, T, 0 if mask_buffer is not None else K)
+        built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
         return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
                             buffer_bytes=built.buffer_bytes)
     ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
@@ -372,13 +378,16 @@ def forward_graph_bytes(c, weights, cache, T, K, n_out):
     return plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K)).buffer_bytes
 
 
-def _forward_builder(c, weights, cache, T, K, n_out):
+def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
     """build(ctx) -> (ctx, tokens, positions, slots, mask, logits) of the forward pass."""
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
         positions = ctx.new_tensor(Type.I32, (T,), name="positions")
         slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
-        mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        if mask_buffer is None:
+            mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        else:
+            mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
         rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
 
         x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
@@ -444,12 +453,14 @@ class LlamaModel:
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
         self._graphs = OrderedDict()
         # enough for a sequence's every window twice (a prompt's batches and the tokens
-        # generated after them; a perplexity chunk's batches), so that none is rebuilt
-        self.max_graphs = max(MIN_GRAPHS, 2 * -(-self.n_ctx // kv_pad) + 8)
-        # the graphs run one at a time: one buffer of intermediates and one work
-        # buffer serve them all, sized for the largest (as ggml's compute buffer)
+        # generated after them; a perplexity chunk's batches), so that none is rebuilt,
+        # up to MAX_GRAPHS (each holds its tensor structs, ~32 KB a layer)
+        self.max_graphs = min(MAX_GRAPHS, max(MIN_GRAPHS, 2 * -(-self.n_ctx // kv_pad) + 8))
+        # the graphs run one at a time: one buffer of intermediates, one of masks and
+        # one work buffer serve them all (as ggml's compute buffer)
         self._intermediates = None   # uint8 array, WORK_ALIGN-aligned
-        self._reserved_for = set()   # batch sizes T whose largest graph the buffer fits
+        self._masks = None           # float32 array: the running graph's (T, K) mask
+        self._reserved_for = set()   # batch sizes T whose largest graph the buffers fit
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
@@ -467,21 +478,19 @@ class LlamaModel:
         g = self._graphs.get(key)
         if g is None:
             t0 = time.perf_counter()
-            before = self._intermediates
             if self.packed and T not in self._reserved_for:
-                # size the buffer at once for T tokens over the whole context (as ggml
+                # size the buffers at once for T tokens over the whole context (as ggml
                 # reserves its compute buffer), so that the windows to come, which need
-                # more, do not grow it and drop the graphs built so far
-                self._intermediates_for(forward_graph_bytes(self.config, self.weights, self.cache,
-                                                            T, self.n_ctx, T))
+                # more, do not grow them and drop the graphs built so far; with room to
+                # spare, as the packing is not monotone in K (a smaller window has needed 6 %
+                # more), though a graph that needs more still gets it
+                need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T)
+                self._intermediates_for(need + need // RESERVE_SPARE)
+                self._masks_for(T * self.n_ctx)
                 self._reserved_for.add(T)
             g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
-                                    self.packed, buffer_for=self._intermediates_for)
-            if self._intermediates is not before:
-                # a larger buffer: drop the graphs over the old one (rebuilt when needed),
-                # so that only one stays allocated
-                self._graphs.clear()
-                self._work_donor, self._work_bytes = None, 0
+                                    self.packed, buffer_for=self._intermediates_for,
+                                    mask_buffer=self._masks_for(T * K) if self.packed else None)
             self._graphs[key] = g
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
@@ -496,11 +505,25 @@ class LlamaModel:
     def _intermediates_for(self, nbytes):
         """The shared buffer of intermediates, grown to nbytes when smaller."""
         if self._intermediates is None or self._intermediates.nbytes < nbytes:
-            self._intermediates = None        # the old one goes before the new one comes
+            self._drop_graphs()               # they hold the old one: it goes before the new one
+            self._intermediates = None
             raw = np.empty(nbytes + WORK_ALIGN, np.uint8)
             start = (-raw.ctypes.data) % WORK_ALIGN
             self._intermediates = raw[start:start + nbytes]
         return self._intermediates
+
+    def _masks_for(self, n):
+        """The shared mask buffer (float32), grown to n elements when smaller."""
+        if self._masks is None or self._masks.size < n:
+            self._drop_graphs()
+            self._masks = None
+            self._masks = np.empty(n, np.float32)
+        return self._masks
+
+    def _drop_graphs(self):
+        """Forget every built graph (rebuilt when next needed): a shared buffer is growing."""
+        self._graphs.clear()
+        self._work_donor, self._work_bytes = None, 0
 
     def _share_work(self, graph):
         """Give graph the work buffer of the graphs before it (or, when it needs more,

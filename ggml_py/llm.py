@@ -228,11 +228,10 @@ class Llama:
         """_decode, counted in timings as a prompt's or a generated token's (see Timings)."""
         model = self.model
         t0, build_s, builds = time.perf_counter(), model.build_s, model.n_built
-        try:
-            return self._decode(tokens, **kwargs)
-        finally:
-            self.timings.count(len(tokens), time.perf_counter() - t0, model.build_s - build_s,
-                               model.n_built - builds, prompt)
+        logits = self._decode(tokens, **kwargs)     # a refused or failed call counts nothing
+        self.timings.count(len(tokens), time.perf_counter() - t0, model.build_s - build_s,
+                           model.n_built - builds, prompt)
+        return logits
 
     def _check_vocab(self, tokens):
         """ValueError unless every token id (a list of ints) is in 0..n_vocab - 1."""

@@ -148,6 +148,7 @@ def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkey
     assert len(graphs) == 20
     # one buffer of intermediates and one work buffer for all of them (as ggml's compute buffer)
     assert all(np.shares_memory(g.logits, model._intermediates) for g in graphs)
+    assert all(np.shares_memory(g.mask, model._masks) for g in graphs)   # not a mask per graph
     assert len({id(g.graph._work) for g in graphs}) == 1
 
 

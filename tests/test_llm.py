@@ -133,6 +133,10 @@ def test_timings_count_eval_and_keep_graph_building_apart():
     assert (t.prompt_tokens, t.builds) == (8, 2)
     lines = t.lines()
     assert any(line.startswith("graph build time") and line.endswith("    2 graphs") for line in lines)
+    for refused in ([10 ** 6], [1, 2, 10 ** 6], list(range(1, 100))):   # bad id, too long
+        with pytest.raises(ValueError):
+            llm.eval(refused)
+    assert (t.prompt_tokens, t.eval_tokens) == (8, 1)          # refused calls count nothing
     # total: the wall time since the load (not a sum that included the load)
     time.sleep(0.05)
     total_ms = float(t.lines()[-1].split("=")[1].split("ms")[0])

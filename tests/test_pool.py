@@ -230,6 +230,33 @@ def test_a_profile_cannot_change_while_its_node_is_computed(watchdog):
     assert node.profile.name == other.name
 
 
+def test_a_profile_set_between_sizing_and_starting_is_caught():
+    # Graph.compute sizes the work buffer, then the C compute holds the profiles: a profile
+    # that needs more, set in between (another thread), must not reach a kernel
+    rng = np.random.default_rng(0)
+    ctx = gg.Context(mem_size=8 << 20)
+    w = ctx.from_numpy(rng.standard_normal((256, 256)).astype(np.float32), type=gg.Q8_0)
+    x = ctx.from_numpy(rng.standard_normal((4, 256)).astype(np.float32))
+    y = gg.mul_mat(w, x)
+    graph = gg.build_forward(y)
+    node = graph.nodes[-1]
+    node.profile = next(p for p in node.profiles() if p.name == "cpu")
+    blas = next(p for p in node.profiles() if p.name == "blas")
+    sized = graph._work_buffer
+
+    def sized_then_changed(n, page_in=False):
+        work = sized(n, page_in)
+        node.profile = blas          # de-quantizes all of w into the work buffer
+        return work
+
+    graph._work_buffer = sized_then_changed
+    with pytest.raises(RuntimeError, match="profile changed while the compute started"):
+        graph.compute(n_threads=1)
+    del graph._work_buffer
+    graph.compute(n_threads=1)       # sized for blas now: runs
+    assert np.isfinite(y.numpy()).all()
+
+
 def test_closed_pool_is_an_error():
     pool = gg.ThreadPool(2)
     pool.close()
