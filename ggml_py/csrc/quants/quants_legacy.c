@@ -7,6 +7,15 @@
  * contraction so no compiler fuses a multiply and an add behind our back. */
 #include "quants_impl.h"
 
+/* A float's integer part, as x86's truncating conversion gives it (what ggml's casts
+ * compile to), defined in C for every input: a NaN — which a row holding NaN or inf
+ * produces below — or a value past int32 gives INT32_MIN, whose low byte is 0. The
+ * casts to 8 bits that follow keep the low byte (gcc's rule). Finite rows never get
+ * here with a value outside the 8-bit range, so their blocks do not change. */
+static inline int32_t trunc_i32(float v) {
+    return (v > -2147483648.0f && v < 2147483648.0f) ? (int32_t) v : INT32_MIN;
+}
+
 /* The element of largest magnitude, first one on ties (sign kept). */
 static inline void min_max(const float *x, int n, float *min, float *max) {
     *min = FLT_MAX;
@@ -24,8 +33,8 @@ void ggml_py_quantize_row_q4_0_ref(const float *x, void *vy, int64_t n) {
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = FP32_TO_FP16(d);
         for (int j = 0; j < 16; j++) {
-            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) (x[j] * id + 8.5f));
-            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) (x[j + 16] * id + 8.5f));
+            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) trunc_i32(x[j] * id + 8.5f));
+            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) trunc_i32(x[j + 16] * id + 8.5f));
             y[i].qs[j] = q0 | (q1 << 4);
         }
     }
@@ -41,8 +50,8 @@ void ggml_py_quantize_row_q4_1_ref(const float *x, void *vy, int64_t n) {
         y[i].d = FP32_TO_FP16(d);
         y[i].m = FP32_TO_FP16(min);
         for (int j = 0; j < 16; j++) {
-            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) ((x[j] - min) * id + 0.5f));
-            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) ((x[j + 16] - min) * id + 0.5f));
+            const uint8_t q0 = GGML_PY_MIN(15, (int8_t) trunc_i32((x[j] - min) * id + 0.5f));
+            const uint8_t q1 = GGML_PY_MIN(15, (int8_t) trunc_i32((x[j + 16] - min) * id + 0.5f));
             y[i].qs[j] = q0 | (q1 << 4);
         }
     }
@@ -56,8 +65,8 @@ void ggml_py_quantize_row_q5_0_ref(const float *x, void *vy, int64_t n) {
         y[i].d = FP32_TO_FP16(d);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            const uint8_t q0 = GGML_PY_MIN(31, (int8_t) (x[j] * id + 16.5f));
-            const uint8_t q1 = GGML_PY_MIN(31, (int8_t) (x[j + 16] * id + 16.5f));
+            const uint8_t q0 = GGML_PY_MIN(31, (int8_t) trunc_i32(x[j] * id + 16.5f));
+            const uint8_t q1 = GGML_PY_MIN(31, (int8_t) trunc_i32(x[j + 16] * id + 16.5f));
             y[i].qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
             qh |= ((q0 & 0x10u) >> 4) << j;
             qh |= ((q1 & 0x10u) >> 4) << (j + 16);
@@ -77,8 +86,8 @@ void ggml_py_quantize_row_q5_1_ref(const float *x, void *vy, int64_t n) {
         y[i].m = FP32_TO_FP16(min);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
-            const uint8_t q0 = (uint8_t) ((x[j] - min) * id + 0.5f);
-            const uint8_t q1 = (uint8_t) ((x[j + 16] - min) * id + 0.5f);
+            const uint8_t q0 = (uint8_t) trunc_i32((x[j] - min) * id + 0.5f);
+            const uint8_t q1 = (uint8_t) trunc_i32((x[j + 16] - min) * id + 0.5f);
             y[i].qs[j] = (q0 & 0x0F) | ((q1 & 0x0F) << 4);
             qh |= ((q0 & 0x10u) >> 4) << j;
             qh |= ((q1 & 0x10u) >> 4) << (j + 16);
@@ -95,7 +104,7 @@ void ggml_py_quantize_row_q8_0_ref(const float *x, void *vy, int64_t n) {
         const float d = amax / 127;
         const float id = d ? 1.0f / d : 0.0f;
         y[i].d = FP32_TO_FP16(d);
-        for (int j = 0; j < GGML_PY_QK8_0; j++) y[i].qs[j] = (int8_t) roundf(x[j] * id);
+        for (int j = 0; j < GGML_PY_QK8_0; j++) y[i].qs[j] = (int8_t) trunc_i32(roundf(x[j] * id));
     }
 }
 
@@ -109,7 +118,7 @@ void ggml_py_quantize_row_q8_1_ref(const float *x, void *vy, int64_t n) {
         y[i].d = FP32_TO_FP16(d);
         int sum = 0;
         for (int j = 0; j < GGML_PY_QK8_1; j++) {
-            y[i].qs[j] = (int8_t) roundf(x[j] * id);
+            y[i].qs[j] = (int8_t) trunc_i32(roundf(x[j] * id));
             sum += y[i].qs[j];
         }
         y[i].s = FP32_TO_FP16(sum * d);
