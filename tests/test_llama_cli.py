@@ -470,7 +470,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("benchmarks/tune_vs_oracle.py", ["--type", "q9"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--threads", "0"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--save-oracle", "/nonexistent/o.json"], 1),
-    ("benchmarks/compare_llama_cpp.py", ["--bogus"], 2),
+    ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "--bogus"], 2),   # not "-m is required"
     ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "-t", "0"], 2),
     ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "--chunks", "1"], 2),
     ("benchmarks/compare_llama_cpp.py", ["-m", "/nonexistent.gguf"], 1),

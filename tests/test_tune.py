@@ -488,10 +488,11 @@ def test_cli_bench_and_analyze(tmp_path, capsys):
 def test_cli_errors(tmp_path, capsys):
     assert tune_main(["analyze", str(tmp_path / "none.json")]) == 1
     assert "cannot read" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        tune_main(["--model-shape", "1.1B", "--type", "Q9", "-o", "x"])
-    with pytest.raises(SystemExit):
-        tune_main(["--model-shape", "1.1B", "--m-max", "40", "-o", str(tmp_path / "x")])
+    for args, message in ((["--type", "Q9", "-o", "x"], "argument --type: unknown weight type 'Q9'"),
+                          (["--m-max", "40", "-o", str(tmp_path / "x")], "--m-max must be in 1..12")):
+        with pytest.raises(SystemExit) as stop:
+            tune_main(["--model-shape", "1.1B", *args])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_cli_checks_its_output_before_benching(tmp_path, capsys, monkeypatch):
