@@ -79,6 +79,14 @@ def thread_count(n_threads, where):
     return _core.check_thread_count(n_threads, where)
 
 
+def aligned_bytes(nbytes):
+    """An uninitialised uint8 array of nbytes starting on a WORK_ALIGN (cache-line)
+    boundary: a work buffer, or a buffer of intermediates."""
+    raw = np.empty(nbytes + WORK_ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % WORK_ALIGN
+    return raw[start:start + nbytes]
+
+
 def check_tune(tune, where):
     """tune as given if it is a TuneData (ggml_py.tune) or None, else a TypeError naming `where`."""
     from ggml_py.tune import TuneData   # tune imports the profiles, not this module
@@ -261,9 +269,7 @@ class Graph:
         if size == 0:
             return None
         if self._work is None or self._work.nbytes < size:
-            raw = np.empty(size + WORK_ALIGN, np.uint8)
-            start = (-raw.ctypes.data) % WORK_ALIGN
-            self._work = raw[start:start + size]
+            self._work = aligned_bytes(size)
             if page_in:
                 self._work[:] = 0
         return self._work

@@ -19,7 +19,7 @@ import numpy as np
 
 from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
-from ggml_py.graph import build_forward, check_tune, default_threads, shared_pool
+from ggml_py.graph import aligned_bytes, build_forward, check_tune, default_threads, shared_pool
 from ggml_py.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
 from ggml_py.tensor import Context
 from ggml_py.types import Type
@@ -30,8 +30,7 @@ KV_PAD = 256          # the attention window grows in steps of this many slots
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
 MAX_GRAPHS = 64       # ... and at most
-RESERVE_SPARE = 4     # the shared buffer is reserved with need / this to spare
-WORK_ALIGN = 64       # ... and the intermediates buffer they share starts on a cache line
+RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
 
 
 # ---- config -------------------------------------------------------------------
@@ -458,7 +457,7 @@ class LlamaModel:
         self.max_graphs = min(MAX_GRAPHS, max(MIN_GRAPHS, 2 * -(-self.n_ctx // kv_pad) + 8))
         # the graphs run one at a time: one buffer of intermediates, one of masks and
         # one work buffer serve them all (as ggml's compute buffer)
-        self._intermediates = None   # uint8 array, WORK_ALIGN-aligned
+        self._intermediates = None   # uint8 array on a cache line (graph.aligned_bytes)
         self._masks = None           # float32 array: the running graph's (T, K) mask
         self._reserved_for = set()   # batch sizes T whose largest graph the buffers fit
         self._work_donor = None      # the graph whose work buffer the next ones share
@@ -507,9 +506,7 @@ class LlamaModel:
         if self._intermediates is None or self._intermediates.nbytes < nbytes:
             self._drop_graphs()               # they hold the old one: it goes before the new one
             self._intermediates = None
-            raw = np.empty(nbytes + WORK_ALIGN, np.uint8)
-            start = (-raw.ctypes.data) % WORK_ALIGN
-            self._intermediates = raw[start:start + nbytes]
+            self._intermediates = aligned_bytes(nbytes)
         return self._intermediates
 
     def _masks_for(self, n):
