@@ -71,7 +71,10 @@ def time_in_turns(case_a, case_b, repeat):
 def at_least(low):
     """A flag type: an integer >= low."""
     def parse(text):
-        value = int(text)
+        try:
+            value = int(text)
+        except ValueError:      # (argparse would name this function in its message)
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value

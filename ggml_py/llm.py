@@ -52,9 +52,9 @@ class Timings:
     """Counters like llama.cpp's perf print (seconds, tokens).
 
     prompt: a prompt's evaluations (generate's, an eval() of several tokens);
-    eval: those of one generated token (an eval() of one). Building a graph for a new batch shape (once per shape:
-    llama.cpp has no such one-off cost after its warm-up) is kept out of both and
-    counted in build_s. start: when the model was loaded; total time is the wall
+    eval: those of one generated token (an eval() of one). Building a graph for a
+    new batch shape (once per shape: llama.cpp has no such one-off cost after its
+    warm-up) is kept out of both and counted in build_s. start: when the model was loaded; total time is the wall
     time from then to the print, as llama.cpp's (which excludes the load too).
     """
     load_s: float = 0.0

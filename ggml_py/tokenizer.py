@@ -72,9 +72,10 @@ ATTR_NORMAL = 1 << 2
 ATTR_CONTROL = 1 << 3
 ATTR_USER_DEFINED = 1 << 4
 ATTR_BYTE = 1 << 5
-_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")    # a byte token's text
 ATTR_LSTRIP = 1 << 7
 ATTR_RSTRIP = 1 << 8
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")    # a byte token's text
 
 _ATTR_FROM_TYPE = {
     TOKEN_TYPE_UNDEFINED: ATTR_UNDEFINED,

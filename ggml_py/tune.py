@@ -33,6 +33,7 @@ VERSION = 1
 # there they are benched, and chosen, only as blas.
 SAME_AS_BLAS_ON_ONE_THREAD = ("blas-split", "blas-mt")
 
+
 def distinct_profiles(profiles, n_threads):
     """The profiles worth benching at n_threads.
 
@@ -45,7 +46,6 @@ def distinct_profiles(profiles, n_threads):
     if n_threads == 1:
         return [p for p in profiles if p.name not in SAME_AS_BLAS_ON_ONE_THREAD]
     return [p for p in profiles if not (p.name == "blas" and "blas-split" in names)]
-
 
 
 class TuneFileError(ValueError):

@@ -123,20 +123,26 @@ def plot_path(path):
     return path
 
 
-def _plot_formats():
-    """The file extensions matplotlib's Agg figures can be saved as (png, pdf, svg, ...)."""
+def _agg_matplotlib():
+    """matplotlib, its Agg (file) backend chosen; ValueError when it is not installed."""
     try:
         import matplotlib
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
     matplotlib.use("Agg")
+    return matplotlib
+
+
+def _plot_formats():
+    """The file extensions matplotlib's Agg figures can be saved as (png, pdf, svg, ...)."""
+    _agg_matplotlib()
     from matplotlib.figure import Figure
     return set(Figure().canvas.get_supported_filetypes())
 
 
 def plot(data, path):
     """Time vs M per profile and thread count (log axes), one panel per shape."""
-    _plot_formats()     # matplotlib there, its Agg backend chosen
+    _agg_matplotlib()
     import matplotlib.pyplot as plt
     n = len(data.shapes)
     cols = min(n, 3)
