@@ -96,17 +96,17 @@ def top_k(ids, logits, k):
     return ids[order], logits[order]
 
 
-def _softmax(logits):
-    p = np.exp(logits.astype(np.float64) - logits.max())
-    return p / p.sum()
-
-
 def top_p(ids, logits, p, min_keep=1):
-    """Sorted candidates: keep the smallest prefix whose probability reaches p."""
+    """Sorted candidates: keep the smallest prefix whose probability reaches p.
+
+    In float32, summed in order, as llama.cpp: a prefix that reaches p only by
+    float32 rounding is cut where llama.cpp cuts it (20 equal logits, p 0.5: 10).
+    """
     if p >= 1.0 or len(logits) <= min_keep:
         return ids, logits
-    cum = np.cumsum(_softmax(logits))
-    reached = np.nonzero(cum >= p)[0]
+    e = np.exp((logits - logits[0]).astype(np.float64)).astype(np.float32)   # expf (C,)
+    cum = np.cumsum(e / np.cumsum(e)[-1])       # numpy's cumsum adds in order, in float32
+    reached = np.nonzero(cum >= np.float32(p))[0]
     n = len(logits) if not reached.size else max(int(reached[0]) + 1, min_keep)
     return ids[:n], logits[:n]
 
@@ -115,7 +115,7 @@ def min_p(ids, logits, p, min_keep=1):
     """Sorted candidates: keep those with probability >= p * the highest one."""
     if p <= 0.0 or not len(logits):
         return ids, logits
-    threshold = logits[0] + np.log(np.float32(p))
+    threshold = logits[0] + np.float32(math.log(np.float32(p)))   # logf, correctly rounded
     n = max(int(np.count_nonzero(logits >= threshold)), min_keep)
     return ids[:n], logits[:n]
 

@@ -35,6 +35,25 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     assert top_p(ids, x, 1.0)[0].tolist() == ids.tolist()
 
 
+@pytest.mark.parametrize("n, p, kept", [(20, 0.5, 10), (40, 0.95, 39)])
+def test_top_p_sums_in_float32_as_llama_cpp(n, p, kept):
+    # n equal logits: each probability is float32(1/n); in float32 the running
+    # sum reaches p one token sooner (20, 0.5) or later (40, 0.95) than in
+    # float64 — the counts llama.cpp keeps
+    ids, _ = top_p(np.arange(n), np.zeros(n, np.float32), p)
+    assert len(ids) == kept
+
+
+def test_min_p_threshold_is_logf_correctly_rounded():
+    # llama.cpp keeps logit >= best + logf(p); glibc's logf(0.81327021f) is
+    # -0.20669186f, numpy's float32 log one ulp lower: a logit between is dropped
+    p = 0.8132702112197876
+    below = np.nextafter(np.float32(-0.20669186), np.float32(-1))
+    ids, _ = min_p(np.arange(2), np.array([0.0, below], np.float32), p)
+    assert ids.tolist() == [0]
+    ids, _ = min_p(np.arange(2), np.array([0.0, -0.20669186], np.float32), p)
+    assert ids.tolist() == [0, 1]
+
 def test_min_p_keeps_tokens_near_the_best():
     ids, x = top_k(np.arange(5), LOGITS, 0)
     # p_i >= 0.3 * p_max  <=>  logit_i >= 3 + log(0.3) = 1.796
