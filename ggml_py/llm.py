@@ -47,6 +47,41 @@ def token_ids(tokens):
     return [checked_int("token id", t) for t in tokens]
 
 
+
+def stop_strings(stop):
+    """generate's stop argument (None, a str, or a list/tuple of str) as a tuple of
+    non-empty strings; TypeError or ValueError naming what is wrong."""
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a str or a list of str, got {stop!r}")
+    if not all(stops):
+        raise ValueError("stop strings must not be empty")
+    return tuple(stops)
+
+
+def until_stop(pieces, stops):
+    """The text of pieces up to the first of the stop strings (which is dropped, and
+    the iteration ends there). Text that could be the start of a stop string is
+    held back until the next pieces show whether it is one."""
+    held = ""
+    for piece in pieces:
+        held += piece
+        found = [i for i in (held.find(s) for s in stops) if i >= 0]
+        if found:
+            if min(found):
+                yield held[:min(found)]
+            return
+        # the longest tail of held that some stop string begins with stays held
+        keep = max((n for s in stops for n in range(min(len(s) - 1, len(held)), 0, -1)
+                    if s.startswith(held[-n:])), default=0)
+        if len(held) > keep:
+            yield held[:len(held) - keep]
+            held = held[len(held) - keep:]
+    if held:
+        yield held
+
 @dataclass
 class Timings:
     """Counters like llama.cpp's perf print (seconds, tokens).
@@ -283,12 +318,15 @@ class Llama:
 
     def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True,
-                 frequency_penalty=0.0, presence_penalty=0.0):
+                 frequency_penalty=0.0, presence_penalty=0.0, stop=None):
         """The text pieces generated after prompt (text, or token ids), an iterator that
         produces them as they are generated; the arguments are checked now.
 
-        Stops after max_tokens (< 0: until the end of the context), at an
-        end-of-generation token unless ignore_eos, or when the context is full.
+        Stops after max_tokens (None or < 0: until the end of the context), at an
+        end-of-generation token unless ignore_eos, when the context is full, or where
+        the text reaches one of the stop strings (a str or a list of them; the stop
+        string and what follows are not produced, and text that may begin one is
+        held back until it is known not to).
         temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
         The penalties (repeat, frequency, presence) look back over the last
         repeat_last_n tokens, the prompt's included, as llama-cli's (-1: the whole context).
@@ -297,7 +335,10 @@ class Llama:
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
-        return self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+        stops = stop_strings(stop)
+        max_tokens = -1 if max_tokens is None else max_tokens
+        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+        return until_stop(pieces, stops) if stops else pieces
 
     def _pieces(self, tokens):
         """Text of the token ids, piece by piece (UTF-8 sequences split across tokens joined)."""

@@ -13,6 +13,7 @@ import ggml_py as gg
 from ggml_py.graph import MAX_THREADS
 from ggml_py.perplexity import token_nll
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
+from ggml_py.llm import until_stop
 from ggml_py.sampling import Sampler
 
 
@@ -120,6 +121,40 @@ def test_generation_stops_when_context_is_full():
     assert small.n_tokens == 16 and len(prompt) + len(tokens) == 17
     assert small.timings.prompt_tokens == len(prompt) and small.timings.eval_tokens == len(tokens) - 1
 
+
+
+def test_generate_max_tokens_none_runs_until_the_context_is_full():
+    small = gg.Llama(model_path("f32"), n_ctx=16, n_threads=1)
+    text = "".join(small.generate("Hello", max_tokens=None, temperature=0, ignore_eos=True))
+    assert small.n_tokens == 16 and text
+
+
+@pytest.mark.parametrize("pieces, stops, expected", [
+    (["Hel", "lo wor", "ld"], ("lo w",), ["He", "l"]),         # a stop across pieces
+    (["a", "b", "c", "d"], ("bc",), ["a"]),
+    (["ab", "x", "cd"], ("abc",), ["abx", "cd"]),              # "ab" held, then released
+    (["ab", "c"], ("abc",), []),                               # at the very start: nothing
+    (["xy", "z!", "zz"], ("z", "y"), ["x"]),                   # the earliest stop wins
+    (["one ", "two ", "three"], ("four",), ["one ", "two ", "three"]),
+    (["end:", " done"], (":",), ["end"]),
+    (["x", "ab"], ("abc",), ["x", "ab"]),                      # held text comes out at the end
+])
+def test_until_stop_cuts_at_the_first_stop_string(pieces, stops, expected):
+    assert list(until_stop(iter(pieces), stops)) == expected
+
+
+def test_generate_stops_at_a_stop_string_and_evaluates_no_further(llm):
+    greedy = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    full = "".join(llm.generate("Once upon a time", **greedy))
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    cut = full.index(stop)
+    pieces = llm.generate("Once upon a time", stop=[stop, "\x00never"], **greedy)
+    assert "".join(pieces) == full[:cut]
+    assert llm.n_tokens < len(llm.tokenize("Once upon a time")) + 24
+    assert "".join(llm.generate("Once upon a time", stop=stop[0] * 50, **greedy)) == full
+    for bad, error in [("", ValueError), ([""], ValueError), (3, TypeError), ([b"x"], TypeError)]:
+        with pytest.raises(error, match="stop"):
+            llm.generate("The", stop=bad)                # checked before iterating
 
 def test_timings_count_eval_and_keep_graph_building_apart():
     import time
