@@ -10,6 +10,7 @@ from llama_models import N_VOCAB, TEXT, V, edited_model, model_path, vocab
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
+from ggml_py.bundled import default_text_path
 from ggml_py.graph import MAX_THREADS
 from ggml_py.perplexity import token_nll
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
@@ -54,6 +55,20 @@ def test_eval_in_small_batches(reference):
     ids = small.tokenize("one two three four five six seven")
     assert np.abs(small.eval(ids) - reference.forward(ids)).max() <= 1e-4
 
+
+
+def test_token_by_token_equals_small_batches_bit_for_bit():
+    # the bundled model (Q8_0, F16 KV cache): under 32 tokens a batch runs the CPU
+    # kernels, whose rows do not depend on how many come together — the attention's
+    # F16 products included
+    bundled = gg.Llama(n_ctx=128, n_threads=2)
+    with open(default_text_path()) as f:
+        ids = bundled.tokenize(f.read(2000))[:40]
+    one = np.concatenate([bundled.eval(ids[i:i + 1]) for i in range(len(ids))])
+    for batch in (8, 13):
+        bundled.reset()
+        np.testing.assert_array_equal(
+            np.concatenate([bundled.eval(ids[i:i + batch]) for i in range(0, len(ids), batch)]), one)
 
 def reference_greedy(reference, ids, n):
     ids, out = list(ids), []

@@ -155,7 +155,10 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(src0->type);
     const ggml_py_vec_dot_fn vec_dot = tt->vec_dot;
-    const ggml_py_gemm_tile_fn tile = tile_for_type && ne11 > 1 ? tile_for_type(src0->type) : NULL;
+    /* tiles for M > 1; F16's at M = 1 too, as its tile sums in another order than
+     * vec_dot_f16: a row's result must not depend on the batch it comes in */
+    const bool use_tile = tile_for_type && (ne11 > 1 || src0->type == GGML_PY_TYPE_F16);
+    const ggml_py_gemm_tile_fn tile = use_tile ? tile_for_type(src0->type) : NULL;
     const bool converted = src1_needs_conversion(dst);
     const size_t row_size = ggml_py_row_size(tt->vec_dot_type, ne10);
     const int64_t r2 = ne12 / ne02, r3 = ne13 / ne03;   /* broadcast factors */
