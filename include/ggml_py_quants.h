@@ -146,6 +146,10 @@ GGML_PY_QUANT_TYPES(GGML_PY_DECLARE_ROW_KERNELS)
 GGML_PY_DOT_TYPES(GGML_PY_DECLARE_DOT)
 #undef GGML_PY_DECLARE_DOT
 
+/* activation quantizers: llama.cpp's x86 rounding (see quants_legacy.c) */
+void ggml_py_quantize_row_q8_0_act_ref(const float *x, void *y, int64_t n);
+void ggml_py_quantize_row_q8_1_act_ref(const float *x, void *y, int64_t n);
+
 /* AVX2 versions (built when the compiler targets AVX2 + FMA + F16C) */
 void ggml_py_quantize_row_q8_0_avx2(const float *x, void *y, int64_t n);
 void ggml_py_quantize_row_q8_1_avx2(const float *x, void *y, int64_t n);

@@ -144,6 +144,30 @@ def test_simd_quantizer_equals_reference(t):
         np.testing.assert_array_equal(ref, simd)
 
 
+@pytest.mark.parametrize("t", [gg.Q8_0, gg.Q8_1], ids=lambda t: t.name)
+def test_activation_quantizers_round_as_llama_cpp_on_x86(t):
+    # activations (and CPY) are quantized as llama.cpp's CPU backend does on x86:
+    # x * (127 / amax), ties to even; files keep ggml's reference (x / d, roundf)
+    row = np.zeros(32, np.float32)
+    row[:4] = [127.0, 74.5, -74.5, 73.5]               # amax 127: the scale is 1 either way
+    ties_even, ties_away = [127, 74, -74, 74], [127, 75, -75, 74]
+    qs = slice(2, 34) if t == gg.Q8_0 else slice(4, 36)   # after the fp16 scale (and sum)
+    for simd in (False, True) if Q.kernel_variants(t)["from_float"][1] else (False,):
+        block = Q.quantize_row_variant(row, t, simd)
+        assert block[qs].view(np.int8)[:4].tolist() == ties_even
+    if t == gg.Q8_0:
+        assert gg.quantize(row, t)[qs].view(np.int8)[:4].tolist() == ties_away
+    # a scale where 1 / d and 127 / amax part: x / d = -35.499996 but x * 127 / amax = -35.5
+    rng = np.random.default_rng(11)
+    parted = 0
+    for row in rng.standard_normal((4000, 32)).astype(np.float32):
+        amax = np.abs(row).max()
+        expect = np.rint(row * (np.float32(127) / amax)).astype(np.int8)
+        got = Q.quantize_row_variant(row, t, False)[qs].view(np.int8)
+        np.testing.assert_array_equal(got, expect)
+        parted += not np.array_equal(expect, gg.quantize(row, gg.Q8_0)[2:34].view(np.int8))
+    assert parted >= 1       # the file quantizer rounds some blocks the other way
+
 @pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_1, gg.Q5_0, gg.Q5_1, gg.Q8_0, gg.Q8_1], ids=lambda t: t.name)
 def test_reference_quantizers_are_defined_on_nan_and_inf(t):
     # a NaN reaching a float-to-int cast was undefined behaviour in C (UBSan's float-cast-

@@ -267,17 +267,6 @@ static inline float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* roundf (ties away from zero), exactly: truncate, then step away from zero
- * when the dropped fraction is at least one half. */
-static inline __m256 roundf_ps(__m256 v) {
-    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-    const __m256 frac = _mm256_sub_ps(v, t);
-    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
-    const __m256 half_or_more = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), frac),
-                                              _mm256_set1_ps(0.5f), _CMP_GE_OQ);
-    return _mm256_add_ps(t, _mm256_and_ps(half_or_more, _mm256_or_ps(sign, _mm256_set1_ps(1.0f))));
-}
-
 /* Four vectors of 8 integral floats -> 32 int8 in order. */
 static inline __m256i pack_i8(__m256 a, __m256 b, __m256 c, __m256 d) {
     const __m256i i01 = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
@@ -286,6 +275,8 @@ static inline __m256i pack_i8(__m256 a, __m256 b, __m256 c, __m256 d) {
     return _mm256_permutevar8x32_epi32(i, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+/* One activation block: scale 127 / amax, ties to even (quantize_block_act's twin,
+ * llama.cpp's x86 rounding). */
 static inline __m256i quantize_block32(const float *x, float *d_out) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps();
@@ -293,11 +284,12 @@ static inline __m256i quantize_block32(const float *x, float *d_out) {
         v[j] = _mm256_loadu_ps(x + 8 * j);
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
     }
-    const float d = hmax_ps(amax) / 127;
-    const float id = d ? 1.0f / d : 0.0f;
-    const __m256 vid = _mm256_set1_ps(id);
-    for (int j = 0; j < 4; j++) v[j] = roundf_ps(_mm256_mul_ps(v[j], vid));
-    *d_out = d;
+    const float max = hmax_ps(amax);
+    const __m256 vid = _mm256_set1_ps(max != 0.0f ? 127.0f / max : 0.0f);
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_round_ps(_mm256_mul_ps(v[j], vid), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    *d_out = max / 127;
     return pack_i8(v[0], v[1], v[2], v[3]);
 }
 

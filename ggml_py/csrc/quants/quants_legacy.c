@@ -1,5 +1,6 @@
 /* quants_legacy.c - reference quantizers and de-quantizers of the 32-element
- * block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1).
+ * block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1), and the scalar twins of the
+ * Q8_0 / Q8_1 activation quantizers.
  *
  * The quantizers are bit-identical to ggml's quantize_row_*_ref: same scale
  * choice, same float expressions in the same order, same rounding (truncation
@@ -121,6 +122,37 @@ void ggml_py_quantize_row_q8_1_ref(const float *x, void *vy, int64_t n) {
             y[i].qs[j] = (int8_t) trunc_i32(roundf(x[j] * id));
             sum += y[i].qs[j];
         }
+        y[i].s = FP32_TO_FP16(sum * d);
+    }
+}
+
+/* Q8_0 / Q8_1 rows made while computing (MUL_MAT's activations, CPY into Q8_0):
+ * llama.cpp's CPU backend on x86 scales by 127 / amax and rounds to nearest even
+ * where ggml's reference quantizers above (what files are written with) use 1 / d
+ * and roundf — a few quants in ten thousand differ. These are the scalar twins of
+ * the SIMD activation quantizers, so ggml_py's activations are llama.cpp's. */
+static float quantize_block_act(const float *x, int8_t *q, int n) {
+    float amax = 0.0f;
+    for (int j = 0; j < n; j++) amax = GGML_PY_MAX(amax, fabsf(x[j]));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int j = 0; j < n; j++) q[j] = (int8_t) trunc_i32(nearbyintf(x[j] * id));
+    return amax / 127;
+}
+
+void ggml_py_quantize_row_q8_0_act_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_0 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_0; i++, x += GGML_PY_QK8_0) {
+        y[i].d = FP32_TO_FP16(quantize_block_act(x, y[i].qs, GGML_PY_QK8_0));
+    }
+}
+
+void ggml_py_quantize_row_q8_1_act_ref(const float *x, void *vy, int64_t n) {
+    ggml_py_block_q8_1 *y = vy;
+    for (int64_t i = 0; i < n / GGML_PY_QK8_1; i++, x += GGML_PY_QK8_1) {
+        const float d = quantize_block_act(x, y[i].qs, GGML_PY_QK8_1);
+        int sum = 0;
+        for (int j = 0; j < GGML_PY_QK8_1; j++) sum += y[i].qs[j];
+        y[i].d = FP32_TO_FP16(d);
         y[i].s = FP32_TO_FP16(sum * d);
     }
 }
