@@ -691,6 +691,19 @@ cdef class CGraph:
         for t in self.tensors:
             t.n_computing += step
 
+    cdef int _check_not_computing(self) except -1:
+        """RuntimeError when a node this graph writes is being computed now (this graph or
+        another one holding the node, in another thread): both would write its result.
+        Checked and then held with the GIL, so two computes cannot both pass."""
+        cdef TensorBase t
+        for t in self.tensors:
+            if t.n_computing and t.t.op not in (GGML_PY_OP_NONE, GGML_PY_OP_VIEW, GGML_PY_OP_RESHAPE,
+                                                GGML_PY_OP_PERMUTE, GGML_PY_OP_TRANSPOSE):
+                raise RuntimeError("compute: this graph's nodes are being computed by another "
+                                   "thread (a graph holds one set of results); wait for that "
+                                   "compute, or build a graph per thread")
+        return 0
+
     def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
         """Run every node.
 
@@ -721,6 +734,7 @@ cdef class CGraph:
             plan.abort_interval_ns = <int64_t> (abort_interval_ms * 1e6)
         if pool is not None and pool.pool == NULL:
             raise ValueError("compute: the ThreadPool is closed")
+        self._check_not_computing()
         self._hold_profiles(1)
         try:
             # the work buffer was sized before the profiles were held: a profile set in

@@ -10,6 +10,7 @@
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +82,34 @@ def until_stop(pieces, stops):
             held = held[len(held) - keep:]
     if held:
         yield held
+
+
+class _CutByFork:
+    """A Llama's lock in a fork child when another thread of the parent held it: that
+    thread's call stopped half-way here (the cache may hold half a batch), so every
+    call refuses instead of waiting forever on a lock nobody will release."""
+
+    def __enter__(self):
+        raise RuntimeError("this Llama was in use by another thread when the process forked: "
+                           "its sequence is unknown in the child; load the model again here")
+
+    def __exit__(self, *exc):
+        return False
+
+
+_live_llamas = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for llm in list(_live_llamas):
+        if llm._lock.acquire(blocking=False):    # free, or held by the thread that forked
+            llm._lock.release()
+        else:
+            llm._lock = _CutByFork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 @dataclass
 class Timings:
@@ -172,6 +201,7 @@ class Llama:
         # one call at a time reads or changes the sequence, the cache and the graphs'
         # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
         self._lock = threading.RLock()
+        _live_llamas.add(self)
         self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
 
     # ---- facts ------------------------------------------------------------------

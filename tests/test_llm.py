@@ -2,6 +2,7 @@
 import math
 import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -12,9 +13,9 @@ from llama_reference import ReferenceLlama
 import ggml_py as gg
 from ggml_py.bundled import default_text_path
 from ggml_py.graph import MAX_THREADS
+from ggml_py.llm import until_stop
 from ggml_py.perplexity import token_nll
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
-from ggml_py.llm import until_stop
 from ggml_py.sampling import Sampler
 
 
@@ -432,3 +433,53 @@ def test_python_threads_sharing_a_llama_take_turns():
     for got, ref in zip(sorted(results, key=lambda r: float(r.sum())),
                         sorted(want, key=lambda r: float(r.sum()))):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_child_refuses_a_llama_another_thread_was_using(llm):
+    # the child has no trace of the parent's other threads: a call one of them was
+    # making stopped half-way there, and its lock would never be released
+    from test_pool import wait_for_child
+    ids = llm.tokenize("Once upon a time")
+    llm.reset()
+    expected = llm.eval(ids)
+    llm.reset()
+
+    def child(use_inherited):
+        code = 1
+        try:
+            if use_inherited:
+                code = 0 if np.array_equal(llm.eval(ids), expected) else 2
+            else:
+                try:
+                    llm.eval(ids)
+                except RuntimeError as e:
+                    code = 0 if "in use by another thread when the process forked" in str(e) else 3
+                fresh = gg.Llama(model_path("f32"), n_ctx=128, n_threads=2, kv_type="f32")
+                code = code or (0 if np.array_equal(fresh.eval(ids), expected) else 4)
+        finally:
+            os._exit(code)
+
+    held, release = threading.Event(), threading.Event()
+
+    def busy():               # a call in progress in another thread
+        with llm._lock:
+            held.set()
+            release.wait(30)
+    thread = threading.Thread(target=busy)
+    thread.start()
+    held.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            child(use_inherited=False)
+    finally:
+        release.set()
+        thread.join()
+    assert wait_for_child(pid, "a fork child hung on a Llama held at the fork") == 0
+    pid = os.fork()           # nobody using it: the child carries on with it
+    if pid == 0:
+        child(use_inherited=True)
+    assert wait_for_child(pid, "a fork child hung on its inherited Llama") == 0
+    np.testing.assert_array_equal(llm.eval(ids), expected)
+    llm.reset()

@@ -230,6 +230,31 @@ def test_a_profile_cannot_change_while_its_node_is_computed(watchdog):
     assert node.profile.name == other.name
 
 
+
+def test_a_graph_computes_in_one_thread_at_a_time(watchdog):
+    # a second compute of the same nodes (another thread; here a signal handler run
+    # between nodes) would write the same results: refused, the first one unharmed
+    graph = long_graph()
+    graph.compute(n_threads=1)
+    expected = graph.nodes[-1].numpy().copy()
+    errors = []
+
+    def handler(signum, frame):
+        try:
+            graph.compute(n_threads=1)
+        except RuntimeError as e:
+            errors.append(str(e))
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        graph.compute(n_threads=2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert errors and "being computed by another thread" in errors[0]
+    np.testing.assert_array_equal(graph.nodes[-1].numpy(), expected)
+    graph.compute(n_threads=1)     # afterwards, as ever
+
 def test_a_profile_set_between_sizing_and_starting_is_caught():
     # Graph.compute sizes the work buffer, then the C compute holds the profiles: a profile
     # that needs more, set in between (another thread), must not reach a kernel
