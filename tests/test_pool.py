@@ -4,6 +4,8 @@ import faulthandler
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -495,6 +497,50 @@ def test_a_fork_child_makes_its_own_pools_and_exits(watchdog):
     assert wait_for_child(pid, "a fork child hung on the pool lock held at the fork") == 0
     user_pool.close()
 
+
+
+FORK_WHILE_COMPUTING = """
+import os, threading, time
+import numpy as np
+import ggml_py as gg
+rng = np.random.default_rng(0)
+ctx = gg.Context(mem_size=16 << 20)
+a = ctx.from_numpy(rng.standard_normal((512, 512)).astype(np.float32))
+b = ctx.from_numpy(rng.standard_normal((64, 512)).astype(np.float32))
+graph = gg.build_forward(gg.mul_mat(a, b))      # M = 64: a BLAS profile, where the build has BLAS
+done, stop = [0], []
+def loop():
+    while not stop:
+        graph.compute(n_threads=2)
+        done[0] += 1
+thread = threading.Thread(target=loop)
+thread.start()
+time.sleep(0.2)
+for _ in range(10):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    before = done[0]
+    while done[0] == before:
+        time.sleep(0.01)
+stop.append(1)
+thread.join()
+print("forked 10 times; computes", done[0])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_waits_for_the_computes_of_other_threads():
+    # OpenBLAS's fork handler hangs with a BLAS product in flight in another thread
+    # (every fork here, before): a fork now waits for the running compute to end
+    try:
+        out = subprocess.run([sys.executable, "-c", FORK_WHILE_COMPUTING], capture_output=True,
+                             text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a fork while another thread computed hung the parent")
+    assert out.returncode == 0, out.stderr
+    assert "forked 10 times" in out.stdout
 
 def test_graph_arguments_of_the_wrong_kind_are_named():
     graph, _, _ = small_graph(np.random.default_rng(8))
