@@ -41,12 +41,12 @@ from typing import Iterator
 
 import numpy as np
 
-from ggml_py.cli.common import ArgumentParser, console_script
+from ggml_py.cli.common import ArgumentParser, console_script, run
 from ggml_py.gguf_write import atomic_output
 from ggml_py.pretokenize import CONTRACTIONS_ANY_CASE, RE_GPT2, PRE_TOKENIZERS
 
 
-class ConvertError(Exception):
+class ConvertError(ValueError):
     """A bad input; ``main`` prints it as one line and exits non-zero."""
 
 
@@ -944,11 +944,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-only", action="store_true",
                         help="write the metadata and tokenizer only (no tensors)")
     args = parser.parse_args(argv)
-    try:
-        convert(args.model, args.outfile, args.outtype, vocab_only=args.vocab_only)
-    except ConvertError as e:
-        print(f"ggml-convert: error: {e}", file=sys.stderr)
-        return 1
+    # a bad checkpoint (ConvertError) or an unwritable output ends in one line and status 1,
+    # Ctrl-C in status 130
+    return run("ggml-convert", convert_command, args)
+
+
+def convert_command(args) -> int:
+    """ggml-convert's work, once its flags are parsed."""
+    convert(args.model, args.outfile, args.outtype, vocab_only=args.vocab_only)
     return 0
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-from ggml_py.cli.common import ArgumentParser, console_script
+from ggml_py.cli.common import ArgumentParser, console_script, run
 from ggml_py.gguf_model import ModelLoadError, open_reader
 from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import dequantize, quantize
@@ -420,17 +420,18 @@ def main(argv=None):
                    help="re-encode quantized weights into another type (lossy; llama.cpp's flag)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    try:
-        start = time.perf_counter()
-        quantize_file(args.input, args.output, args.type, progress=not args.quiet,
-                      allow_requantize=args.allow_requantize)
-        print(f"ggml-quantize: done in {time.perf_counter() - start:.1f} s")
-        return 0
-    except BrokenPipeError:
-        raise   # for console_script
-    except (QuantizeError, OSError) as exc:
-        print(f"ggml-quantize: error: {exc}", file=sys.stderr)
-        return 1
+    # a bad input or an unwritable output (QuantizeError, OSError) ends in one line and
+    # status 1, Ctrl-C in status 130 (the output is written whole or not at all)
+    return run("ggml-quantize", quantize_command, args)
+
+
+def quantize_command(args):
+    """ggml-quantize's work, once its flags are parsed."""
+    start = time.perf_counter()
+    quantize_file(args.input, args.output, args.type, progress=not args.quiet,
+                  allow_requantize=args.allow_requantize)
+    print(f"ggml-quantize: done in {time.perf_counter() - start:.1f} s")
+    return 0
 
 
 if __name__ == "__main__":

@@ -205,11 +205,7 @@ def main(argv=None):
     """Entry point of the ggml-tune console script; a bad file or input (a
     TuneFileError is a ValueError) ends in one line and exit 1."""
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        return run("ggml-tune", analyze_or_bench, argv)
-    except KeyboardInterrupt:
-        print("ggml-tune: interrupted", file=sys.stderr)
-        return 130
+    return run("ggml-tune", analyze_or_bench, argv)
 
 
 if __name__ == "__main__":

@@ -201,6 +201,24 @@ def one_line_error(capsys, *argv):
     return err
 
 
+
+def test_ctrl_c_stops_in_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch):
+    import ggml_py.quantize_model as qm
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:                     # a few tensors in
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+    original = qm.quantize
+    monkeypatch.setattr(qm, "quantize", interrupted)
+    out = tmp_path / "q.gguf"
+    assert main([model_path("f32"), str(out), "Q4_0", "-q"]) == 130
+    _, err = capsys.readouterr()
+    assert err == "ggml-quantize: interrupted\n"
+    assert len(calls) == 3 and not out.exists() and os.listdir(tmp_path) == []
+
 def test_bad_metadata_tensor_types_and_folders_are_one_line_errors(tmp_path, capsys):
     nobc = write_gguf(tmp_path / "nobc.gguf")
     assert "no llama.block_count" in one_line_error(capsys, nobc, tmp_path / "o.gguf", "Q4_0")

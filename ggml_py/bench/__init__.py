@@ -8,7 +8,6 @@ Each subcommand module has `add_arguments(parser)` and `run(args) -> int`;
 SUBCOMMANDS maps names to module paths.
 """
 import importlib
-import sys
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
 
@@ -30,10 +29,6 @@ def main(argv=None):
         module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
         modules[name] = module
     args = parser.parse_args(argv)
-    try:
-        # a bad flag ends in one line and status 2 (argparse); a bad file or model in
-        # one line and status 1
-        return run("ggml-bench", modules[args.command].run, args) or 0
-    except KeyboardInterrupt:
-        print("ggml-bench: interrupted", file=sys.stderr)
-        return 130
+    # a bad flag ends in one line and status 2 (argparse); a bad file or model in
+    # one line and status 1; Ctrl-C in status 130
+    return run("ggml-bench", modules[args.command].run, args) or 0

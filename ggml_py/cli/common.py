@@ -264,11 +264,16 @@ def kv_type(parser, args):
 
 def run(prog, main, argv=None):
     """Run main(argv); a bad model file or input, or one too large for memory,
-    ends in one line and exit 1."""
+    ends in one line and exit 1; Ctrl-C (wherever main does not handle it itself:
+    loading, tokenizing, writing) in "<prog>: interrupted" and exit 130."""
     try:
         return main(argv)
     except BrokenPipeError:
         raise   # for console_script
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except (ModelLoadError, ValueError, OSError, MemoryError) as e:
         sys.stdout.flush()
         print(f"{prog}: error: {e}", file=sys.stderr)
