@@ -531,12 +531,13 @@ print("forked 10 times; computes", done[0])
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_fork_waits_for_the_computes_of_other_threads():
+def test_a_fork_waits_for_the_computes_of_other_threads(tmp_path):
     # OpenBLAS's fork handler hangs with a BLAS product in flight in another thread
-    # (every fork here, before): a fork now waits for the running compute to end
+    # (every fork here, before): a fork now waits for the running compute to end.
+    # (Run outside the source tree: `-c` would import its unbuilt package.)
     try:
         out = subprocess.run([sys.executable, "-c", FORK_WHILE_COMPUTING], capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail("a fork while another thread computed hung the parent")
     assert out.returncode == 0, out.stderr
