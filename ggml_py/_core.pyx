@@ -20,6 +20,8 @@ import weakref
 
 import numpy as np
 
+from ggml_py import forking
+
 from ggml_py._ggml cimport *
 
 cdef extern from "pthread.h" nogil:
@@ -693,15 +695,16 @@ cdef class CGraph:
 
     cdef int _check_not_computing(self) except -1:
         """RuntimeError when a node this graph writes is being computed now (this graph or
-        another one holding the node, in another thread): both would write its result.
+        another one holding the node, in another thread or the compute a signal handler
+        interrupted): both would write its result.
         Checked and then held with the GIL, so two computes cannot both pass."""
         cdef TensorBase t
         for t in self.tensors:
             if t.n_computing and t.t.op not in (GGML_PY_OP_NONE, GGML_PY_OP_VIEW, GGML_PY_OP_RESHAPE,
                                                 GGML_PY_OP_PERMUTE, GGML_PY_OP_TRANSPOSE):
-                raise RuntimeError("compute: this graph's nodes are being computed by another "
-                                   "thread (a graph holds one set of results); wait for that "
-                                   "compute, or build a graph per thread")
+                raise RuntimeError("compute: this graph's nodes are already being computed (by "
+                                   "another thread, or the compute a signal handler runs in); a "
+                                   "graph holds one set of results: build a graph per thread")
         return 0
 
     def compute(self, ThreadPool pool, work, stage_ns, int lookahead, double abort_interval_ms):
@@ -743,16 +746,24 @@ cdef class CGraph:
                 raise RuntimeError("compute: a node's profile changed while the compute started "
                                    "(its work buffer is too small); compute again")
             if pool is None:
-                with nogil:
-                    status = ggml_py_graph_compute(&g, &plan, NULL)
+                forking.enter()     # a fork from another thread waits for this run
+                try:
+                    with nogil:
+                        status = ggml_py_graph_compute(&g, &plan, NULL)
+                finally:
+                    forking.leave()
             else:
                 pool._lock("compute")   # another thread's compute on this pool finishes first
                 try:
                     if pool.pool == NULL:
                         raise ValueError("compute: the ThreadPool is closed")
                     cpool = pool.pool
-                    with nogil:
-                        status = ggml_py_graph_compute(&g, &plan, cpool)
+                    forking.enter()
+                    try:
+                        with nogil:
+                            status = ggml_py_graph_compute(&g, &plan, cpool)
+                    finally:
+                        forking.leave()
                 finally:
                     pool._unlock()
         finally:

@@ -428,7 +428,9 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
                                "is not true")
     for name, shape in shapes.items():
         if name not in out:
-            raise ConvertError(f"missing tensor {name} (HF name of the checkpoint not found)")
+            hint = (" — a model whose output is its embeddings says \"tie_word_embeddings\": "
+                    "true in config.json" if name == "output.weight" else "")
+            raise ConvertError(f"missing tensor {name} (HF name of the checkpoint not found){hint}")
         if out[name].shape != shape:
             raise ConvertError(f"tensor {name}: shape {out[name].shape}, expected {shape}")
     # only now that the shapes are right: the q, k biases are rows of the projection too,

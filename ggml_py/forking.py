@@ -3,64 +3,78 @@
 OpenBLAS stops its threads in its own fork handler; with a BLAS product in flight
 in another thread that handler hangs the process for good (numpy's np.dot in a
 thread does the same). So `os.fork()` (multiprocessing's "fork" start method)
-first waits until no other thread is inside a graph compute — one graph's run,
-seconds at most — and no compute starts until the fork is done.
+first waits until no other thread is running a graph (one graph's run: a forward
+pass of a model), and no run starts until the fork is done. A compute counts from
+the moment it holds its pool, so one still waiting for a pool held by the forking
+thread (a fork from a signal handler inside a compute) is not waited for.
+Ctrl-C while a fork waits is kept until the fork is done, then raised.
 """
-import collections
-import contextlib
+import _thread
 import os
 import threading
 
 _gate = threading.Condition()
-_running = collections.Counter()   # thread id -> computes it is inside
-_forks = 0                          # forks waiting for the computes to end
+_running = {}          # thread id -> graph runs it is inside (nested: a signal handler's)
+_forks = 0             # forks waiting for the runs to end
+_interrupted = False   # Ctrl-C came while a fork waited
+AFTER_FORK_S = 0.01    # a Ctrl-C raised in a fork hook would be dropped: raised this much later
 
 
-@contextlib.contextmanager
-def computing():
-    """Around one graph compute: waits while a fork is pending (unless this thread
-    is already computing: a compute from a signal handler inside another)."""
+def enter():
+    """Before a graph runs (its pool held): waits while a fork is pending, unless this
+    thread is already running one (a compute from a signal handler inside another)."""
     me = threading.get_ident()
     with _gate:
-        _gate.wait_for(lambda: not _forks or me in _running)
-        _running[me] += 1
-    try:
-        yield
-    finally:
-        with _gate:
+        if _forks and me not in _running:
+            _gate.wait_for(lambda: not _forks)
+        _running[me] = _running.get(me, 0) + 1
+
+
+def leave():
+    """After a graph ran (enter's other half)."""
+    me = threading.get_ident()
+    with _gate:
+        if _running[me] == 1:
+            del _running[me]
+        else:
             _running[me] -= 1
-            if not _running[me]:
-                del _running[me]
+        if _forks:
             _gate.notify_all()
+
+
+def _others_running():
+    return any(t != threading.get_ident() for t in _running)
 
 
 def _before_fork():
-    global _forks
-    me = threading.get_ident()
+    global _forks, _interrupted
     with _gate:
         _forks += 1
-        try:
-            _gate.wait_for(lambda: not (_running.keys() - {me}))
-        except BaseException:      # Ctrl-C while waiting: the fork goes on regardless
-            _forks -= 1
-            _gate.notify_all()
-            raise
+        while _others_running():
+            try:
+                _gate.wait()
+            except KeyboardInterrupt:    # raised here it would be dropped and the fork go on
+                _interrupted = True
 
 
 def _after_fork_in_parent():
-    global _forks
+    global _forks, _interrupted
     with _gate:
-        _forks = max(_forks - 1, 0)
+        _forks -= 1
         _gate.notify_all()
+        interrupted, _interrupted = _interrupted, False
+    if interrupted:   # the Ctrl-C, raised in the main thread once the fork has returned
+        threading.Timer(AFTER_FORK_S, _thread.interrupt_main).start()
 
 
 def _after_fork_in_child():
     # only the thread that forked lives on; the gate may be held by a thread that is gone
-    global _gate, _running, _forks
+    global _gate, _running, _forks, _interrupted
     me = threading.get_ident()
     _gate = threading.Condition()
-    _running = collections.Counter({me: _running[me]} if _running.get(me) else {})
+    _running = {me: _running[me]} if me in _running else {}
     _forks = 0
+    _interrupted = False
 
 
 if hasattr(os, "register_at_fork"):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py import _core, forking
+from ggml_py import _core
 from ggml_py.profiles import STAGES
 from ggml_py.tensor import Tensor
 from ggml_py.types import Op, Type
@@ -317,9 +317,8 @@ class Graph:
             if self._stage_ns is None:
                 self._stage_ns = np.zeros(len(self.nodes) * len(STAGES), np.int64)
             stage_ns = self._stage_ns
-        with forking.computing():      # a fork from another thread waits for this run
-            self._cgraph.compute(pool, self._work_buffer(n), stage_ns, self.lookahead,
-                                 ABORT_INTERVAL_MS)
+        self._cgraph.compute(pool, self._work_buffer(n), stage_ns, self.lookahead,
+                             ABORT_INTERVAL_MS)
 
     def stats(self):
         """Per-node times (µs) accumulated by compute(profile=True), as Stats rows."""

@@ -48,7 +48,6 @@ def token_ids(tokens):
     return [checked_int("token id", t) for t in tokens]
 
 
-
 def stop_strings(stop):
     """generate's stop argument (None, a str, or a list/tuple of str) as a tuple of
     non-empty strings; TypeError or ValueError naming what is wrong."""
@@ -63,25 +62,40 @@ def stop_strings(stop):
 
 
 def until_stop(pieces, stops):
-    """The text of pieces up to the first of the stop strings (which is dropped, and
-    the iteration ends there). Text that could be the start of a stop string is
-    held back until the next pieces show whether it is one."""
+    """The text of pieces up to the earliest place a stop string starts (the stop and
+    what follows are dropped, and the iteration ends there). Text that could be the
+    start of a stop string is held back until the next pieces settle it, so the cut
+    does not depend on how the text was split into pieces."""
     held = ""
     for piece in pieces:
         held += piece
-        found = [i for i in (held.find(s) for s in stops) if i >= 0]
-        if found:
-            if min(found):
-                yield held[:min(found)]
+        found, open_at = _first_stop(held, stops), _first_partial_stop(held, stops)
+        if found is not None and (open_at is None or found <= open_at):
+            if found:
+                yield held[:found]
             return
-        # the longest tail of held that some stop string begins with stays held
-        keep = max((n for s in stops for n in range(min(len(s) - 1, len(held)), 0, -1)
-                    if s.startswith(held[-n:])), default=0)
-        if len(held) > keep:
-            yield held[:len(held) - keep]
-            held = held[len(held) - keep:]
-    if held:
-        yield held
+        safe = len(held) if open_at is None else open_at   # a later stop may still start there
+        if safe:
+            yield held[:safe]
+            held = held[safe:]
+    found = _first_stop(held, stops)
+    if held[:found]:
+        yield held[:found]
+
+
+def _first_stop(text, stops):
+    """Where the earliest stop string in text starts, or None."""
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+
+
+def _first_partial_stop(text, stops):
+    """The earliest i where text[i:] is the beginning of a stop string (not all of it), or None."""
+    longest = max(map(len, stops))
+    for i in range(max(0, len(text) - longest + 1), len(text)):
+        tail = text[i:]
+        if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
+            return i
+    return None
 
 
 class _CutByFork:
@@ -102,6 +116,8 @@ _live_llamas = weakref.WeakSet()
 
 def _after_fork_in_child():
     for llm in list(_live_llamas):
+        if isinstance(llm._lock, _CutByFork):      # cut at an earlier fork
+            continue
         if llm._lock.acquire(blocking=False):    # free, or held by the thread that forked
             llm._lock.release()
         else:
@@ -110,6 +126,7 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 @dataclass
 class Timings:
@@ -366,7 +383,6 @@ class Llama:
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
         stops = stop_strings(stop)
-        max_tokens = -1 if max_tokens is None else max_tokens
         pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
         return until_stop(pieces, stops) if stops else pieces
 
@@ -387,7 +403,7 @@ class Llama:
         (ValueError if it is empty or does not fit the context) and evaluated on the
         first next(), reusing the cached prefix of the prompt."""
         ids = self._input_ids(prompt, add_bos)
-        max_tokens = checked_int("max_tokens", max_tokens)
+        max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
             raise ValueError("the prompt is empty")
         self._check_vocab(ids)

@@ -9,6 +9,9 @@ The draw uses a numpy Generator: same seed, same tokens (seed None or -1
 draws a seed from the OS). Its numbers differ from llama.cpp's mt19937, so sampled
 text matches llama.cpp only when greedy.
 """
+import ctypes
+import ctypes.util
+import functools
 import math
 import numbers
 from collections import deque
@@ -111,11 +114,25 @@ def top_p(ids, logits, p, min_keep=1):
     return ids[:n], logits[:n]
 
 
+@functools.cache
+def _c_logf():
+    """The C library's logf, which llama.cpp's min-p calls (glibc's is not correctly
+    rounded for about one float in 500), or a correctly rounded stand-in where ctypes
+    finds no C math library."""
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        logf = libm.logf
+    except (OSError, AttributeError):
+        return lambda x: np.float32(math.log(x))
+    logf.restype, logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda x: np.float32(logf(x))
+
+
 def min_p(ids, logits, p, min_keep=1):
     """Sorted candidates: keep those with probability >= p * the highest one."""
     if p <= 0.0 or not len(logits):
         return ids, logits
-    threshold = logits[0] + np.float32(math.log(np.float32(p)))   # logf, correctly rounded
+    threshold = logits[0] + _c_logf()(np.float32(p))    # as llama.cpp: max + logf(p)
     n = max(int(np.count_nonzero(logits >= threshold)), min_keep)
     return ids[:n], logits[:n]
 

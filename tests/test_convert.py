@@ -382,6 +382,13 @@ def test_error_missing_or_misshapen_tensor(tmp_path, capsys):
     assert "unexpected tensor 'model.extra.weight'" in _error(capsys, [str(d)])
 
 
+def test_an_untied_config_without_lm_head_says_how_to_tie(tmp_path, capsys):
+    d, hf = make_checkpoint(tmp_path, tied=False)
+    del hf["lm_head.weight"]
+    write_safetensors(d / "model.safetensors", hf, {})
+    assert '"tie_word_embeddings": true' in _error(capsys, [str(d)])
+
+
 def test_error_corrupt_files(tmp_path, capsys):
     d, _ = make_checkpoint(tmp_path)
     (d / "model.safetensors").write_bytes(b"\xff" * 64)

@@ -294,7 +294,6 @@ def test_main_ctrl_c_stops_and_prints_timings():
     assert re.search(r"       eval time = .* tokens per second", err)
 
 
-
 def test_ctrl_c_outside_the_compute_loops_is_one_line_too(capsys, monkeypatch):
     # while loading or tokenizing (the programs' own handlers cover generation and scoring)
     from ggml_py.cli import main as main_cli, perplexity as ppl_cli
@@ -308,6 +307,7 @@ def test_ctrl_c_outside_the_compute_loops_is_one_line_too(capsys, monkeypatch):
         assert module.cli(["-m", model_path("f32"), *args]) == 130
         _, err = capsys.readouterr()
         assert err.endswith(f"{prog}: interrupted\n") and "Traceback" not in err
+
 
 def test_perplexity_cli_matches_api():
     proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 128,

@@ -57,7 +57,6 @@ def test_eval_in_small_batches(reference):
     assert np.abs(small.eval(ids) - reference.forward(ids)).max() <= 1e-4
 
 
-
 def test_token_by_token_equals_small_batches_bit_for_bit():
     # the bundled model (Q8_0, F16 KV cache): under 32 tokens a batch runs the CPU
     # kernels, whose rows do not depend on how many come together — the attention's
@@ -70,6 +69,7 @@ def test_token_by_token_equals_small_batches_bit_for_bit():
         bundled.reset()
         np.testing.assert_array_equal(
             np.concatenate([bundled.eval(ids[i:i + batch]) for i in range(0, len(ids), batch)]), one)
+
 
 def reference_greedy(reference, ids, n):
     ids, out = list(ids), []
@@ -138,11 +138,12 @@ def test_generation_stops_when_context_is_full():
     assert small.timings.prompt_tokens == len(prompt) and small.timings.eval_tokens == len(tokens) - 1
 
 
-
 def test_generate_max_tokens_none_runs_until_the_context_is_full():
     small = gg.Llama(model_path("f32"), n_ctx=16, n_threads=1)
     text = "".join(small.generate("Hello", max_tokens=None, temperature=0, ignore_eos=True))
     assert small.n_tokens == 16 and text
+    tokens = list(small.generate_tokens("Hello", max_tokens=None, ignore_eos=True))
+    assert small.n_tokens == 16 and len(tokens) == 16 - len(small.tokenize("Hello")) + 1
 
 
 @pytest.mark.parametrize("pieces, stops, expected", [
@@ -159,18 +160,42 @@ def test_until_stop_cuts_at_the_first_stop_string(pieces, stops, expected):
     assert list(until_stop(iter(pieces), stops)) == expected
 
 
+def test_until_stop_does_not_depend_on_how_the_text_is_split():
+    rng = np.random.default_rng(4)
+    for _ in range(2000):
+        text = "".join(rng.choice(list("abc"), rng.integers(0, 12)))
+        stops = tuple("".join(rng.choice(list("abc"), rng.integers(1, 5)))
+                      for _ in range(rng.integers(1, 4)))
+        ends = [i for i in (text.find(s) for s in stops) if i >= 0]
+        expected = text[:min(ends)] if ends else text
+        cuts = sorted(rng.choice(len(text) + 1, rng.integers(0, len(text) + 1), replace=False))
+        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)]) if b > a]
+        assert "".join(until_stop(iter(pieces), stops)) == expected, (text, stops, pieces)
+        assert "".join(until_stop(iter(text), stops)) == expected
+
+
 def test_generate_stops_at_a_stop_string_and_evaluates_no_further(llm):
     greedy = dict(max_tokens=24, temperature=0, ignore_eos=True)
+    tokens = list(llm.generate_tokens("Once upon a time", gg.SamplingParams(temperature=0),
+                                      max_tokens=24, ignore_eos=True))
     full = "".join(llm.generate("Once upon a time", **greedy))
     stop = full[len(full) // 2:len(full) // 2 + 3]
     cut = full.index(stop)
+    # the token whose text completes the stop is sampled, not evaluated: the cache holds
+    # the prompt and the tokens before it
+    decoder, text = llm.tokenizer.decoder(strip_leading_space=False), ""
+    for completing, token in enumerate(tokens):
+        text += decoder.feed(token)
+        if stop in text:
+            break
     pieces = llm.generate("Once upon a time", stop=[stop, "\x00never"], **greedy)
     assert "".join(pieces) == full[:cut]
-    assert llm.n_tokens < len(llm.tokenize("Once upon a time")) + 24
+    assert llm.n_tokens == len(llm.tokenize("Once upon a time")) + completing
     assert "".join(llm.generate("Once upon a time", stop=stop[0] * 50, **greedy)) == full
     for bad, error in [("", ValueError), ([""], ValueError), (3, TypeError), ([b"x"], TypeError)]:
         with pytest.raises(error, match="stop"):
             llm.generate("The", stop=bad)                # checked before iterating
+
 
 def test_timings_count_eval_and_keep_graph_building_apart():
     import time

@@ -232,7 +232,6 @@ def test_a_profile_cannot_change_while_its_node_is_computed(watchdog):
     assert node.profile.name == other.name
 
 
-
 def test_a_graph_computes_in_one_thread_at_a_time(watchdog):
     # a second compute of the same nodes (another thread; here a signal handler run
     # between nodes) would write the same results: refused, the first one unharmed
@@ -253,9 +252,10 @@ def test_a_graph_computes_in_one_thread_at_a_time(watchdog):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    assert errors and "being computed by another thread" in errors[0]
+    assert errors and "already being computed" in errors[0]
     np.testing.assert_array_equal(graph.nodes[-1].numpy(), expected)
     graph.compute(n_threads=1)     # afterwards, as ever
+
 
 def test_a_profile_set_between_sizing_and_starting_is_caught():
     # Graph.compute sizes the work buffer, then the C compute holds the profiles: a profile
@@ -498,7 +498,6 @@ def test_a_fork_child_makes_its_own_pools_and_exits(watchdog):
     user_pool.close()
 
 
-
 FORK_WHILE_COMPUTING = """
 import os, threading, time
 import numpy as np
@@ -530,18 +529,95 @@ print("forked 10 times; computes", done[0])
 """
 
 
+FORK_FROM_A_SIGNAL_HANDLER = """
+import os, signal, threading, time
+import numpy as np
+import ggml_py as gg
+rng = np.random.default_rng(0)
+ctx = gg.Context(mem_size=64 << 20)
+a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32))
+b = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
+x = gg.mul_mat(a, b)
+for _ in range(200):
+    x = gg.add(x, gg.mul_mat(a, b))
+long, short = gg.build_forward(x), gg.build_forward(gg.mul_mat(a, b))
+pool = gg.ThreadPool(1)
+waiting = threading.Thread(target=lambda: short.compute(pool=pool))   # waits for the pool
+def handler(signum, frame):
+    pid = os.fork()              # inside `long`'s compute, while `waiting` waits for its pool
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    print("forked in the handler", flush=True)
+signal.signal(signal.SIGALRM, handler)
+threading.Timer(0.05, waiting.start).start()
+signal.setitimer(signal.ITIMER_REAL, 0.2)
+long.compute(pool=pool)
+waiting.join()
+print("both computes done")
+"""
+
+FORK_INTERRUPTED = """
+import os, signal, threading, time
+import numpy as np
+import ggml_py as gg
+rng = np.random.default_rng(0)
+ctx = gg.Context(mem_size=64 << 20)
+a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32))
+b = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
+x = gg.mul_mat(a, b)
+for _ in range(300):
+    x = gg.add(x, gg.mul_mat(a, b))
+graph = gg.build_forward(x)
+started = threading.Event()
+def run():
+    started.set()
+    graph.compute(n_threads=1)
+    print("compute done", flush=True)
+thread = threading.Thread(target=run)
+thread.start()
+started.wait()
+time.sleep(0.05)
+threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()   # while the fork waits
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    print("forked", flush=True)
+    os.waitpid(pid, 0)
+    time.sleep(5)
+    print("no KeyboardInterrupt")
+except KeyboardInterrupt:
+    print("KeyboardInterrupt after the fork")
+thread.join()
+"""
+
+
+def run_script(script, tmp_path, what):
+    """Run a Python script in a new interpreter, outside the source tree (`-c` there
+    would import the unbuilt package); its stdout, or a failure if it hangs."""
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=60, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} hung")
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
 def test_a_fork_waits_for_the_computes_of_other_threads(tmp_path):
     # OpenBLAS's fork handler hangs with a BLAS product in flight in another thread
-    # (every fork here, before): a fork now waits for the running compute to end.
-    # (Run outside the source tree: `-c` would import its unbuilt package.)
-    try:
-        out = subprocess.run([sys.executable, "-c", FORK_WHILE_COMPUTING], capture_output=True,
-                             text=True, timeout=60, cwd=tmp_path)
-    except subprocess.TimeoutExpired:
-        pytest.fail("a fork while another thread computed hung the parent")
-    assert out.returncode == 0, out.stderr
-    assert "forked 10 times" in out.stdout
+    # (every fork here, before): a fork now waits for the running compute to end
+    out = run_script(FORK_WHILE_COMPUTING, tmp_path, "a fork while another thread computed")
+    assert "forked 10 times" in out
+    # a compute that waits for the pool the forking thread holds is not waited for
+    out = run_script(FORK_FROM_A_SIGNAL_HANDLER, tmp_path, "a fork from a signal handler")
+    assert out.splitlines() == ["forked in the handler", "both computes done"]
+    # Ctrl-C while the fork waits: the fork still waits, then the KeyboardInterrupt comes
+    out = run_script(FORK_INTERRUPTED, tmp_path, "a fork interrupted while it waited")
+    assert out.splitlines() == ["compute done", "forked", "KeyboardInterrupt after the fork"]
+
 
 def test_graph_arguments_of_the_wrong_kind_are_named():
     graph, _, _ = small_graph(np.random.default_rng(8))

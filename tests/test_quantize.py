@@ -201,7 +201,6 @@ def one_line_error(capsys, *argv):
     return err
 
 
-
 def test_ctrl_c_stops_in_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch):
     import ggml_py.quantize_model as qm
     calls = []
@@ -218,6 +217,7 @@ def test_ctrl_c_stops_in_one_line_and_leaves_no_output(tmp_path, capsys, monkeyp
     _, err = capsys.readouterr()
     assert err == "ggml-quantize: interrupted\n"
     assert len(calls) == 3 and not out.exists() and os.listdir(tmp_path) == []
+
 
 def test_bad_metadata_tensor_types_and_folders_are_one_line_errors(tmp_path, capsys):
     nobc = write_gguf(tmp_path / "nobc.gguf")

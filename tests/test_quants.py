@@ -168,6 +168,7 @@ def test_activation_quantizers_round_as_llama_cpp_on_x86(t):
         parted += not np.array_equal(expect, gg.quantize(row, gg.Q8_0)[2:34].view(np.int8))
     assert parted >= 1       # the file quantizer rounds some blocks the other way
 
+
 @pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_1, gg.Q5_0, gg.Q5_1, gg.Q8_0, gg.Q8_1], ids=lambda t: t.name)
 def test_reference_quantizers_are_defined_on_nan_and_inf(t):
     # a NaN reaching a float-to-int cast was undefined behaviour in C (UBSan's float-cast-
