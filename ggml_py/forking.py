@@ -22,23 +22,27 @@ AFTER_FORK_S = 0.01    # a Ctrl-C raised in a fork hook would be dropped: raised
 
 def enter():
     """Before a graph runs (its pool held): waits while a fork is pending, unless this
-    thread is already running one (a compute from a signal handler inside another)."""
+    thread is already running one (a compute from a signal handler inside another).
+
+    Without a pending fork this is two dict operations: the GIL makes them safe, as a
+    fork holds the GIL from its last look at _running through fork() itself, so no
+    run can start in between."""
     me = threading.get_ident()
-    with _gate:
-        if _forks and me not in _running:
+    if _forks and me not in _running:
+        with _gate:
             _gate.wait_for(lambda: not _forks)
-        _running[me] = _running.get(me, 0) + 1
+    _running[me] = _running.get(me, 0) + 1
 
 
 def leave():
     """After a graph ran (enter's other half)."""
     me = threading.get_ident()
-    with _gate:
-        if _running[me] == 1:
-            del _running[me]
-        else:
-            _running[me] -= 1
-        if _forks:
+    if _running[me] == 1:
+        del _running[me]
+    else:
+        _running[me] -= 1
+    if _forks:
+        with _gate:
             _gate.notify_all()
 
 
