@@ -529,7 +529,7 @@ print("forked 10 times; computes", done[0])
 """
 
 
-FORK_FROM_A_SIGNAL_HANDLER = """
+LONG_GRAPH = """
 import os, signal, threading, time
 import numpy as np
 import ggml_py as gg
@@ -538,9 +538,13 @@ ctx = gg.Context(mem_size=64 << 20)
 a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32))
 b = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
 x = gg.mul_mat(a, b)
-for _ in range(200):
+for _ in range(N_NODES):
     x = gg.add(x, gg.mul_mat(a, b))
-long, short = gg.build_forward(x), gg.build_forward(gg.mul_mat(a, b))
+long = gg.build_forward(x)
+"""
+
+FORK_FROM_A_SIGNAL_HANDLER = LONG_GRAPH.replace("N_NODES", "200") + """
+short = gg.build_forward(gg.mul_mat(a, b))
 pool = gg.ThreadPool(1)
 waiting = threading.Thread(target=lambda: short.compute(pool=pool))   # waits for the pool
 def handler(signum, frame):
@@ -557,22 +561,11 @@ waiting.join()
 print("both computes done")
 """
 
-FORK_INTERRUPTED = """
-import os, signal, threading, time
-import numpy as np
-import ggml_py as gg
-rng = np.random.default_rng(0)
-ctx = gg.Context(mem_size=64 << 20)
-a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32))
-b = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
-x = gg.mul_mat(a, b)
-for _ in range(300):
-    x = gg.add(x, gg.mul_mat(a, b))
-graph = gg.build_forward(x)
+FORK_INTERRUPTED = LONG_GRAPH.replace("N_NODES", "300") + """
 started = threading.Event()
 def run():
     started.set()
-    graph.compute(n_threads=1)
+    long.compute(n_threads=1)
     print("compute done", flush=True)
 thread = threading.Thread(target=run)
 thread.start()
