@@ -9,18 +9,19 @@ from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, strncpy
 from cpython.exc cimport PyErr_CheckSignals
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
-                               PyThread_release_lock, PyLockStatus, PY_LOCK_ACQUIRED)
+                               PyThread_release_lock, PyLockStatus, PY_LOCK_ACQUIRED,
+                               PyThread_get_thread_ident)
 
 import math
 import numbers
 import operator
+import _thread
 import os
 import threading
+import time
 import weakref
 
 import numpy as np
-
-from ggml_py import forking
 
 from ggml_py._ggml cimport *
 
@@ -642,6 +643,85 @@ cdef class ThreadPool:
 
 
 # ---------------------------------------------------------------------------
+# the fork gate
+#
+# OpenBLAS stops its threads in its own fork handler, and with a BLAS product in
+# flight in another thread that handler hangs the process for good (numpy's np.dot
+# in a thread does the same). So a fork waits until no other thread is running a
+# graph, and no run starts while a fork is pending (other fork hooks, run after
+# this one, may let other threads run before fork() itself). A run counts once it
+# holds its pool, so a fork from a signal handler inside a compute does not wait
+# for a thread queued on that pool. The counting is C code: no other thread and no
+# signal handler runs between its steps.
+
+cdef dict _runs = {}              # thread id -> graph runs it is inside (nested: a signal handler's)
+cdef int _forks = 0               # forks pending (from their hook to their return)
+cdef bint _fork_interrupted = False
+FORK_POLL_S = 0.002               # how often a fork, or a run held back by one, looks again
+FORK_CTRL_C_DELAY_S = 0.01        # Ctrl-C during a fork's wait: raised this long after it
+
+
+cdef int _run_begin() except -1:
+    """Count a graph run of this thread; while a fork is pending a first run waits."""
+    cdef unsigned long me = PyThread_get_thread_ident()
+    while _forks and me not in _runs:
+        time.sleep(FORK_POLL_S)       # nothing counted yet: Ctrl-C may end the wait
+    _runs[me] = _runs.get(me, 0) + 1
+    return 0
+
+
+cdef void _run_end() noexcept:
+    cdef unsigned long me = PyThread_get_thread_ident()
+    cdef long n = _runs[me]
+    if n == 1:
+        del _runs[me]
+    else:
+        _runs[me] = n - 1
+
+
+cdef bint _others_running() noexcept:
+    return len(_runs) > (PyThread_get_thread_ident() in _runs)
+
+
+def _fork_wait():
+    """Before a fork: wait for other threads' runs to end; Ctrl-C meanwhile is kept
+    (raised in a fork hook it would be dropped and the fork would go on)."""
+    global _forks, _fork_interrupted
+    _forks += 1
+    while _others_running():
+        try:
+            time.sleep(FORK_POLL_S)
+        except KeyboardInterrupt:
+            _fork_interrupted = True
+
+
+def _fork_done_in_parent():
+    """After a fork, in the parent: runs may start; a kept Ctrl-C is raised in the
+    main thread once the fork has returned."""
+    global _forks, _fork_interrupted
+    _forks -= 1
+    if _fork_interrupted:
+        _fork_interrupted = False
+        timer = threading.Timer(FORK_CTRL_C_DELAY_S, _thread.interrupt_main)
+        timer.daemon = True
+        timer.start()
+
+
+def _fork_done_in_child():
+    """In a fork child only the thread that forked lives on."""
+    global _runs, _forks, _fork_interrupted
+    me = PyThread_get_thread_ident()
+    _runs = {me: _runs[me]} if me in _runs else {}
+    _forks = 0
+    _fork_interrupted = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_fork_wait, after_in_parent=_fork_done_in_parent,
+                        after_in_child=_fork_done_in_child)
+
+
+# ---------------------------------------------------------------------------
 # graphs
 
 cdef int _abort_requested(void *data) noexcept nogil:
@@ -746,24 +826,24 @@ cdef class CGraph:
                 raise RuntimeError("compute: a node's profile changed while the compute started "
                                    "(its work buffer is too small); compute again")
             if pool is None:
-                forking.enter()     # a fork from another thread waits for this run
+                _run_begin()        # a fork from another thread waits for this run
                 try:
                     with nogil:
                         status = ggml_py_graph_compute(&g, &plan, NULL)
                 finally:
-                    forking.leave()
+                    _run_end()
             else:
                 pool._lock("compute")   # another thread's compute on this pool finishes first
                 try:
                     if pool.pool == NULL:
                         raise ValueError("compute: the ThreadPool is closed")
                     cpool = pool.pool
-                    forking.enter()
+                    _run_begin()
                     try:
                         with nogil:
                             status = ggml_py_graph_compute(&g, &plan, cpool)
                     finally:
-                        forking.leave()
+                        _run_end()
                 finally:
                     pool._unlock()
         finally:

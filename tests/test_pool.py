@@ -586,6 +586,40 @@ thread.join()
 """
 
 
+FORK_AFTER_INTERRUPTED_COMPUTES = """
+import os, signal, threading, time
+import numpy as np
+import ggml_py as gg
+ctx = gg.Context(mem_size=16 << 20)
+a = ctx.from_numpy(np.ones((256, 256), np.float32))
+graph = gg.build_forward(gg.mul_mat(a, ctx.from_numpy(np.ones((8, 256), np.float32))))
+armed = [False]
+def handler(signum, frame):
+    if armed[0]:
+        raise KeyboardInterrupt        # often as a short compute returns
+signal.signal(signal.SIGALRM, handler)
+signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
+interrupted, start = 0, time.monotonic()
+while time.monotonic() - start < 1:
+    try:
+        armed[0] = True
+        graph.compute(n_threads=1)
+        armed[0] = False
+    except KeyboardInterrupt:
+        armed[0] = False
+        interrupted += 1
+signal.setitimer(signal.ITIMER_REAL, 0)
+def fork():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+thread = threading.Thread(target=fork)
+thread.start()
+thread.join()
+print("forked after", "some" if interrupted else "no", "interrupted computes")
+"""
+
 def run_script(script, tmp_path, what):
     """Run a Python script in a new interpreter, outside the source tree (`-c` there
     would import the unbuilt package); its stdout, or a failure if it hangs."""
@@ -607,6 +641,9 @@ def test_a_fork_waits_for_the_computes_of_other_threads(tmp_path):
     # a compute that waits for the pool the forking thread holds is not waited for
     out = run_script(FORK_FROM_A_SIGNAL_HANDLER, tmp_path, "a fork from a signal handler")
     assert out.splitlines() == ["forked in the handler", "both computes done"]
+    # a compute interrupted as it ends (a signal handler raising) leaves no run counted
+    out = run_script(FORK_AFTER_INTERRUPTED_COMPUTES, tmp_path, "a fork after interrupted computes")
+    assert out.strip() == "forked after some interrupted computes"
     # Ctrl-C while the fork waits: the fork still waits, then the KeyboardInterrupt comes
     out = run_script(FORK_INTERRUPTED, tmp_path, "a fork interrupted while it waited")
     assert out.splitlines() == ["compute done", "forked", "KeyboardInterrupt after the fork"]
