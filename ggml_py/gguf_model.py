@@ -76,8 +76,24 @@ def _reader_class():
             if itemsize is None:
                 itemsize = self._itemsizes[dtype] = np.dtype(dtype).itemsize
             arr = plain[offset:offset + itemsize * count].view(dtype)[:count]
+            if len(arr) < count:     # the reader would go on, item by item, past the end
+                raise _FileProblem(f"truncated or corrupt GGUF file ({count} items of "
+                                   f"{np.dtype(dtype).name} at byte {offset} run past its end)")
             order = self.byte_order if override_order is None else override_order
             return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            # an array's count is checked against the bytes left before the reader
+            # walks it item by item (2^40 one-byte items would take hours)
+            if raw_type == gguf.GGUFValueType.ARRAY:
+                item_type = int(self._get(orig_offs, np.uint32)[0])
+                count = int(self._get(orig_offs + 4, np.uint64)[0])
+                scalar = self.gguf_scalar_to_np.get(item_type)
+                least = np.dtype(scalar).itemsize if scalar is not None else 8  # a string's length
+                if count * least > len(self.data) - (orig_offs + 12):
+                    raise _FileProblem(f"truncated or corrupt GGUF file (an array of {count} "
+                                       f"items at byte {orig_offs} runs past its end)")
+            return super()._get_field_parts(orig_offs, raw_type)
 
         def _push_field(self, field, skip_sum=False):
             if field.name in self.fields:
@@ -201,12 +217,22 @@ def open_reader(path):
     return reader
 
 
+def field_contents(field, path):
+    """A metadata field's value (gguf's contents()); ModelLoadError naming the file and
+    the key for a string that is not UTF-8."""
+    try:
+        return field.contents()
+    except UnicodeDecodeError as e:
+        raise ModelLoadError(f"{path}: metadata {field.name!r} is not UTF-8 text "
+                             f"(byte {e.object[e.start]:#04x} at {e.start})") from None
+
 class GGUFModelFile:
     """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors."""
 
-    def __init__(self, path):
+    def __init__(self, path, reader=None):
+        """reader: the file already opened with open_reader (None: open it now)."""
         self.path = os.fspath(path)
-        self.reader = open_reader(self.path)
+        self.reader = open_reader(self.path) if reader is None else reader
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.used = set()          # names of the tensors weight() has handed out
         self.architecture = self.get("general.architecture", type=str)
@@ -232,7 +258,7 @@ class GGUFModelFile:
             if default is REQUIRED:
                 raise self.error(f"missing metadata key {key!r}")
             return default
-        value = field.contents()
+        value = field_contents(field, self.path)
         if type is None:
             return value
         if field.types and field.types[0] in _value_types()[type]:
@@ -249,7 +275,7 @@ class GGUFModelFile:
 
     def metadata(self):
         """All metadata as plain values (large arrays included)."""
-        return {k: f.contents() for k, f in self.reader.fields.items()}
+        return {k: field_contents(f, self.path) for k, f in self.reader.fields.items()}
 
     # ---- tensors --------------------------------------------------------------
 

@@ -31,9 +31,14 @@ PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
 MAX_GRAPHS = 64       # ... and at most
 RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # ---- config -------------------------------------------------------------------
+
+def is_float32(value):
+    """Whether a float is finite in float32 (the ops' parameter type)."""
+    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
 
 @dataclass(frozen=True)
 class LlamaConfig:
@@ -75,11 +80,12 @@ class LlamaConfig:
             return value
 
         def finite(name, default, positive):
-            """A float key that must be finite and > 0 (positive) or >= 0."""
+            """A float key that must be finite and > 0 (positive) or >= 0, in float32 (the
+            ops take their parameters as float32: 1e308 is inf there, 1e-50 is 0)."""
             value = key(name, default, type=float)
-            if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            if not (is_float32(value) and (np.float32(value) > 0 if positive else value >= 0)):
                 raise f.error(f"metadata '{ARCH}.{name}' = {value} must be a finite number "
-                              f"{'> 0' if positive else '>= 0'}")
+                              f"{'> 0' if positive else '>= 0'} (in float32)")
             return value
 
         n_embd = count("embedding_length")
@@ -117,6 +123,9 @@ class LlamaConfig:
         if not (factor >= 0 and math.isfinite(factor)):
             raise f.error(f"{factor_key} {factor} must be a finite number >= 0")
         freq_scale = 1.0 if scaling == "none" or factor == 0 else 1.0 / factor
+        if not (is_float32(freq_scale) and np.float32(freq_scale) > 0):
+            raise f.error(f"{factor_key} {factor} gives a rope frequency scale of 1/{factor}, "
+                          f"not a float32 number > 0")
 
         token_embd = f.tensors.get("token_embd.weight")
         if token_embd is None:
@@ -128,13 +137,17 @@ class LlamaConfig:
             source = f"{ARCH}.vocab_size" if f.has(f"{ARCH}.vocab_size") else \
                 "rows of token_embd.weight"
             raise f.error(f"the tokenizer has {n_tokens} tokens, the model {n_vocab} ({source})")
+        attn_factor = finite("rope.scaling.attn_factor", 1.0, positive=True)
+        if not is_float32(attn_factor ** 2 / math.sqrt(head_dim)):   # the softmax's scale
+            raise f.error(f"metadata '{ARCH}.rope.scaling.attn_factor' = {attn_factor} makes the "
+                          f"attention scale attn_factor²/√{head_dim} beyond float32")
         return cls(
             n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd,
             n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
             n_ff=n_ff, head_dim=head_dim, n_rot=n_rot,
             rope_freq_base=finite("rope.freq_base", 10000.0, positive=True),
             rope_freq_scale=freq_scale,
-            rope_attn_factor=finite("rope.scaling.attn_factor", 1.0, positive=True),
+            rope_attn_factor=attn_factor,
             rms_eps=finite("attention.layer_norm_rms_epsilon", REQUIRED, positive=False),
         )
 

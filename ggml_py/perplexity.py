@@ -96,6 +96,10 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
             built = llm.model.build_s - built     # a graph built once, not a chunk's work
             # logits row j (position first + j) predicts token first + j + 1
             values = token_nll(logits[:-1], np.asarray(tokens[i * n_ctx + first + 1:(i + 1) * n_ctx]))
+            bad = len(values) - int(np.count_nonzero(np.isfinite(values)))
+            if bad:
+                raise ValueError(f"perplexity: chunk {i + 1} has {bad} log-probabilities that are "
+                                 f"not finite (NaN or inf logits): the model's weights are damaged")
             nll += float(values.sum())
             nll2 += float((values * values).sum())
             count += len(values)

@@ -38,7 +38,7 @@ import gguf
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
-from ggml_py.gguf_model import ModelLoadError, open_reader
+from ggml_py.gguf_model import GGUFModelFile, ModelLoadError, open_reader
 from ggml_py.gguf_write import atomic_output
 from ggml_py.quants import dequantize, quantize
 from ggml_py.tensor import type_traits
@@ -269,18 +269,24 @@ def hparam(reader, src, key, default=None):
     return int(value)
 
 
+def check_runnable(src, reader):
+    """ModelLoadError for an input ggml_py's model loader refuses (architecture,
+    hyper-parameters, tensor set and shapes, vocabulary): the output would be
+    refused too, so none is written."""
+    from ggml_py.llama import LlamaConfig, LlamaWeights
+    f = GGUFModelFile(src, reader)
+    LlamaWeights.from_gguf(f, LlamaConfig.from_gguf(f))
+    f.tokenizer()
+
 def open_input(src, dst):
     """Read and check `src` (a llama GGUF, not the file `dst`): (reader, ModelInfo)."""
     if os.path.isfile(src) and os.path.exists(dst) and os.path.samefile(src, dst):
         raise QuantizeError(f"{dst}: the output is the input file; write to another path")
     try:
         reader = open_reader(src)     # the header checked as the model loader checks it
+        check_runnable(src, reader)
     except ModelLoadError as exc:
         raise QuantizeError(str(exc)) from None
-    arch_field = reader.fields.get("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else None
-    if arch != "llama":
-        raise QuantizeError(f"{src}: architecture {arch!r} is not llama")
     for t in reader.tensors:
         if is_weight(t) and not dequantizable(t.tensor_type):
             raise QuantizeError(f"{src}: tensor {t.name} is {t.tensor_type.name}, "

@@ -1,5 +1,7 @@
 """The llama graph against the float64 reference, the KV cache, and GGUF loading."""
 
+import struct
+
 import gguf
 import numpy as np
 import pytest
@@ -300,6 +302,16 @@ def bad_files():
     writer.close()
     files.append((arch, "unknown architecture 'mamba'"))
 
+    # an array whose count runs past the end: refused at once (it was walked item by
+    # item, 2^40 of them, while memory grew)
+    kvs, parts = gguf_parts(model_path("f32"))
+    lying = gguf_bytes(kvs + [("general.junk", [V.ARRAY, V.UINT8], [1, 2, 3])], parts)
+    at = lying.index(b"general.junk") + len("general.junk") + 8     # after the two type ids
+    lying = lying[:at] + struct.pack("<Q", 2 ** 40) + lying[at + 8:]
+    path = scratch_path("lying-count.gguf")
+    open(path, "wb").write(lying)
+    files.append((path, "an array of 1099511627776 items at byte"))
+
     good = open(model_path("f32"), "rb").read()
     truncated = scratch_path("truncated.gguf")
     open(truncated, "wb").write(good[: len(good) // 2])
@@ -359,13 +371,18 @@ U32, I32, U64, F32, STR, BOOL = [V.UINT32], [V.INT32], [V.UINT64], [V.FLOAT32], 
     ("context_length", (I32, -5), "= -5 must be at least 0"),
     ("vocab_size", (U32, 0), "= 0 must be at least 1"),
     # values the forward pass cannot use
-    ("rope.freq_base", (F32, 0.0), "= 0.0 must be a finite number > 0"),
-    ("rope.freq_base", (F32, -1e4), "= -10000.0 must be a finite number > 0"),
-    ("rope.freq_base", (F32, float("nan")), "= nan must be a finite number > 0"),
-    ("rope.freq_base", (F32, float("inf")), "= inf must be a finite number > 0"),
-    ("attention.layer_norm_rms_epsilon", (F32, -1.0), "= -1.0 must be a finite number >= 0"),
-    ("attention.layer_norm_rms_epsilon", (F32, float("nan")), "= nan must be a finite number >= 0"),
-    ("attention.layer_norm_rms_epsilon", (F32, float("inf")), "= inf must be a finite number >= 0"),
+    ("rope.freq_base", (F32, 0.0), "= 0.0 must be a finite number > 0 (in float32)"),
+    ("rope.freq_base", (F32, -1e4), "= -10000.0 must be a finite number > 0 (in float32)"),
+    ("rope.freq_base", (F32, float("nan")), "= nan must be a finite number > 0 (in float32)"),
+    ("rope.freq_base", (F32, float("inf")), "= inf must be a finite number > 0 (in float32)"),
+    ("attention.layer_norm_rms_epsilon", (F32, -1.0), "= -1.0 must be a finite number >= 0 (in float32)"),
+    ("attention.layer_norm_rms_epsilon", (F32, float("nan")), "= nan must be a finite number >= 0 (in float32)"),
+    ("attention.layer_norm_rms_epsilon", (F32, float("inf")), "= inf must be a finite number >= 0 (in float32)"),
+    # in float64 but not in float32, where the ops take them
+    ("rope.freq_base", ([V.FLOAT64], 1e308), "= 1e+308 must be a finite number > 0 (in float32)"),
+    ("rope.freq_base", ([V.FLOAT64], 1e-50), "= 1e-50 must be a finite number > 0 (in float32)"),
+    ("rope.scaling.attn_factor", ([V.FLOAT64], 1e38),
+     "= 1e+38 makes the attention scale attn_factor²/√16 beyond float32"),
 ])
 def test_bad_metadata_is_refused_naming_the_key(key, typed, problem):
     path = edited_model("bad-key.gguf", keys={f"llama.{key}": typed})

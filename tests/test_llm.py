@@ -508,3 +508,18 @@ def test_a_fork_child_refuses_a_llama_another_thread_was_using(llm):
     assert wait_for_child(pid, "a fork child hung on its inherited Llama") == 0
     np.testing.assert_array_equal(llm.eval(ids), expected)
     llm.reset()
+
+
+def test_damaged_weights_give_a_clear_error_not_garbage():
+    # a NaN in the final norm makes every logit NaN: nothing to sample, nothing to score
+    def nan_norm(parts):
+        for part in parts:
+            if part[0] == "output_norm.weight":
+                part[3] = np.full(len(part[3]) // 4, np.nan, np.float32).tobytes()
+        return parts
+    damaged = gg.Llama(edited_model("nan-norm.gguf", tensors=nan_norm), n_ctx=64, n_threads=1)
+    assert np.isnan(damaged.eval(damaged.tokenize("Hello"))).all()
+    with pytest.raises(ValueError, match="every logit is NaN or -inf"):
+        list(damaged.generate("Hello", max_tokens=4))
+    with pytest.raises(ValueError, match="log-probabilities that are not finite"):
+        damaged.perplexity(list(range(1, 65)), n_ctx=32)
