@@ -405,6 +405,8 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
         raise   # the progress bar's reader went away, not the output (for console_script)
     except OSError as exc:
         raise QuantizeError(f"{dst}: cannot write ({exc.strerror or exc})") from None
+    except QuantizeError as exc:     # a tensor's data: name the input file too
+        raise QuantizeError(f"{src}: {exc}") from None
     size_in, size_out = os.path.getsize(src), os.path.getsize(dst)
     log(f"ggml-quantize: {src} ({size_in / 2**20:.2f} MiB) -> {dst} ({size_out / 2**20:.2f} MiB), "
         f"{target.name}; tensors: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

@@ -426,7 +426,7 @@ def test_values_the_type_cannot_hold_are_refused_as_llama_cpp_refuses_them(tmp_p
     src = edited_model("q-big-weight.gguf", tensors=weight_set_to(-1e5))
     for target in ("F16", "Q4_1", "Q5_1"):
         line = one_line_error(capsys, src, tmp_path / "o.gguf", target)
-        assert "tensor blk.0.attn_q.weight: " in line and f"values are not finite in {target}" in line
+        assert f"{src}: tensor blk.0.attn_q.weight: " in line and f"not finite in {target}" in line
     assert os.listdir(tmp_path) == []
     for target in ("Q8_0", "Q4_0"):          # whose scales hold it: quantized as ever
         assert main([src, str(tmp_path / f"{target}.gguf"), target, "-q"]) == 0
