@@ -229,10 +229,13 @@ def field_contents(field, path):
 class GGUFModelFile:
     """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors."""
 
-    def __init__(self, path, reader=None):
-        """reader: the file already opened with open_reader (None: open it now)."""
+    def __init__(self, path, reader=None, shapes_only=False):
+        """reader: the file already opened with open_reader (None: open it now);
+        shapes_only: weight() checks names and shapes, not whether this build can run
+        the weights' types (a file whose weights are to be re-typed)."""
         self.path = os.fspath(path)
         self.reader = open_reader(self.path) if reader is None else reader
+        self.shapes_only = shapes_only
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.used = set()          # names of the tensors weight() has handed out
         self.architecture = self.get("general.architecture", type=str)
@@ -297,11 +300,15 @@ class GGUFModelFile:
         try:
             wtype = Type(raw)
         except ValueError:
-            raise self.error(f"tensor {name!r} has type {_gguf_type_name(raw)}, "
-                             f"which ggml_py does not support") from None
+            if not self.shapes_only:
+                raise self.error(f"tensor {name!r} has type {_gguf_type_name(raw)}, "
+                                 f"which ggml_py does not support") from None
         file_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
         if file_shape != tuple(shape):
             raise self.error(f"tensor {name!r} has shape {file_shape}, expected {tuple(shape)}")
+        if self.shapes_only:
+            self.used.add(name)
+            return Weight(name, None, file_shape, None)
         data = t.data
         if use == USE_NORM and wtype != Type.F32:
             if wtype not in (Type.F16, Type.BF16):

@@ -272,9 +272,10 @@ def hparam(reader, src, key, default=None):
 def check_runnable(src, reader):
     """ModelLoadError for an input ggml_py's model loader refuses (architecture,
     hyper-parameters, tensor set and shapes, vocabulary): the output would be
-    refused too, so none is written."""
+    refused too, so none is written. The weights' types are not checked: they are
+    to be re-typed (an IQ4_NL input quantized to Q8_0 runs)."""
     from ggml_py.llama import LlamaConfig, LlamaWeights
-    f = GGUFModelFile(src, reader)
+    f = GGUFModelFile(src, reader, shapes_only=True)
     LlamaWeights.from_gguf(f, LlamaConfig.from_gguf(f))
     f.tokenizer()
 

@@ -178,8 +178,9 @@ class Sampler:
         apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
         x[np.isnan(x)] = -np.inf     # a NaN never wins, and never poisons the softmax
         if not (x > -np.inf).any():
-            raise ValueError("sample: no token can be drawn: every logit is NaN or -inf (the "
-                             "model's weights are damaged, or every token is banned)")
+            raise ValueError("sample: no token can be drawn: every logit is NaN or -inf (damaged "
+                             "weights, penalties that push every token to -inf, or every token "
+                             "banned)")
         if p.greedy:
             return int(np.argmax(x))
         ids, x = top_k(np.arange(len(x)), x, p.top_k)

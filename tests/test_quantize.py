@@ -220,6 +220,22 @@ def test_an_input_the_model_loader_refuses_is_not_quantized(tmp_path, capsys, ke
     assert os.listdir(tmp_path) == []
 
 
+
+def test_a_weight_type_ggml_py_cannot_run_is_re_typed(tmp_path):
+    # the input is checked as the loader checks it, but not the weights' types: they
+    # are to be re-typed (an all-zero IQ4_NL weight: ggml_py has no kernel for it)
+    def as_iq4_nl(parts):
+        for part in parts:
+            if part[0] == "blk.0.attn_q.weight":
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+                part[2] = int(gguf.GGMLQuantizationType.IQ4_NL)
+                part[3] = bytes(int(np.prod(part[1])) // block * size)
+        return parts
+    iq = edited_model("iq4_nl.gguf", tensors=as_iq4_nl)
+    out = tmp_path / "q8.gguf"
+    assert main([iq, str(out), "Q8_0", "-q", "--allow-requantize"]) == 0
+    LlamaModel(str(out), n_ctx=16, n_threads=1)     # the output loads
+
 def test_bad_tensor_types_and_folders_are_one_line_errors(tmp_path, capsys):
     def as_i8(parts):
         for part in parts:
@@ -227,7 +243,8 @@ def test_bad_tensor_types_and_folders_are_one_line_errors(tmp_path, capsys):
                 part[2], part[3] = int(Type.I8), bytes(int(np.prod(part[1])))
         return parts
     i8 = edited_model("i8.gguf", tensors=as_i8)
-    assert "blk.0.attn_q.weight" in one_line_error(capsys, i8, tmp_path / "o.gguf", "Q4_0")
+    err = one_line_error(capsys, i8, tmp_path / "o.gguf", "Q4_0")
+    assert "tensor blk.0.attn_q.weight is I8, which cannot be read as floats" in err
     assert "is a directory" in one_line_error(capsys, tmp_path, tmp_path / "o.gguf", "Q4_0")
     assert "cannot write" in one_line_error(capsys, model_path("f32"), tmp_path, "Q4_0")
     assert "cannot write" in one_line_error(capsys, model_path("f32"), tmp_path / "no" / "o.gguf", "Q4_0")
