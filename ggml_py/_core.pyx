@@ -8,6 +8,8 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, calloc, free
 from libc.string cimport memset, memcpy, strncpy
 from cpython.exc cimport PyErr_CheckSignals
+from cpython.pystate cimport PyThreadState_SetAsyncExc
+from cpython.ref cimport PyObject
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock,
                                PyThread_release_lock, PyLockStatus, PY_LOCK_ACQUIRED,
                                PyThread_get_thread_ident)
@@ -15,7 +17,6 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
 import math
 import numbers
 import operator
-import _thread
 import os
 import threading
 import time
@@ -656,9 +657,9 @@ cdef class ThreadPool:
 
 cdef dict _runs = {}              # thread id -> graph runs it is inside (nested: a signal handler's)
 cdef int _forks = 0               # forks pending (from their hook to their return)
-cdef bint _fork_interrupted = False
+cdef object _fork_kept = None     # (thread id, exception type) a signal handler raised in a fork's wait
 FORK_POLL_S = 0.002               # how often a fork, or a run held back by one, looks again
-FORK_CTRL_C_DELAY_S = 0.01        # Ctrl-C during a fork's wait: raised this long after it
+FORK_RAISE_DELAY_S = 0.01         # an exception kept from a fork's wait: raised this long after it
 
 
 cdef int _run_begin() except -1:
@@ -680,40 +681,48 @@ cdef void _run_end() noexcept:
 
 
 cdef bint _others_running() noexcept:
-    return len(_runs) > (PyThread_get_thread_ident() in _runs)
+    cdef unsigned long me = PyThread_get_thread_ident()
+    return len(_runs) > (me in _runs)
 
 
 def _fork_wait():
-    """Before a fork: wait for other threads' runs to end; Ctrl-C meanwhile is kept
-    (raised in a fork hook it would be dropped and the fork would go on)."""
-    global _forks, _fork_interrupted
+    """Before a fork: wait for other threads' runs to end. An exception a signal handler
+    raises meanwhile (Ctrl-C, a SIGTERM handler's SystemExit) is kept and raised after the
+    fork: raised in a fork hook it would be dropped, and the fork would go on."""
+    global _forks, _fork_kept
     _forks += 1
     while _others_running():
         try:
             time.sleep(FORK_POLL_S)
-        except KeyboardInterrupt:
-            _fork_interrupted = True
+        except BaseException as exc:
+            if _fork_kept is None:
+                _fork_kept = (PyThread_get_thread_ident(), type(exc))
+
+
+def _raise_in_thread(unsigned long thread_id, exc_type):
+    """Raise exc_type in the thread thread_id (at its next bytecode)."""
+    PyThreadState_SetAsyncExc(<long> thread_id, <PyObject *> exc_type)
 
 
 def _fork_done_in_parent():
-    """After a fork, in the parent: runs may start; a kept Ctrl-C is raised in the
-    main thread once the fork has returned."""
-    global _forks, _fork_interrupted
+    """After a fork, in the parent: runs may start; a kept exception is raised in the
+    thread that forked once the fork has returned (as its type: a SystemExit's code is lost)."""
+    global _forks, _fork_kept
     _forks -= 1
-    if _fork_interrupted:
-        _fork_interrupted = False
-        timer = threading.Timer(FORK_CTRL_C_DELAY_S, _thread.interrupt_main)
+    if _fork_kept is not None:
+        timer = threading.Timer(FORK_RAISE_DELAY_S, _raise_in_thread, _fork_kept)
+        _fork_kept = None
         timer.daemon = True
         timer.start()
 
 
 def _fork_done_in_child():
     """In a fork child only the thread that forked lives on."""
-    global _runs, _forks, _fork_interrupted
-    me = PyThread_get_thread_ident()
+    global _runs, _forks, _fork_kept
+    cdef unsigned long me = PyThread_get_thread_ident()
     _runs = {me: _runs[me]} if me in _runs else {}
     _forks = 0
-    _fork_interrupted = False
+    _fork_kept = None
 
 
 if hasattr(os, "register_at_fork"):

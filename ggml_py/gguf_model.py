@@ -64,6 +64,8 @@ def _reader_class():
     """
     import gguf
 
+    array_type = int(gguf.GGUFValueType.ARRAY)
+
     class Reader(gguf.GGUFReader):
         _itemsizes = {}
 
@@ -85,7 +87,8 @@ def _reader_class():
         def _get_field_parts(self, orig_offs, raw_type):
             # an array's count is checked against the bytes left before the reader
             # walks it item by item (2^40 one-byte items would take hours)
-            if raw_type == gguf.GGUFValueType.ARRAY:
+            if int(raw_type) == array_type:   # ints: a numpy scalar against an enum is slow
+                # (and numpy drops a KeyboardInterrupt raised while it compares them)
                 item_type = int(self._get(orig_offs, np.uint32)[0])
                 count = int(self._get(orig_offs + 4, np.uint64)[0])
                 scalar = self.gguf_scalar_to_np.get(item_type)
