@@ -834,26 +834,21 @@ cdef class CGraph:
             if ggml_py_graph_work_size(&g, pool.n_threads if pool is not None else 1) > plan.work_size:
                 raise RuntimeError("compute: a node's profile changed while the compute started "
                                    "(its work buffer is too small); compute again")
-            if pool is None:
-                _run_begin()        # a fork from another thread waits for this run
-                try:
-                    with nogil:
-                        status = ggml_py_graph_compute(&g, &plan, NULL)
-                finally:
-                    _run_end()
-            else:
+            if pool is not None:
                 pool._lock("compute")   # another thread's compute on this pool finishes first
-                try:
+            try:
+                if pool is not None:
                     if pool.pool == NULL:
                         raise ValueError("compute: the ThreadPool is closed")
                     cpool = pool.pool
-                    _run_begin()
-                    try:
-                        with nogil:
-                            status = ggml_py_graph_compute(&g, &plan, cpool)
-                    finally:
-                        _run_end()
+                _run_begin()            # a fork from another thread waits for this run
+                try:
+                    with nogil:
+                        status = ggml_py_graph_compute(&g, &plan, cpool)
                 finally:
+                    _run_end()
+            finally:
+                if pool is not None:
                     pool._unlock()
         finally:
             self._hold_profiles(-1)

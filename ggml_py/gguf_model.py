@@ -229,6 +229,7 @@ def field_contents(field, path):
         raise ModelLoadError(f"{path}: metadata {field.name!r} is not UTF-8 text "
                              f"(byte {e.object[e.start]:#04x} at {e.start})") from None
 
+
 class GGUFModelFile:
     """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors."""
 

@@ -31,14 +31,14 @@ PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
 MAX_GRAPHS = 64       # ... and at most
 RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 # ---- config -------------------------------------------------------------------
 
 def is_float32(value):
     """Whether a float is finite in float32 (the ops' parameter type)."""
-    return math.isfinite(value) and abs(value) <= FLOAT32_MAX
+    return math.isfinite(value) and abs(value) <= ops.F32_MAX
+
 
 @dataclass(frozen=True)
 class LlamaConfig:

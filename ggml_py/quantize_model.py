@@ -253,31 +253,18 @@ def is_weight(t):
     return len(t.shape) >= 2 and t.name.endswith(".weight")
 
 
-def hparam(reader, src, key, default=None):
-    """A positive integer `llama.*` value (the first where it is per layer); `default`
-    when absent, an error when absent without one."""
-    field = reader.fields.get(key)
-    if field is None:
-        if default is None:
-            raise QuantizeError(f"{src}: no {key} in the metadata")
-        return default
-    value = field.contents()
-    if isinstance(value, list) and value:
-        value = value[0]
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise QuantizeError(f"{src}: {key} is {value!r}, not a positive integer")
-    return int(value)
-
-
-def check_runnable(src, reader):
-    """ModelLoadError for an input ggml_py's model loader refuses (architecture,
-    hyper-parameters, tensor set and shapes, vocabulary): the output would be
-    refused too, so none is written. The weights' types are not checked: they are
-    to be re-typed (an IQ4_NL input quantized to Q8_0 runs)."""
+def runnable_config(src, reader):
+    """The LlamaConfig of an input ggml_py's model loader accepts, else ModelLoadError
+    (architecture, hyper-parameters, tensor set and shapes, vocabulary): the output
+    would be refused too, so none is written. The weights' types are not checked:
+    they are to be re-typed (an IQ4_NL input quantized to Q8_0 runs)."""
     from ggml_py.llama import LlamaConfig, LlamaWeights
     f = GGUFModelFile(src, reader, shapes_only=True)
-    LlamaWeights.from_gguf(f, LlamaConfig.from_gguf(f))
+    config = LlamaConfig.from_gguf(f)
+    LlamaWeights.from_gguf(f, config)
     f.tokenizer()
+    return config
+
 
 def open_input(src, dst):
     """Read and check `src` (a llama GGUF, not the file `dst`): (reader, ModelInfo)."""
@@ -285,16 +272,14 @@ def open_input(src, dst):
         raise QuantizeError(f"{dst}: the output is the input file; write to another path")
     try:
         reader = open_reader(src)     # the header checked as the model loader checks it
-        check_runnable(src, reader)
+        config = runnable_config(src, reader)
     except ModelLoadError as exc:
         raise QuantizeError(str(exc)) from None
     for t in reader.tensors:
         if is_weight(t) and not dequantizable(t.tensor_type):
             raise QuantizeError(f"{src}: tensor {t.name} is {t.tensor_type.name}, "
                                 "which cannot be read as floats to re-type")
-    n_head = hparam(reader, src, "llama.attention.head_count", 1)
-    model = ModelInfo(n_layer=hparam(reader, src, "llama.block_count"), n_head=n_head,
-                      n_head_kv=hparam(reader, src, "llama.attention.head_count_kv", n_head),
+    model = ModelInfo(n_layer=config.n_layer, n_head=config.n_head, n_head_kv=config.n_head_kv,
                       tied_output="output.weight" not in {t.name for t in reader.tensors})
     return reader, model
 
