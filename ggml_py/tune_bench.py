@@ -489,12 +489,13 @@ class ShapeSweeps:
                 for s, v in self.ct.estimate(m, i).items():
                     per_stage.setdefault(s, []).append(v)
             exact = [(m, i) in self.ct.exact for m in self.m_values]
+            tiled = pt.profile.compute.parallel
             for s, values in per_stage.items():
-                per_stage[s] = bounded_in_m(self.m_values, values, exact)
+                per_stage[s] = bounded_in_m(self.m_values, values, exact, capped=not tiled)
         return self.shape
 
 
-def bounded_in_m(m_values, values, exact=None):
+def bounded_in_m(m_values, values, exact=None, capped=True):
     """Each stage's time cannot fall as M grows, nor grow faster than M (twice
     the rows cost at most twice the time); other work on the machine only adds
     time, so a time above either bound was inflated and is lowered to it.
@@ -502,12 +503,20 @@ def bounded_in_m(m_values, values, exact=None):
     exact: per M, whether the time was measured exactly (None: all were).
     Quick samples (only good for ranking) bound no other time; they are only
     held to M/M' times the time at the M' before them.
+    capped: hold exact times to M/M' times the exact time at a smaller M'.
+    Not for a profile tiled over rows (`cpu`), whose time grows in step with M
+    (or a little faster, as its tiles outgrow a cache): there the cap would
+    put a smaller M's fastest run, scaled, in place of almost every larger
+    M's own — a best of several looks that the BLAS profiles, whose time grows
+    more slowly than M and so rarely meets the cap, do not get — and tip the
+    choice towards `cpu` at the crossover (measured: docs/benchmarks.md).
     """
     out = [float(v) for v in values]
     exact = exact or [True] * len(out)
     idx = [i for i in range(len(out)) if exact[i]]
-    for a, b in zip(idx, idx[1:]):
-        out[b] = min(out[b], out[a] * m_values[b] / m_values[a])
+    if capped:
+        for a, b in zip(idx, idx[1:]):
+            out[b] = min(out[b], out[a] * m_values[b] / m_values[a])
     for a, b in reversed(list(zip(idx, idx[1:]))):
         out[a] = min(out[a], out[b])
     for i in range(1, len(out)):

@@ -45,6 +45,12 @@ def test_times_bounded_in_m():
     # never more than doubling when M doubles (9.0 at M=32 was inflated)
     assert bounded_in_m(m, [1.0, 2.0, 4.0, 4.0, 4.0, 9.0]) == [1.0, 2.0, 4.0, 4.0, 4.0, 8.0]
     assert bounded_in_m([1, 4], [1.0, 3.9]) == [1.0, 3.9]
+    # uncapped (a profile tiled over rows): exact times may grow faster than M,
+    # never fall; quick samples are still held to M/M' times the M' before
+    assert bounded_in_m(m, [1.0, 2.0, 4.0, 4.0, 4.0, 9.0], capped=False) == [1.0, 2.0, 4.0, 4.0, 4.0, 9.0]
+    assert bounded_in_m(m, [1.0, 5.0, 2.0, 3.0, 2.5, 5.0], capped=False) == [1.0, 2.0, 2.0, 2.5, 2.5, 5.0]
+    assert bounded_in_m(m, [1.0, 0.5, 5.0, 9.0, 3.0, 5.0], [True, False, True, False, True, True],
+                        capped=False) == [1.0, 0.5, 3.0, 6.0, 3.0, 5.0]
 
 
 def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
@@ -133,6 +139,26 @@ def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monk
     times = {p.name: us for us, p in data.estimates(1024, 64, gg.F32, 16, 2)}
     assert times["blas-mt"] == pytest.approx(0.52 * 1024 * 16)   # not the interrupted sample
     assert min(times, key=times.get) == "cpu"
+
+
+def test_only_profiles_slower_than_m_are_capped_by_a_smaller_ms_time(monkeypatch):
+    # `cpu` grows a little faster than M (2.3x from M=16 to 32): its own times are
+    # kept; `blas` timed 3x too slow at M=32 is still lowered to twice its M=16 time
+    from ggml_py import tune_bench as tb
+    sample_small_weights(monkeypatch)
+    per_row = {"cpu": {1: 1.0, 16: 1.0, 32: 1.15}, "blas": {1: 50.0, 16: 1.2, 32: 3 * 1.2}}
+
+    def fake_time_stages(graph, profile, pool):   # times in proportion to rows x M
+        node = graph.nodes[-1]
+        m, rows = node.shape[0], node.shape[1]
+        us = per_row[profile.name][m] * rows * m
+        return {"compute": us, "init": 0.0} if profile.init.valid else {"compute": us}
+
+    monkeypatch.setattr(tb, "time_stages", fake_time_stages)
+    data = bench([(1024, 64, gg.F32)], m_values=[1, 16, 32], thread_counts=[1])
+    times = {p.name: us for us, p in data.estimates(1024, 64, gg.F32, 32, 1)}
+    assert times["cpu"] == pytest.approx(1.15 * 1024 * 32)
+    assert times["blas"] == pytest.approx(2 * 1.2 * 1024 * 16)
 
 
 def test_passes_sweep_every_shape_in_turn_and_keep_the_fastest(monkeypatch):
