@@ -76,6 +76,11 @@ def build_features():
     return ggml_py_build_features()
 
 
+def blas_config():
+    """The BLAS this binary calls: vendor, version and the kernels it picked, or 'none'."""
+    return ggml_py_blas_config().decode()
+
+
 def time_ns():
     """The executor's monotonic clock, in nanoseconds."""
     return ggml_py_time_ns()

@@ -135,6 +135,7 @@ cdef extern from "ggml_py.h" nogil:
     int64_t ggml_py_time_ns()
     const char *ggml_py_select_kernels(int force_ref)
     uint32_t ggml_py_build_features()
+    const char *ggml_py_blas_config()
 
 cdef extern from "ggml_py_pool.h" nogil:
     enum:

@@ -1,10 +1,18 @@
 """What every llama GGUF this project writes carries (convert, random models),
 and how it reaches the disk (whole or not at all)."""
 import contextlib
+import errno
 import os
 import secrets
 
 import gguf
+
+
+def names_a_directory(path):
+    """Whether no file can be made at `path`: it is a directory, or ends in a
+    separator (`out/`: the rename at the end of a long run would fail)."""
+    path = os.fspath(path)
+    return os.path.isdir(path) or path.endswith((os.sep, os.altsep or os.sep))
 
 
 @contextlib.contextmanager
@@ -18,6 +26,8 @@ def atomic_output(path):
     gets the permissions a plain `open(path, "w")` would (0666 less the umask).
     """
     path = os.fspath(path)
+    if names_a_directory(path):   # refused before the work, not at the rename after it
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     folder, base = os.path.split(os.path.abspath(path))
     while True:
         tmp = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.tmp")

@@ -11,6 +11,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,8 +35,13 @@ def token_ids(tokens):
     """
     if isinstance(tokens, TEXT_TYPES):
         raise TypeError(f"expected token ids, got {type(tokens).__name__}")
+    if isinstance(tokens, (set, frozenset, Mapping)) or not isinstance(tokens, Iterable):
+        raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
+                        f"got {type(tokens).__name__}")
     if isinstance(tokens, np.ndarray):
-        if tokens.ndim == 1 and tokens.dtype.kind in "iu":
+        if tokens.ndim != 1:
+            raise TypeError(f"expected a 1-D array of token ids, got {tokens.ndim}-D")
+        if tokens.dtype.kind in "iu":
             return tokens.tolist()
     elif isinstance(tokens, (list, tuple)):
         types = set(map(type, tokens))

@@ -67,6 +67,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     if llm.tokenizer.add_eos:
         raise ValueError(f"perplexity: {ADD_EOS_REFUSED}")
     tokens = llm._input_ids(text, add_bos=True)
+    llm._check_vocab(tokens)    # every id before the first chunk (and those of the tail no chunk scores)
     if n_ctx > llm.n_ctx():
         raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context "
                          f"{llm.n_ctx()} (load it with a larger n_ctx)")

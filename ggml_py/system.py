@@ -25,6 +25,11 @@ def system_info():
     return " | ".join(parts)
 
 
+def blas():
+    """The BLAS the BLAS profiles call ('OpenBLAS 0.3.29 DYNAMIC_ARCH ... SkylakeX ...'), or 'none'."""
+    return _core.blas_config()
+
+
 def kernels():
     """Which kernels the type traits use ('avx2', 'scalar reference', ...)."""
     return KERNELS

@@ -5,7 +5,7 @@ estimates that let the planner pick the fastest profile for any M.
 A tune file is JSON, self-contained and versioned (see docs/tune.md):
 
     {"format": "ggml_py-mulmat-tune", "version": 1,
-     "system": {"features": ..., "kernels": ..., "ggml_py": ..., "cpu": ...},
+     "system": {"cpu": ..., "features": ..., "blas": ..., "kernels": ..., "ggml_py": ...},
      "model": "tinyllama-1.1b", "m_values": [1, 2, 4, ...], "thread_counts": [1, 2],
      "shapes": [{"n": 2048, "k": 2048, "type": "Q4_0",
                  "profiles": [{"id": 0, "name": "cpu", "stages": [[1,1,0],[1,1,0],[0,0,0]],
@@ -18,10 +18,11 @@ import math
 import os
 import platform
 import secrets
+import stat
 from dataclasses import dataclass, field
 
 from ggml_py.profiles import STAGES, TaskProfile, task_profiles
-from ggml_py.system import kernels, system_info
+from ggml_py.system import blas, kernels, system_info
 from ggml_py.types import Op, Type
 
 FORMAT = "ggml_py-mulmat-tune"
@@ -67,7 +68,7 @@ def cpu_name():
 def current_system():
     """What a tune file must agree with to be used on this machine and build."""
     import ggml_py
-    return {"cpu": cpu_name(), "features": system_info(), "kernels": kernels(),
+    return {"cpu": cpu_name(), "features": system_info(), "blas": blas(), "kernels": kernels(),
             "ggml_py": ggml_py.__version__}
 
 
@@ -177,9 +178,10 @@ class TuneData:
 def check_writable(path, not_over=None):
     """Raise TuneFileError unless a tune file can be saved at `path` — before
     a bench, not after it. not_over: a file (the model) it must not replace."""
+    from ggml_py.gguf_write import names_a_directory
     if not path:
         raise TuneFileError("the tune file needs a name")
-    if os.path.isdir(path):
+    if names_a_directory(path):
         raise TuneFileError(f"{path}: is a directory")
     if os.path.exists(path) and not os.path.isfile(path):
         raise TuneFileError(f"{path}: not a regular file")
@@ -197,6 +199,7 @@ def check_writable(path, not_over=None):
 
 MAX_FILE_BYTES = 64 << 20   # far above any real tune file (a 70B model's is well under 1 MB)
 MAX_M = (1 << 31) - 1       # an M beyond any batch (and exact in the float estimates)
+MAX_TIME_US = 1e12          # 11.6 days: no product takes longer (larger times would sum to inf)
 
 
 class _DuplicateKey(ValueError):
@@ -220,7 +223,11 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     n_threads: when given, a thread count the file must have been benched at.
     """
     try:
-        with open(path, "rb") as f:
+        # not blocking on a FIFO, which is then refused (a device too)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TuneFileError(f"{path}: cannot read tune file: not a regular file")
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TuneFileError(f"{path}: cannot read tune file: {exc.strerror}") from None
@@ -305,8 +312,8 @@ class _Malformed:
         values = self.of_type(values, list, what)
         if len(values) != n_m or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and v >= 0 for v in values):
-            self.fail(f"{what}: need one finite time >= 0 per M ({n_m})")
+                and 0 <= v <= MAX_TIME_US for v in values):
+            self.fail(f"{what}: need one time in 0 .. {MAX_TIME_US:g} µs per M ({n_m})")
         return [float(v) for v in values]
 
 
@@ -321,7 +328,7 @@ def _from_json(obj, path, model, check_system):
     system = check.of_type(obj["system"], dict, "system")
     if check_system:
         here = current_system()
-        for key in ("cpu", "features", "kernels", "ggml_py"):
+        for key in ("cpu", "features", "blas", "kernels", "ggml_py"):
             if system.get(key) != here[key]:
                 raise TuneFileError(f"{path}: benched with {key} {system.get(key)!r}, "
                                     f"this run has {here[key]!r}; bench again with ggml-tune")

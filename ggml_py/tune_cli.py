@@ -21,6 +21,13 @@ def parse_threads(text):
     return sorted(set(thread_list(text)))
 
 
+def default_thread_counts():
+    """1, 2 and the count ggml-main and ggml-perplexity run at by default (the
+    physical cores), so that a file benched with the defaults serves their runs."""
+    from ggml_py.graph import MAX_THREADS, default_threads
+    return sorted({1, 2, min(default_threads(), MAX_THREADS)})
+
+
 def bench_parser():
     """The flags of a bench run (`ggml-tune analyze` has its own parser)."""
     p = ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
@@ -32,7 +39,9 @@ def bench_parser():
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
     p.add_argument("--type", type=weight_type,
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
-    p.add_argument("--n-threads", type=parse_threads, default=[1, 2], help="e.g. 1,2,4 (default 1,2)")
+    p.add_argument("--n-threads", type=parse_threads, default=None,
+                   help="e.g. 1,2,4 (default 1, 2 and the count ggml-main runs at: "
+                        f"the physical cores, {default_thread_counts()[-1]} here)")
     p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")
     p.add_argument("--passes", type=int, default=1,
                    help="sweeps over all the shapes, one after another; each stage keeps "
@@ -57,6 +66,8 @@ def run_bench(args):
         type = gg.Type.Q4_0 if args.type is None else args.type
         name, shapes = f"llama-{args.model_shape}-{type.name}", preset_shapes(args.model_shape, type)
     m_values = [2 ** i for i in range(args.m_max + 1)]
+    if args.n_threads is None:
+        args.n_threads = default_thread_counts()
     start = time.perf_counter()
     data = bench(shapes, model=name, m_values=m_values, thread_counts=args.n_threads,
                  passes=args.passes, progress=None if args.quiet else tqdm_progress)

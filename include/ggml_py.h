@@ -271,6 +271,10 @@ enum ggml_py_feature {
 };
 uint32_t ggml_py_build_features(void);
 
+/* The BLAS the BLAS profiles call: its vendor, version and the kernels it picked
+ * for this CPU ("OpenBLAS 0.3.29 DYNAMIC_ARCH ... SkylakeX ..."), or "none". */
+const char *ggml_py_blas_config(void);
+
 #ifdef __cplusplus
 }
 #endif

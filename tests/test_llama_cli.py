@@ -477,6 +477,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.parametrize("script, args, code", [
     ("examples/graph_demo.py", ["-t", "0"], 2),
     ("examples/graph_demo.py", ["--width", "0"], 2),
+    ("examples/mulmat_tune.py", ["-m", "x.gguf", "-o", "t.json", "--m-max", "0"], 2),
+    ("examples/mulmat_tune.py", ["-m", "x.gguf", "-o", "t.json"], 1),   # no such model
     ("benchmarks/make_model.py", ["x.gguf", "--shape", "foo"], 2),
     ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "64x2"], 2),
     ("benchmarks/make_model.py", ["x.gguf", "--type", "Q4_K", "--shape", "256x1"], 2),   # n_ff 704
@@ -496,6 +498,24 @@ def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
                           env=ENV, cwd=tmp_path, timeout=120)
     assert_one_line_error(proc, code)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_mulmat_tune_example_benches_a_model_and_analyzes_its_file(tmp_path):
+    from ggml_py.bundled import default_model_path
+    from ggml_py.gguf_model import GGUFModelFile
+    from ggml_py.tune import load
+    from ggml_py.tune_bench import model_name
+    script = os.path.join(REPO, "examples", "mulmat_tune.py")
+    model = default_model_path()
+    proc = subprocess.run([sys.executable, script, "-m", model, "-o", "t.json", "--m-max", "1",
+                           "--n-threads", "1", "-q"], capture_output=True, text=True, env=ENV,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0 and "-> t.json" in proc.stdout, proc.stderr
+    data = load(tmp_path / "t.json", model=model_name(GGUFModelFile(model)))
+    assert data.thread_counts == [1] and data.m_values == [1, 2]
+    proc = subprocess.run([sys.executable, script, "analyze", "t.json"], capture_output=True,
+                          text=True, env=ENV, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0 and "n_threads=1" in proc.stdout, proc.stderr
 
 
 @pytest.mark.parametrize("threads", ["", "0", "abc"])

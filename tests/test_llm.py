@@ -363,6 +363,16 @@ def test_token_ids_must_be_integers(llm):
     assert llm.n_tokens == 0
     assert llm.eval(np.array([1, 2], np.int32)).shape == (2, llm.n_vocab())   # numpy ints: fine
     llm.reset()
+    # ids come in order: not a set's or a dict's order; one id or a 0-D / 2-D array is no sequence
+    for bad, match in [({7: "x", 3: "y"}, "in order .* got dict"), ({300, 9, 64}, "in order .* got set"),
+                       (frozenset([1]), "got frozenset"), (5, "got int"), (None, "got NoneType"),
+                       (np.array(5), "1-D array of token ids, got 0-D"),
+                       (np.ones((2, 2), np.int32), "got 2-D")]:
+        with pytest.raises(TypeError, match=match):
+            llm.eval(bad)
+    assert llm.n_tokens == 0
+    assert llm.eval(i for i in (1, 2)).shape == (2, llm.n_vocab())   # an iterator is in order
+    llm.reset()
 
 
 def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
@@ -375,6 +385,17 @@ def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
             llm.generate_tokens([1, bad])        # when called, not when iterated
     with pytest.raises(ValueError, match="token ids must be integers in 0..511"):
         llm.model.forward([2 ** 31], [0])        # the model's own check, not an OverflowError
+
+
+def test_perplexity_refuses_a_bad_id_before_its_first_chunk():
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
+    ids = [5] * (3 * 16)
+    for at in (40, 3 * 16):        # in the third chunk; in the tail no chunk scores
+        tokens = ids[:at] + [N_VOCAB] + ids[at:]
+        with pytest.raises(ValueError, match=f"token id {N_VOCAB} is not in"):
+            llm.perplexity(tokens, n_ctx=16)
+        assert llm.timings.prompt_tokens == 0       # no chunk ran
+    assert llm.perplexity(ids, n_ctx=16).ppl > 0
 
 
 def test_generate_checks_its_arguments_when_called(llm):

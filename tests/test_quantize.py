@@ -281,6 +281,18 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, m
     assert os.stat(dst).st_mode & 0o777 == 0o666 & ~current_umask()
 
 
+def test_an_output_named_as_a_directory_is_refused_before_the_work(tmp_path, monkeypatch):
+    import ggml_py.quantize_model as qm
+    monkeypatch.setattr(qm, "add_tensors", lambda *a: pytest.fail("quantized before the check"))
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.gguf").write_bytes(b"old")
+    for dst in (f"{tmp_path}/new/", f"{tmp_path}/file.gguf/", tmp_path / "folder"):
+        with pytest.raises(QuantizeError, match="cannot write \\(Is a directory\\)"):
+            quantize_file(model_path("f32"), dst, "Q4_0", progress=False, log=lambda *a: None)
+    assert sorted(os.listdir(tmp_path)) == ["file.gguf", "folder"]
+    assert (tmp_path / "file.gguf").read_bytes() == b"old"
+
+
 def current_umask():
     mask = os.umask(0)
     os.umask(mask)

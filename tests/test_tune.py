@@ -1,5 +1,6 @@
 """mulmat-tune: estimates, file round trip and rejection, planner choice."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -244,9 +245,13 @@ def write_json(path, obj):
     (lambda o: o["system"].update(cpu="Another CPU"), "benched with cpu"),
     (lambda o: o["system"].update(features="AVX = 0"), "benched with features"),
     (lambda o: o["system"].update(ggml_py="0.0.1"), "benched with ggml_py"),
+    (lambda o: o["system"].update(blas="OpenBLAS 0.3.0 DYNAMIC_ARCH Haswell"), "benched with blas"),
+    (lambda o: o["system"].pop("blas"), "benched with blas None"),
     (lambda o: o.update(m_values=[4, 2, 1, 8, 16, 32, 64]), "ascending"),
-    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1.0, 2.0]), "one finite time"),
-    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[-1.0] * 7), "one finite time"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1.0, 2.0]), "one time in"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[-1.0] * 7), "one time in"),
+    # finite, but summed over the stages it would be inf: every profile tied
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1e308] * 7), "one time in"),
     (lambda o: o["shapes"][0].update(type="Q9_9"), "malformed"),
     (lambda o: o["shapes"][0].pop("n"), "malformed"),
     (lambda o: o["shapes"][0]["profiles"][0].update(stages=[[1, 1, 0]]), "stages"),
@@ -265,7 +270,7 @@ def write_json(path, obj):
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute="1234567"),
      "compute must be a list"),
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[True] * 7),
-     "one finite time"),
+     "one time in"),
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].pop("compute"),
      r"times for stages \['init'\], but it runs \['compute', 'init'\]"),
     (lambda o: o["shapes"][0]["profiles"][1]["times_us"]["1"].update(init=[1.0] * 7),
@@ -339,8 +344,14 @@ def test_a_huge_or_endless_file_is_not_read_whole(tmp_path, monkeypatch):
     (tmp_path / "big.json").write_text(" " * 2000)
     with pytest.raises(TuneFileError, match="over"):
         tune.load(tmp_path / "big.json")
-    with pytest.raises(TuneFileError, match="over"):
+    with pytest.raises(TuneFileError, match="not a regular file"):
         tune.load("/dev/zero")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo.json")
+    with pytest.raises(TuneFileError, match="not a regular file"):
+        tune.load(tmp_path / "fifo.json")
 
 
 def test_thread_counts_in_any_order_are_read_as_a_set(tmp_path):
@@ -396,6 +407,7 @@ def test_where_a_tune_file_cannot_go(tmp_path):
     model.write_bytes(b"GGUF")
     for path, match in [("", "needs a name"), (tmp_path, "is a directory"),
                         (tmp_path / "no" / "t.json", "cannot write there"),
+                        (f"{tmp_path}/new/", "is a directory"), (f"{model}/", "is a directory"),
                         ("/dev/null", "not a regular file"), (model, "is the model file")]:
         with pytest.raises(TuneFileError, match=match):
             tune.check_writable(str(path), not_over=model)
@@ -509,6 +521,21 @@ def test_cli_bench_and_analyze(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "# N=2048 K=2048 type=F32 n_threads=1" in text and "M,cpu_us" in text
     assert (tmp_path / "t.png").stat().st_size > 1000
+
+
+def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_path, monkeypatch):
+    import ggml_py.graph
+    from ggml_py import tune_cli
+    asked = []
+
+    def fake_bench(shapes, thread_counts, **kwargs):
+        asked.append(thread_counts)
+        return synthetic_data()
+    monkeypatch.setattr(tune_cli, "bench", fake_bench)
+    for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2]), (10 ** 6, [1, 2, gg.MAX_THREADS])]:
+        monkeypatch.setattr(ggml_py.graph, "default_threads", lambda: cores)
+        assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q"]) == 0
+        assert asked.pop() == expected
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -37,6 +37,14 @@ void ggml_py_mul_mat_select(int simd) {
 #endif
 }
 
+const char *ggml_py_blas_config(void) {
+#if defined(GGML_PY_USE_BLAS)
+    return scipy_openblas_get_config();
+#else
+    return "none";
+#endif
+}
+
 static struct ggml_py_task_profile make_profile(int32_t id, const char *name) {
     struct ggml_py_task_profile p;
     memset(&p, 0, sizeof(p));
