@@ -35,6 +35,8 @@ def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
     metadata is truncated; ``OSError`` if it cannot be opened.
     """
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        raise ValueError(f"{path}: not a regular file (a GGUF file is memory-mapped)")
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size < 4 + 4 + 8 + 8:
             raise ValueError(f"{path}: not a GGUF file (too short)")

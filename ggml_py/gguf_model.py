@@ -201,6 +201,8 @@ def open_reader(path):
         raise ModelLoadError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelLoadError(f"{path}: is a directory, not a GGUF file")
+    if not os.path.isfile(path):   # a FIFO would block the open; it cannot be memory-mapped
+        raise ModelLoadError(f"{path}: not a regular file (a GGUF file is memory-mapped)")
     try:
         with open(path, "rb") as f:
             magic = f.read(4)

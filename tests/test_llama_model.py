@@ -1,5 +1,6 @@
 """The llama graph against the float64 reference, the KV cache, and GGUF loading."""
 
+import os
 import struct
 
 import gguf
@@ -323,6 +324,10 @@ def bad_files():
     open(magic, "wb").write(b"GGML" + good[4:200])
     files.append((magic, "not a GGUF file"))
     files.append((scratch_path("absent.gguf"), "no such file"))
+    fifo = scratch_path("fifo.gguf")      # its open would wait for a writer
+    if not os.path.exists(fifo):
+        os.mkfifo(fifo)
+    files.append((fifo, "not a regular file"))
     return files
 
 

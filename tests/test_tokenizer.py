@@ -7,6 +7,7 @@ parse_special=False) to exactly the ids llama.cpp's test-tokenizer-0 expects.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -257,6 +258,12 @@ def test_not_a_gguf_file_raises_value_error_naming_file(tmp_path):
     path.write_bytes(b"this is not a GGUF file at all, just some bytes")
     with pytest.raises(ValueError, match="not-a-model.bin.*not a GGUF file"):
         Tokenizer.from_gguf(path)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    os.mkfifo(tmp_path / "fifo.gguf")
+    with pytest.raises(ValueError, match="fifo.gguf: not a regular file"):
+        Tokenizer.from_gguf(tmp_path / "fifo.gguf")
 
 
 def test_truncated_gguf_raises_value_error_naming_file(tmp_path):
