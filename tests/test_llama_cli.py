@@ -460,6 +460,15 @@ def test_main_runs_the_bundled_model_by_default():
     assert re.search(r"eval time = .* / +11 runs", first.stderr)
 
 
+def test_the_readmes_sample_is_what_the_program_writes():
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    command = '$ ggml-main -p "ROMEO." -n 60 -s 1\n'
+    sample = readme[readme.index(command) + len(command):].split("\n```", 1)[0]
+    proc = main("-p", "ROMEO.", "-n", 60, "-s", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip("\n") == sample
+
+
 def test_perplexity_of_the_bundled_model_on_held_out_plays():
     # no -m, no -f: the bundled model on the bundled test text, at its 256-token context
     proc = run("ggml_py.cli.perplexity", "--chunks", 8, "-t", 2)
