@@ -226,9 +226,15 @@ cdef class Context:
     cdef readonly size_t used
     cdef uintptr_t base
 
-    def __cinit__(self, size_t mem_size=16 << 20):
+    def __cinit__(self, mem_size=16 << 20):
         # in __cinit__, not __init__: a second __init__ call must not swap the arena
         # under the tensor structs that live in it
+        try:
+            mem_size = operator.index(mem_size)    # not a float to truncate
+        except TypeError:
+            raise TypeError(f"Context: mem_size must be an integer, got {mem_size!r:.40}") from None
+        if mem_size < 0:
+            raise ValueError(f"Context: mem_size must be >= 0, got {mem_size}")
         raw = np.zeros(mem_size + ARENA_ALIGN, dtype=np.uint8)
         start = (-raw.ctypes.data) % ARENA_ALIGN
         self.buffer = raw[start:start + mem_size]
@@ -763,6 +769,8 @@ cdef class CGraph:
         if self.nodes == NULL:
             raise MemoryError()
         for i, t in enumerate(self.tensors):
+            if not isinstance(t, TensorBase):   # the cast below would read any object as a tensor
+                raise TypeError(f"CGraph: expected tensors, got {type(t).__name__}")
             self.nodes[i] = (<TensorBase> t).t
 
     def __dealloc__(self):

@@ -44,12 +44,21 @@ class ThreadPool(_core.ThreadPool):
         self.close()
 
 
+class _SharedPool(ThreadPool):
+    """A pool of shared_pool: every caller with its thread count shares it (the
+    computes of other threads and Llamas too), so close() — and `with` — leave
+    it running for them; it is closed at exit."""
+
+    def close(self):
+        """Nothing: the pool is shared (see shared_pool)."""
+
+
 @atexit.register
 def _close_shared_pools():
     # Join the cached pools' workers while the interpreter is still whole.
     with _pools_lock:
         for pool in _pools.values():
-            pool.close()
+            _core.ThreadPool.close(pool)
         _pools.clear()
 
 
@@ -99,12 +108,13 @@ def shared_pool(n_threads):
     """The process's cached pool for n_threads (created on first use).
 
     Every caller with the same n_threads gets the same pool; computes on it
-    take turns (a pool runs one graph at a time)."""
+    take turns (a pool runs one graph at a time). Its close() does nothing, so
+    that no caller can close it under the others; it is closed at exit."""
     n_threads = _core.check_thread_count(n_threads, "shared_pool")
     with _pools_lock:
         pool = _pools.get(n_threads)
-        if pool is None or pool.closed:
-            pool = _pools[n_threads] = ThreadPool(n_threads)
+        if pool is None or pool.closed:     # closed: forgotten in a fork child
+            pool = _pools[n_threads] = _SharedPool(n_threads)
         return pool
 
 
@@ -229,6 +239,10 @@ class Graph:
     """Nodes (op != NONE) and leafs of a computation, in topological order."""
 
     def __init__(self, tensors):
+        tensors = list(tensors)
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"Graph: expected Tensors, got {type(t).__name__}")
         self.nodes = [t for t in tensors if t.op != Op.NONE]
         self.leafs = [t for t in tensors if t.op == Op.NONE]
         self._cgraph = _core.CGraph(self.nodes)

@@ -54,15 +54,21 @@ class _Recorder:
 
 
 class _Placer:
-    """Second build: the k-th result goes to offsets[k] in the shared buffer."""
+    """Second build: the k-th result goes to offsets[k] in the shared buffer. A
+    result of another size than the first build's k-th (a build that does not
+    repeat itself) is refused: it would overrun the buffer or a live neighbour."""
 
-    def __init__(self, buffer, offsets):
-        self.buffer, self.offsets, self.count = buffer, offsets, 0
+    def __init__(self, buffer, offsets, sizes):
+        self.buffer, self.offsets, self.sizes, self.count = buffer, offsets, sizes, 0
 
     def place(self, nbytes):
-        offset = self.offsets[self.count]
+        k = self.count
+        if k >= len(self.offsets) or nbytes != self.sizes[k]:
+            raise RuntimeError("build_packed: the two builds made different graphs (result "
+                               f"{k} is {nbytes} bytes, was "
+                               f"{self.sizes[k] if k < len(self.sizes) else 'not made'})")
         self.count += 1
-        return self.buffer, offset
+        return self.buffer, self.offsets[k]
 
     def created(self, tensor):
         pass
@@ -158,6 +164,7 @@ class PackedBuild:
 class PackedPlan:
     """Where build_packed puts a build's results: offsets in one buffer of buffer_bytes."""
     offsets: list
+    sizes: list            # each result's bytes
     buffer_bytes: int      # the shared buffer of intermediates
     unpacked_bytes: int    # what they would take unpacked
     other_bytes: int       # the arena besides them (tensor structs, inputs)
@@ -180,7 +187,8 @@ def plan_packed(build, outputs_of, arena_bytes):
     first_outputs = outputs_of(first)
     first_graph = build_forward(*first_outputs)
     offsets, buffer_bytes = plan_offsets(first_graph.nodes, recorder.results, first_outputs)
-    return PackedPlan(offsets, buffer_bytes, sum(n for _, n in recorder.results), first_ctx.used)
+    sizes = [n for _, n in recorder.results]
+    return PackedPlan(offsets, sizes, buffer_bytes, sum(sizes), first_ctx.used)
 
 
 def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
@@ -206,7 +214,7 @@ def build_packed(build, outputs_of, arena_bytes, buffer_for=None):
                              f"that many bytes, aligned to {ALIGN}")
         ctx = Context(mem_size=others + 2 * ALIGN)
         buffer = ctx.from_buffer(shared[:size].view(np.int8), Type.I8, (size,), name="intermediates")
-    placer = _Placer(buffer, offsets)
+    placer = _Placer(buffer, offsets, plan.sizes)
     with ops.place_results(placer):
         result = build(ctx)
     if placer.count != len(offsets):

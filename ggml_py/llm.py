@@ -7,6 +7,7 @@
         print(piece, end="", flush=True)
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
+import contextlib
 import os
 import threading
 import time
@@ -117,12 +118,25 @@ class _CutByFork:
         return False
 
 
+class _Closed:
+    """What a closed Llama holds in place of its model and its lock: any use raises."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("this Llama is closed")
+
+    def __enter__(self):
+        raise RuntimeError("this Llama is closed")
+
+    def __exit__(self, *exc):
+        return False
+
+
 _live_llamas = weakref.WeakSet()
 
 
 def _after_fork_in_child():
     for llm in list(_live_llamas):
-        if isinstance(llm._lock, _CutByFork):      # cut at an earlier fork
+        if isinstance(llm._lock, (_CutByFork, _Closed)):      # cut at an earlier fork, or closed
             continue
         if llm._lock.acquire(blocking=False):    # free, or held by the thread that forked
             llm._lock.release()
@@ -226,6 +240,31 @@ class Llama:
         self._lock = threading.RLock()
         _live_llamas.add(self)
         self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
+
+    def close(self):
+        """Let go of the model: its memory-mapped file, KV cache, graphs and buffers
+        (freed once nothing else holds them, e.g. a weight's numpy view). Afterwards
+        whatever needs the model raises RuntimeError (tokenize and detokenize still
+        work); a call running in another thread is waited for. Closing again does
+        nothing. `with gg.Llama(...) as llm:` closes at the end of the block."""
+        lock = self._lock
+        if isinstance(lock, _Closed):
+            return
+        with contextlib.nullcontext() if isinstance(lock, _CutByFork) else lock:
+            self.model = self._lock = _Closed()
+            self.tokens = []
+            self.changes += 1
+        _live_llamas.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
+        raise TypeError("Llama cannot be copied or pickled: a copy would share its KV cache and "
+                        "sequence with the original; load the model again instead")
 
     # ---- facts ------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Packing intermediates: same results as unpacked graphs, memory reused safely."""
 import numpy as np
+import pytest
 
 import ggml_py as gg
 from ggml_py import graph_alloc
@@ -71,3 +72,22 @@ def test_free_list_merges_neighbours():
     assert free == [(0, 192)]
     assert graph_alloc._allocate(free, 192, 64) == (0, 192) and free == [(64, 128)]
     assert graph_alloc._allocate(free, 192, 256) == (64, 320)     # grows the top block
+
+
+def test_a_build_that_does_not_repeat_itself_is_refused():
+    # the second build's results go where the first build's were planned: one of
+    # another size would overrun the buffer (it wrote 16 MiB into 128 bytes)
+    x = np.ones(1 << 16, np.float32)
+    # (rows, relus) of the first and the second build: larger, smaller, one result more
+    for first, second in [((16, 1), (1 << 16, 1)), ((16, 1), (8, 1)), ((16, 1), (16, 2))]:
+        runs = iter([first, second])
+
+        def build(ctx):
+            n, relus = next(runs)
+            y = ctx.from_buffer(x[:n], gg.F32, (n,))
+            for _ in range(relus):
+                y = gg.relu(y)
+            return gg.scale(y, 2.0)
+
+        with pytest.raises(RuntimeError, match="the two builds made different graphs"):
+            build_packed(build, lambda y: (y,), arena_bytes=1 << 20)

@@ -387,6 +387,38 @@ def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
         llm.model.forward([2 ** 31], [0])        # the model's own check, not an OverflowError
 
 
+def test_a_llama_is_not_copied_and_can_be_closed(tmp_path):
+    import copy
+    import gc
+    import pickle
+    import shutil
+    path = str(shutil.copy(model_path("f32"), tmp_path / "own.gguf"))   # mapped by nobody else
+    llm = gg.Llama(path, n_ctx=64, n_threads=1)
+    for make_copy in (copy.copy, copy.deepcopy, pickle.dumps):   # a copy shared the cache
+        with pytest.raises(TypeError, match="Llama cannot be copied or pickled"):
+            make_copy(llm)
+    paused = llm.generate("The cat", max_tokens=4, temperature=0)
+    next(paused)
+
+    def mapped():
+        with open("/proc/self/maps") as f:
+            return sum(os.path.realpath(path) in line for line in f)
+    assert mapped() > 0
+    llm.close()
+    gc.collect()
+    assert mapped() == 0                          # the file is unmapped
+    for use in (lambda: llm.eval([1, 2]), lambda: next(paused), llm.n_ctx, llm.reset,
+                lambda: llm.generate("x"), lambda: llm.perplexity([1] * 64, n_ctx=16)):
+        with pytest.raises(RuntimeError, match="this Llama is closed"):
+            use()
+    assert llm.detokenize(llm.tokenize("The cat")).endswith("The cat") and llm.n_tokens == 0
+    llm.close()                                   # again: nothing
+    with gg.Llama(path, n_ctx=64, n_threads=1) as other:
+        assert other.eval([1]).shape == (1, N_VOCAB)
+    with pytest.raises(RuntimeError, match="closed"):
+        other.eval([1])
+
+
 def test_perplexity_refuses_a_bad_id_before_its_first_chunk():
     llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
     ids = [5] * (3 * 16)

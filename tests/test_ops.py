@@ -905,6 +905,25 @@ def test_empty_tensors_compute(ctx, case):
         np.testing.assert_array_equal(got, 0.0)       # empty dot products
 
 
+def test_graphs_are_made_of_tensors_only():
+    class LooksLikeANode:
+        op = gg.Op.ADD
+    for make in (lambda nodes: gg.Graph(nodes), lambda nodes: gg._core.CGraph(nodes)):
+        with pytest.raises(TypeError, match="expected [tT]ensors, got LooksLikeANode"):
+            make([LooksLikeANode()])     # a compute read it as a tensor struct: SIGSEGV
+    with pytest.raises(TypeError, match="build_forward: expected Tensors, got int"):
+        gg.build_forward(3)
+
+
+def test_context_size_is_a_whole_number_of_bytes():
+    for bad in (1.5, 4096.9, np.float64(65536.5), "4096", None):
+        with pytest.raises(TypeError, match="Context: mem_size must be an integer"):
+            gg.Context(mem_size=bad)
+    with pytest.raises(ValueError, match="mem_size must be >= 0"):
+        gg.Context(-1)
+    assert gg.Context(np.int64(4096)).mem_size == 4096 and gg.Context(0).mem_size == 0
+
+
 def test_context_out_of_memory():
     ctx = gg.Context(mem_size=4096)
     with pytest.raises(MemoryError, match="Context out of memory"):

@@ -313,6 +313,35 @@ def test_more_threads_than_cores_and_cached_pools():
     assert gg.shared_pool(3) is gg.shared_pool(3)
 
 
+def test_a_shared_pool_is_not_closed_under_its_other_users():
+    # `with gg.shared_pool(2) as p:` in one thread while another computes with
+    # n_threads=2 (the same pool): closing it made the other's computes fail
+    graph, y, ref = small_graph(np.random.default_rng(7))
+    other, _, _ = small_graph(np.random.default_rng(8))
+    stop, errors = threading.Event(), []
+
+    def compute_until_stopped():
+        while not stop.is_set():
+            try:
+                graph.compute(n_threads=2)
+            except Exception as exc:      # noqa: BLE001 - recorded, the test fails on it
+                errors.append(exc)
+                return
+
+    worker = threading.Thread(target=compute_until_stopped)
+    worker.start()
+    try:
+        for _ in range(300):
+            with gg.shared_pool(2) as pool:
+                other.compute(pool=pool)
+            pool.close()
+    finally:
+        stop.set()
+        worker.join()
+    assert errors == [] and not gg.shared_pool(2).closed and gg.shared_pool(2) is pool
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
+
+
 def test_pool_n_threads_must_match():
     graph, _, _ = small_graph(np.random.default_rng(6))
     with gg.ThreadPool(2) as pool, pytest.raises(ValueError, match="n_threads"):
