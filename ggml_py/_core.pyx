@@ -81,11 +81,6 @@ def blas_config():
     return ggml_py_blas_config().decode()
 
 
-def time_ns():
-    """The executor's monotonic clock, in nanoseconds."""
-    return ggml_py_time_ns()
-
-
 def type_traits_raw(int type):
     """(name, blck_size, type_size, is_quantized, vec_dot_type) or None."""
     cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(type)
@@ -284,10 +279,6 @@ cdef class TensorBase:
         _refuse_copy(self)
 
     @property
-    def _ptr(self):
-        return <uintptr_t> self.t
-
-    @property
     def _type(self):
         return self.t.type
 
@@ -302,10 +293,6 @@ cdef class TensorBase:
     @property
     def _nb(self):
         return (self.t.nb[0], self.t.nb[1], self.t.nb[2], self.t.nb[3])
-
-    @property
-    def _op_params(self):
-        return tuple(self.t.op_params[i] for i in range(GGML_PY_MAX_OP_PARAMS))
 
     @property
     def data_ptr(self):

@@ -76,9 +76,14 @@ if hasattr(os, "register_at_fork"):
 
 @functools.cache
 def default_threads():
-    """Physical cores, as llama.cpp picks by default (asked once: psutil takes ~0.1 ms)."""
+    """Physical cores, as llama.cpp picks by default — no more than the CPUs this
+    process may run on (taskset, a cpuset, an MPI rank bound to cores). Asked once
+    (psutil takes ~0.1 ms)."""
     import psutil
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        cores = min(cores, len(os.sched_getaffinity(0)))
+    return max(1, cores)
 
 
 def thread_count(n_threads, where):

@@ -11,6 +11,7 @@ through numpy views and runs the graph. The K window grows in steps of
 sequence builds only a handful of graphs.
 """
 import math
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -476,6 +477,7 @@ class LlamaModel:
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
+        self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
@@ -549,13 +551,24 @@ class LlamaModel:
         n_out tokens (default: all T).
 
         Writes the batch's K/V rows into the cache. The returned array is the
-        graph's own output buffer: copy it to keep it past the next call.
+        graph's own output buffer: copy it to keep it past the next call. Calls from
+        several threads take turns (the graphs share their buffers and the cache).
         """
         tokens = np.asarray(tokens).reshape(-1)
-        positions = np.asarray(positions, np.int32).reshape(-1)
+        positions = np.asarray(positions).reshape(-1)
         T = tokens.size
         if T == 0 or positions.size != T:
             raise ValueError(f"forward: {T} tokens and {positions.size} positions")
+        # checked before the int32 cast, which would wrap 2**32 + 3 to 3 and cut 2.9 to 2;
+        # distinct, as two tokens at one position would write one cache row at once
+        if positions.dtype.kind not in "iu":
+            raise ValueError(f"forward: positions must be integers, got {positions.dtype}")
+        if positions.min() < 0 or positions.max() >= self.n_ctx:
+            raise ValueError(f"forward: positions {positions.min()}..{positions.max()} do not "
+                             f"fit a context of {self.n_ctx} tokens")
+        if np.unique(positions).size != T:
+            raise ValueError("forward: positions must be distinct")
+        positions = positions.astype(np.int32)
         if tokens.dtype.kind not in "iu" or not all(0 <= int(t) < self.config.n_vocab
                                                      for t in (tokens.min(), tokens.max())):
             raise ValueError(f"forward: token ids must be integers in 0..{self.config.n_vocab - 1}")
@@ -563,6 +576,12 @@ class LlamaModel:
         n_out = T if n_out is None else n_out
         if not 1 <= n_out <= T:
             raise ValueError(f"forward: n_out must be in 1..{T}, got {n_out}")
+        with self._lock:
+            return self._forward(tokens, positions, n_out)
+
+    def _forward(self, tokens, positions, n_out):
+        """forward's work, its arguments checked (int32 arrays), under its lock."""
+        T = tokens.size
         n_past, held = self.cache.n_past, self.cache.slot_pos.copy()
         try:
             slots = self.cache.slots_for(positions)

@@ -76,7 +76,6 @@ class Op(IntEnum):
 
 
 OP_COUNT = 31
-VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.PERMUTE, Op.TRANSPOSE})
 
 NUMPY_DTYPES = {
     Type.F32: np.dtype(np.float32),

@@ -155,6 +155,27 @@ def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkey
     assert len({id(g.graph._work) for g in graphs}) == 1
 
 
+def test_forwards_from_two_threads_take_turns():
+    import threading
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    alone = model.forward(TOKENS[:8], np.arange(8)).copy()
+    results, errors = [], []
+
+    def run():
+        try:
+            for _ in range(20):
+                results.append(model.forward(TOKENS[:8], np.arange(8)).copy())
+        except Exception as exc:     # noqa: BLE001 - the test fails on it
+            errors.append(exc)
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # (copies taken after each call's lock is gone may see the other's logits: the same)
+    assert errors == [] and all(np.array_equal(r, alone) for r in results)
+
+
 def test_a_refused_forward_leaves_the_cache_as_it_was():
     model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
     fresh = model.forward(TOKENS[:1], [0]).copy()
@@ -188,6 +209,13 @@ def test_positions_beyond_context_raise():
         model.forward([1, 2], [15, 16])
     with pytest.raises(ValueError, match="token ids"):
         model.forward([512], [0])
+    # not cast first: 2**32 + 3 wrapped to slot 3, 2.9 was cut to 2, and two tokens
+    # at one position wrote one cache row from two threads
+    for positions, match in [([0, 2 ** 32 + 3], "context of 16"), ([0.0, 2.9], "must be integers"),
+                             ([3, 3], "distinct"), ([-1, 0], "context of 16")]:
+        with pytest.raises(ValueError, match=match):
+            model.forward([1, 2], np.array(positions))
+    assert model.cache.n_past == 0 and (model.cache.slot_pos == -1).all()
 
 
 # ---- loading -------------------------------------------------------------------

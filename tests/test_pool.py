@@ -342,6 +342,16 @@ def test_a_shared_pool_is_not_closed_under_its_other_users():
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5)
 
 
+def test_default_threads_are_no_more_than_the_cpus_the_process_may_use(monkeypatch):
+    # under `taskset -c 0` (or an MPI rank bound to one core) it said 2
+    gg.graph.default_threads.cache_clear()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    try:
+        assert gg.default_threads() == 1
+    finally:
+        gg.graph.default_threads.cache_clear()
+
+
 def test_pool_n_threads_must_match():
     graph, _, _ = small_graph(np.random.default_rng(6))
     with gg.ThreadPool(2) as pool, pytest.raises(ValueError, match="n_threads"):

@@ -1,4 +1,5 @@
 /* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done. */
+#define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #include "ggml_py_pool.h"
 
 #include <sched.h>
@@ -34,6 +35,16 @@ int64_t ggml_py_time_ns(void) {
     return (int64_t) ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* The CPUs this process may run on (its affinity: taskset, a cpuset, an MPI rank
+ * bound to cores), or every online one where that cannot be read. */
+static long usable_cpus(void) {
+#if defined(__linux__)
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+    return sysconf(_SC_NPROCESSORS_ONLN);
+}
+
 int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns) {
     if (n_threads < 1 || n_threads > GGML_PY_MAX_THREADS) return -1;
     if (policy < GGML_PY_WAIT_SPIN_THEN_SLEEP || policy > GGML_PY_WAIT_SLEEP) return -1;
@@ -41,7 +52,7 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
     pool->n_threads = n_threads;
     pool->policy    = policy;
     pool->spin_ns   = spin_ns;
-    pool->oversubscribed = n_threads > sysconf(_SC_NPROCESSORS_ONLN);
+    pool->oversubscribed = n_threads > usable_cpus();
     atomic_init(&pool->generation, 0);
     atomic_init(&pool->n_pending, 0);
     atomic_init(&pool->wait_now, 0);
