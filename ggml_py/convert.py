@@ -42,7 +42,7 @@ from typing import Iterator
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
-from ggml_py.gguf_write import atomic_output
+from ggml_py.gguf_write import atomic_output, names_a_directory
 from ggml_py.pretokenize import CONTRACTIONS_ANY_CASE, RE_GPT2, PRE_TOKENIZERS
 
 
@@ -909,6 +909,8 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         raise ConvertError(f"unknown --outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     if not model_dir.is_dir():
         raise ConvertError(f"{model_dir}: not a directory")
+    if outfile and names_a_directory(outfile):    # Path() would drop a trailing '/'
+        raise ConvertError(f"{outfile}: is a directory")
     out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
     for f in checkpoint_files(model_dir):
         if out.exists() and os.path.samefile(out, f):

@@ -77,13 +77,13 @@ if hasattr(os, "register_at_fork"):
 @functools.cache
 def default_threads():
     """Physical cores, as llama.cpp picks by default — no more than the CPUs this
-    process may run on (taskset, a cpuset, an MPI rank bound to cores). Asked once
-    (psutil takes ~0.1 ms)."""
+    process may run on (taskset, a cpuset, an MPI rank bound to cores), nor than
+    MAX_THREADS. Asked once (psutil takes ~0.1 ms)."""
     import psutil
     cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
     if hasattr(os, "sched_getaffinity"):
         cores = min(cores, len(os.sched_getaffinity(0)))
-    return max(1, cores)
+    return max(1, min(cores, MAX_THREADS))
 
 
 def thread_count(n_threads, where):
@@ -118,7 +118,7 @@ def shared_pool(n_threads):
     n_threads = _core.check_thread_count(n_threads, "shared_pool")
     with _pools_lock:
         pool = _pools.get(n_threads)
-        if pool is None or pool.closed:     # closed: forgotten in a fork child
+        if pool is None or pool.closed:
             pool = _pools[n_threads] = _SharedPool(n_threads)
         return pool
 

@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import KeysView, Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,15 +36,20 @@ def token_ids(tokens):
     """
     if isinstance(tokens, TEXT_TYPES):
         raise TypeError(f"expected token ids, got {type(tokens).__name__}")
-    if isinstance(tokens, (set, frozenset, Mapping)) or not isinstance(tokens, Iterable):
-        raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
-                        f"got {type(tokens).__name__}")
     if isinstance(tokens, np.ndarray):
         if tokens.ndim != 1:
             raise TypeError(f"expected a 1-D array of token ids, got {tokens.ndim}-D")
         if tokens.dtype.kind in "iu":
             return tokens.tolist()
-    elif isinstance(tokens, (list, tuple)):
+    try:
+        iter(tokens)        # (a ctypes array iterates by __getitem__: no Iterable ABC)
+        ordered = not isinstance(tokens, (Set, Mapping, KeysView))
+    except TypeError:
+        ordered = False
+    if not ordered:
+        raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
+                        f"got {type(tokens).__name__}")
+    if isinstance(tokens, (list, tuple)):
         types = set(map(type, tokens))
         if types <= {int}:
             return list(tokens)

@@ -13,6 +13,7 @@ A tune file is JSON, self-contained and versioned (see docs/tune.md):
 
 Times are the fastest of the passes, in microseconds, one per M of m_values.
 """
+import errno
 import json
 import math
 import os
@@ -223,12 +224,7 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     n_threads: when given, a thread count the file must have been benched at.
     """
     try:
-        # not blocking on a FIFO, which is then refused (a device too)
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise TuneFileError(f"{path}: cannot read tune file: not a regular file")
-            raw = f.read(MAX_FILE_BYTES + 1)
+        raw = _read_at_most(path, MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise TuneFileError(f"{path}: cannot read tune file: {exc.strerror}") from None
     if len(raw) > MAX_FILE_BYTES:
@@ -255,6 +251,26 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
         raise TuneFileError(f"{path}: benched at {_threads(data.thread_counts)}, not at "
                             f"{n_threads}; bench again with ggml-tune --n-threads {n_threads}")
     return data
+
+
+def _read_at_most(path, n):
+    """Up to n bytes of a regular file or a pipe (`--tune-file <(zcat t.json.gz)`); a
+    device is refused (OSError). The open does not wait for a FIFO's writer: one
+    without a writer reads as empty."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise OSError(errno.EINVAL, "not a regular file or a pipe", path)
+        os.set_blocking(fd, True)
+        f = open(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        return f.read(n)
 
 
 def _threads(counts):

@@ -496,9 +496,9 @@ class ShapeSweeps:
 
 
 def bounded_in_m(m_values, values, exact=None, capped=True):
-    """Each stage's time cannot fall as M grows, nor grow faster than M (twice
-    the rows cost at most twice the time); other work on the machine only adds
-    time, so a time above either bound was inflated and is lowered to it.
+    """Each stage's time cannot fall as M grows, nor — where capped — grow faster
+    than M (twice the rows cost at most twice the time); other work on the machine
+    only adds time, so a time above either bound was inflated and is lowered to it.
 
     exact: per M, whether the time was measured exactly (None: all were).
     Quick samples (only good for ranking) bound no other time; they are only

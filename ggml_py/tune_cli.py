@@ -24,8 +24,8 @@ def parse_threads(text):
 def default_thread_counts():
     """1, 2 and the count ggml-main and ggml-perplexity run at by default (the
     physical cores), so that a file benched with the defaults serves their runs."""
-    from ggml_py.graph import MAX_THREADS, default_threads
-    return sorted({1, 2, min(default_threads(), MAX_THREADS)})
+    from ggml_py.graph import default_threads
+    return sorted({1, 2, default_threads()})
 
 
 def bench_parser():

@@ -1,5 +1,7 @@
 """Shared helpers for the op tests: inputs stored in several memory layouts, and a
 compute that checks every thread count writes every element and gives the same bits."""
+import os
+import threading
 import zlib
 
 import numpy as np
@@ -14,6 +16,31 @@ LAYOUTS = ("contiguous", "transposed", "permuted", "swapped", "strided")
 @pytest.fixture
 def ctx():
     return gg.Context(mem_size=16 << 20)
+
+
+@pytest.fixture
+def unblocked():
+    """unblocked(fifo, fn) -> the exception fn() raised (None if it returned); the
+    test fails, instead of hanging, when fn still waits on the FIFO after 10 s (a
+    writer is then opened to free it)."""
+    def run(fifo, fn):
+        outcome = []
+
+        def target():
+            try:
+                fn()
+                outcome.append(None)
+            except BaseException as exc:   # noqa: BLE001 - handed to the test
+                outcome.append(exc)
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        thread.join(10)
+        if thread.is_alive():
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))   # its reader is waiting
+            thread.join(10)
+            pytest.fail(f"waited on the FIFO {fifo}")
+        return outcome[0]
+    return run
 
 
 @pytest.fixture

@@ -478,6 +478,14 @@ def test_error_output_is_a_checkpoint_file(tmp_path, capsys, name):
     assert {f.name: f.read_bytes() for f in d.iterdir()} == before
 
 
+def test_error_output_named_as_a_directory(tmp_path, capsys):
+    d, _ = make_checkpoint(tmp_path)
+    (tmp_path / "folder").mkdir()
+    for out in (f"{tmp_path}/new.gguf/", str(tmp_path / "folder")):   # Path() drops the '/'
+        assert "is a directory" in _error(capsys, [str(d), "--outfile", out])
+    assert not (tmp_path / "new.gguf").exists()
+
+
 def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, capsys, monkeypatch):
     d, _ = make_checkpoint(tmp_path)
     out = tmp_path / "out.gguf"

@@ -352,10 +352,6 @@ def bad_files():
     open(magic, "wb").write(b"GGML" + good[4:200])
     files.append((magic, "not a GGUF file"))
     files.append((scratch_path("absent.gguf"), "no such file"))
-    fifo = scratch_path("fifo.gguf")      # its open would wait for a writer
-    if not os.path.exists(fifo):
-        os.mkfifo(fifo)
-    files.append((fifo, "not a regular file"))
     return files
 
 
@@ -368,6 +364,12 @@ def test_bad_files_raise_one_clear_error():
         assert fragment in message, message
         assert "\n" not in message
         assert isinstance(info.value, ValueError)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path, unblocked):
+    os.mkfifo(tmp_path / "fifo.gguf")     # its open would wait for a writer
+    error = unblocked(tmp_path / "fifo.gguf", lambda: LlamaModel(tmp_path / "fifo.gguf", n_ctx=16))
+    assert isinstance(error, ModelLoadError) and "fifo.gguf: not a regular file" in str(error)
 
 
 # ---- bad metadata and tensor infos (raw GGUF files) ---------------------------------

@@ -367,11 +367,14 @@ def test_token_ids_must_be_integers(llm):
     for bad, match in [({7: "x", 3: "y"}, "in order .* got dict"), ({300, 9, 64}, "in order .* got set"),
                        (frozenset([1]), "got frozenset"), (5, "got int"), (None, "got NoneType"),
                        (np.array(5), "1-D array of token ids, got 0-D"),
-                       (np.ones((2, 2), np.int32), "got 2-D")]:
+                       (np.ones((2, 2), np.int32), "got 2-D"), ({1: 0}.keys(), "got dict_keys")]:
         with pytest.raises(TypeError, match=match):
             llm.eval(bad)
     assert llm.n_tokens == 0
     assert llm.eval(i for i in (1, 2)).shape == (2, llm.n_vocab())   # an iterator is in order
+    llm.reset()
+    import ctypes                          # llama-cpp-python's token arrays: iterate by index
+    assert llm.eval((ctypes.c_int32 * 2)(1, 2)).shape == (2, llm.n_vocab())
     llm.reset()
 
 

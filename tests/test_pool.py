@@ -344,10 +344,16 @@ def test_a_shared_pool_is_not_closed_under_its_other_users():
 
 def test_default_threads_are_no_more_than_the_cpus_the_process_may_use(monkeypatch):
     # under `taskset -c 0` (or an MPI rank bound to one core) it said 2
+    import psutil
     gg.graph.default_threads.cache_clear()
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     try:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
         assert gg.default_threads() == 1
+        gg.graph.default_threads.cache_clear()
+        # nor more than a pool may have (ggml-main at its default failed on 300 cores)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(1000)), raising=False)
+        monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 1000)
+        assert gg.default_threads() == gg.MAX_THREADS
     finally:
         gg.graph.default_threads.cache_clear()
 

@@ -1,6 +1,7 @@
 """mulmat-tune: estimates, file round trip and rejection, planner choice."""
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -344,14 +345,31 @@ def test_a_huge_or_endless_file_is_not_read_whole(tmp_path, monkeypatch):
     (tmp_path / "big.json").write_text(" " * 2000)
     with pytest.raises(TuneFileError, match="over"):
         tune.load(tmp_path / "big.json")
-    with pytest.raises(TuneFileError, match="not a regular file"):
-        tune.load("/dev/zero")
+    with pytest.raises(TuneFileError, match="not a regular file or a pipe"):
+        tune.load("/dev/zero")            # a device: endless
+    read, write = os.pipe()               # a pipe: endless too, read up to the limit
+    writer = threading.Thread(target=lambda: os.write(write, b" " * 2000))
+    writer.start()
+    with pytest.raises(TuneFileError, match="over"):
+        tune.load(f"/dev/fd/{read}")
+    writer.join()
+    os.close(read), os.close(write)
 
 
-def test_a_fifo_is_refused_not_waited_on(tmp_path):
-    os.mkfifo(tmp_path / "fifo.json")
-    with pytest.raises(TuneFileError, match="not a regular file"):
-        tune.load(tmp_path / "fifo.json")
+def test_a_pipe_is_read_and_a_fifo_without_writer_is_not_waited_on(tmp_path, unblocked):
+    synthetic_data().save(tmp_path / "t.json")
+    read, write = os.pipe()               # as `--tune-file <(zcat t.json.gz)`
+    writer = threading.Thread(target=lambda: (os.write(write, (tmp_path / "t.json").read_bytes()),
+                                              os.close(write)))
+    writer.start()
+    assert tune.load(f"/dev/fd/{read}", check_system=False).thread_counts == [1, 2]
+    writer.join()
+    os.close(read)
+    os.mkfifo(tmp_path / "fifo.json")     # nobody writes: read as empty, at once
+    error = unblocked(tmp_path / "fifo.json", lambda: tune.load(tmp_path / "fifo.json"))
+    assert isinstance(error, TuneFileError) and "corrupt or truncated" in str(error)
+    with pytest.raises(TuneFileError, match="Is a directory"):
+        tune.load(tmp_path)
 
 
 def test_thread_counts_in_any_order_are_read_as_a_set(tmp_path):
@@ -532,7 +550,7 @@ def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_pat
         asked.append(thread_counts)
         return synthetic_data()
     monkeypatch.setattr(tune_cli, "bench", fake_bench)
-    for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2]), (10 ** 6, [1, 2, gg.MAX_THREADS])]:
+    for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2])]:
         monkeypatch.setattr(ggml_py.graph, "default_threads", lambda: cores)
         assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q"]) == 0
         assert asked.pop() == expected
