@@ -11,8 +11,10 @@ through numpy views and runs the graph. The K window grows in steps of
 sequence builds only a handful of graphs.
 """
 import math
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -442,6 +444,24 @@ def _context_bytes(c, T, K):
 
 # ---- the model ------------------------------------------------------------------
 
+_live_models = weakref.WeakSet()
+
+
+def _free_locks_after_fork():
+    # A fork child has only the thread that forked: a forward lock another thread
+    # held stays held for good. Give such a model a free lock (its graphs then say
+    # they are "already being computed", as the half-run compute left them).
+    for model in list(_live_models):
+        if model._lock.acquire(blocking=False):    # free, or held by the forking thread
+            model._lock.release()
+        else:
+            model._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_free_locks_after_fork)
+
+
 class LlamaModel:
     """Weights + KV cache + cached forward graphs; forward(tokens, positions) -> logits."""
 
@@ -478,6 +498,7 @@ class LlamaModel:
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
+        _live_models.add(self)
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""

@@ -8,11 +8,12 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
+import ctypes
 import os
 import threading
 import time
 import weakref
-from collections.abc import KeysView, Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,11 +42,9 @@ def token_ids(tokens):
             raise TypeError(f"expected a 1-D array of token ids, got {tokens.ndim}-D")
         if tokens.dtype.kind in "iu":
             return tokens.tolist()
-    try:
-        iter(tokens)        # (a ctypes array iterates by __getitem__: no Iterable ABC)
-        ordered = not isinstance(tokens, (Set, Mapping, KeysView))
-    except TypeError:
-        ordered = False
+    # (a ctypes array iterates by __getitem__, without the Iterable ABC; a ctypes
+    # pointer, or any __getitem__ that never ends, must not be walked)
+    ordered = isinstance(tokens, (Iterable, ctypes.Array)) and not isinstance(tokens, (Set, Mapping))
     if not ordered:
         raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
                         f"got {type(tokens).__name__}")

@@ -374,8 +374,11 @@ def test_token_ids_must_be_integers(llm):
     assert llm.eval(i for i in (1, 2)).shape == (2, llm.n_vocab())   # an iterator is in order
     llm.reset()
     import ctypes                          # llama-cpp-python's token arrays: iterate by index
-    assert llm.eval((ctypes.c_int32 * 2)(1, 2)).shape == (2, llm.n_vocab())
+    tokens = (ctypes.c_int32 * 2)(1, 2)
+    assert llm.eval(tokens).shape == (2, llm.n_vocab())
     llm.reset()
+    with pytest.raises(TypeError, match="got LP_c_int"):   # a pointer has no end: it was walked
+        llm.eval(ctypes.cast(tokens, ctypes.POINTER(ctypes.c_int32)))
 
 
 def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
@@ -564,6 +567,38 @@ def test_a_fork_child_refuses_a_llama_another_thread_was_using(llm):
     assert wait_for_child(pid, "a fork child hung on its inherited Llama") == 0
     np.testing.assert_array_equal(llm.eval(ids), expected)
     llm.reset()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_child_is_not_stuck_on_a_forward_lock_another_thread_held():
+    # the model's own lock (held by a thread that does not exist in the child) used to
+    # block the child's first forward for good
+    from test_pool import wait_for_child
+    from ggml_py.llama import LlamaModel
+    model = LlamaModel(model_path("f32"), n_ctx=64, n_threads=1)
+    expected = model.forward([1, 2, 3], [0, 1, 2]).copy()
+    held, release = threading.Event(), threading.Event()
+
+    def busy():               # a forward in progress in another thread
+        with model._lock:
+            held.set()
+            release.wait(30)
+    thread = threading.Thread(target=busy)
+    thread.start()
+    held.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                model.cache.clear()
+                code = 0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected) else 2
+            finally:
+                os._exit(code)
+    finally:
+        release.set()
+        thread.join()
+    assert wait_for_child(pid, "a fork child hung on a model's forward lock") == 0
 
 
 def test_damaged_weights_give_a_clear_error_not_garbage():

@@ -1,5 +1,7 @@
 /* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done. */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
+#endif
 #include "ggml_py_pool.h"
 
 #include <sched.h>
