@@ -479,7 +479,7 @@ class LlamaModel:
             raise ValueError(f"n_ctx must be at least 1 (0: the model's training context), "
                              f"got {n_ctx}")
         self.n_ctx = int(n_ctx)
-        self.cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
+        self._cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
@@ -499,6 +499,12 @@ class LlamaModel:
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
         _live_models.add(self)
+
+    @property
+    def cache(self):
+        """The KV cache. The graphs are built over its buffers, so it is not replaced
+        (assigning another one made the cached graphs compute on the old one)."""
+        return self._cache
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""

@@ -12,7 +12,7 @@ from llama_models import (BIASES, SPECS, V, biased_model_path, edited_model, ggu
 from llama_reference import ReferenceLlama
 
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
-from ggml_py.llama import LlamaConfig, LlamaModel
+from ggml_py.llama import KVCache, LlamaConfig, LlamaModel
 from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
 from ggml_py.types import Op, Type
 
@@ -174,6 +174,12 @@ def test_forwards_from_two_threads_take_turns():
         t.join()
     # (copies taken after each call's lock is gone may see the other's logits: the same)
     assert errors == [] and all(np.array_equal(r, alone) for r in results)
+
+
+def test_the_cache_the_graphs_are_built_over_is_not_replaced():
+    model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
+    with pytest.raises(AttributeError):
+        model.cache = KVCache(1, 16, 64, Type.F32)
 
 
 def test_a_refused_forward_leaves_the_cache_as_it_was():
