@@ -254,6 +254,7 @@ class KVCache:
             raise ValueError(f"cannot allocate the KV cache for n_ctx={n_ctx}: "
                              f"{size / 2**30:.1f} GiB") from None
         self.n_past = 0                                  # positions 0..n_past-1 are cached
+        self.cut_by_fork = False   # a forward was half-way in another thread at a fork: unknown
 
     @property
     def nbytes(self):
@@ -264,6 +265,7 @@ class KVCache:
         """Forget every position (the rows stay; empty slots are masked out)."""
         self.slot_pos[:] = -1
         self.n_past = 0
+        self.cut_by_fork = False
 
     def truncate(self, n):
         """Forget positions >= n (keep a prefix to continue from)."""
@@ -449,13 +451,17 @@ _live_models = weakref.WeakSet()
 
 def _free_locks_after_fork():
     # A fork child has only the thread that forked: a forward lock another thread
-    # held stays held for good. Give such a model a free lock (its graphs then say
-    # they are "already being computed", as the half-run compute left them).
+    # held stays held for good, over a cache and graphs that forward left half-way
+    # (a position marked held whose row was never written, nodes marked as being
+    # computed). Such a model gets a free lock and graphs built again, and refuses
+    # to run until its cache is cleared (what it holds is unknown).
     for model in list(_live_models):
         if model._lock.acquire(blocking=False):    # free, or held by the forking thread
             model._lock.release()
         else:
             model._lock = threading.RLock()
+            model._cache.cut_by_fork = True
+            model._drop_graphs()
 
 
 if hasattr(os, "register_at_fork"):
@@ -608,6 +614,10 @@ class LlamaModel:
 
     def _forward(self, tokens, positions, n_out):
         """forward's work, its arguments checked (int32 arrays), under its lock."""
+        if self._cache.cut_by_fork:
+            raise RuntimeError("forward: another thread was running forward on this model when "
+                               "the process forked, so its cache is unknown here; call "
+                               "model.cache.clear() to start over")
         T = tokens.size
         n_past, held = self.cache.n_past, self.cache.slot_pos.copy()
         try:

@@ -8,7 +8,6 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
-import ctypes
 import os
 import threading
 import time
@@ -42,9 +41,11 @@ def token_ids(tokens):
             raise TypeError(f"expected a 1-D array of token ids, got {tokens.ndim}-D")
         if tokens.dtype.kind in "iu":
             return tokens.tolist()
-    # (a ctypes array iterates by __getitem__, without the Iterable ABC; a ctypes
-    # pointer, or any __getitem__ that never ends, must not be walked)
-    ordered = isinstance(tokens, (Iterable, ctypes.Array)) and not isinstance(tokens, (Set, Mapping))
+    # (a sequence may iterate by __getitem__ and __len__ alone, as a ctypes array; a
+    # ctypes pointer, an endless __getitem__ without a length, must not be walked)
+    kind = type(tokens)
+    sequence = hasattr(kind, "__getitem__") and hasattr(kind, "__len__")
+    ordered = (isinstance(tokens, Iterable) or sequence) and not isinstance(tokens, (Set, Mapping))
     if not ordered:
         raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
                         f"got {type(tokens).__name__}")

@@ -380,6 +380,17 @@ def test_token_ids_must_be_integers(llm):
     with pytest.raises(TypeError, match="got LP_c_int"):   # a pointer has no end: it was walked
         llm.eval(ctypes.cast(tokens, ctypes.POINTER(ctypes.c_int32)))
 
+    class Indexed:                         # a sequence by __getitem__ and __len__ alone
+        def __len__(self):
+            return 2
+
+        def __getitem__(self, i):
+            if i >= 2:
+                raise IndexError(i)
+            return i + 1
+    assert llm.eval(Indexed()).shape == (2, llm.n_vocab())
+    llm.reset()
+
 
 def test_a_bad_id_anywhere_is_refused_before_any_batch_runs():
     llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=4)
@@ -590,9 +601,15 @@ def test_a_fork_child_is_not_stuck_on_a_forward_lock_another_thread_held():
         pid = os.fork()
         if pid == 0:
             code = 1
-            try:
+            try:        # what that forward left half-way is not trusted: refused until cleared
+                try:
+                    model.forward([4], [3])
+                    code = 2
+                except RuntimeError as e:
+                    code = 0 if "cache is unknown here" in str(e) else 3
                 model.cache.clear()
-                code = 0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected) else 2
+                code = code or (0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected)
+                                else 4)
             finally:
                 os._exit(code)
     finally:
