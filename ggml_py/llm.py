@@ -49,6 +49,8 @@ def token_ids(tokens):
     if not ordered:
         raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
                         f"got {type(tokens).__name__}")
+    if not isinstance(tokens, Iterable):       # by index, as far as its length says
+        tokens = [tokens[i] for i in range(len(tokens))]
     if isinstance(tokens, (list, tuple)):
         types = set(map(type, tokens))
         if types <= {int}:
@@ -392,6 +394,12 @@ class Llama:
         if self.n_tokens + len(tokens) > self.n_ctx():
             raise ValueError(f"{self.n_tokens} + {len(tokens)} tokens do not fit the context "
                              f"of {self.n_ctx()} tokens")
+        cache = self.model.cache
+        if cache.cut_by_fork or cache.n_past != self.n_tokens:
+            # (the model used directly: forward in another thread at a fork, or its
+            # cache cleared or filled behind this Llama's back)
+            raise RuntimeError(f"the model's cache does not hold this Llama's sequence of "
+                               f"{self.n_tokens} tokens; call reset() to start over")
         self.changes += 1
         logits = None
         for start in range(0, len(tokens), self.n_batch):

@@ -380,13 +380,11 @@ def test_token_ids_must_be_integers(llm):
     with pytest.raises(TypeError, match="got LP_c_int"):   # a pointer has no end: it was walked
         llm.eval(ctypes.cast(tokens, ctypes.POINTER(ctypes.c_int32)))
 
-    class Indexed:                         # a sequence by __getitem__ and __len__ alone
-        def __len__(self):
-            return 2
+    class Indexed:                         # a sequence by __getitem__ and __len__ alone,
+        def __len__(self):                 # read as far as its length says (this one's
+            return 2                       # __getitem__ never ends: it was walked for good)
 
         def __getitem__(self, i):
-            if i >= 2:
-                raise IndexError(i)
             return i + 1
     assert llm.eval(Indexed()).shape == (2, llm.n_vocab())
     llm.reset()
@@ -616,6 +614,48 @@ def test_a_fork_child_is_not_stuck_on_a_forward_lock_another_thread_held():
         release.set()
         thread.join()
     assert wait_for_child(pid, "a fork child hung on a model's forward lock") == 0
+
+
+def test_a_llama_refuses_a_cache_changed_behind_its_back(llm):
+    llm.reset()
+    ids = llm.tokenize("Once upon a time")
+    expected = llm.eval(ids)
+    llm.model.cache.clear()               # the model used directly (or cut at a fork)
+    with pytest.raises(RuntimeError, match="call reset"):
+        llm.eval([5])                      # it ran at position 5 over an empty cache
+    llm.reset()
+    np.testing.assert_array_equal(llm.eval(ids), expected)
+    llm.reset()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_fork_child_rebuilds_the_graphs_a_forward_left_half_run():
+    # a forward in another thread, stopped inside compute (its nodes marked as being
+    # computed) by a fork that is pending; the child's graphs must not keep that mark
+    import time
+    from test_pool import wait_for_child
+    from ggml_py import _core
+    from ggml_py.llama import LlamaModel
+    model = LlamaModel(model_path("f32"), n_ctx=64, n_threads=1)
+    expected = model.forward([1, 2, 3], [0, 1, 2]).copy()
+    model.cache.clear()
+    _core._fork_wait()                    # a fork pending: a run waits at its start
+    try:
+        thread = threading.Thread(target=lambda: model.forward([1, 2, 3], [0, 1, 2]))
+        thread.start()
+        time.sleep(0.3)                   # it is in compute, its nodes held, at the gate
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                model.cache.clear()
+                code = 0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected) else 2
+            finally:
+                os._exit(code)
+    finally:
+        _core._fork_done_in_parent()
+    thread.join()
+    assert wait_for_child(pid, "a fork child hung") == 0
 
 
 def test_damaged_weights_give_a_clear_error_not_garbage():
