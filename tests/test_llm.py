@@ -578,44 +578,6 @@ def test_a_fork_child_refuses_a_llama_another_thread_was_using(llm):
     llm.reset()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_fork_child_is_not_stuck_on_a_forward_lock_another_thread_held():
-    # the model's own lock (held by a thread that does not exist in the child) used to
-    # block the child's first forward for good
-    from test_pool import wait_for_child
-    from ggml_py.llama import LlamaModel
-    model = LlamaModel(model_path("f32"), n_ctx=64, n_threads=1)
-    expected = model.forward([1, 2, 3], [0, 1, 2]).copy()
-    held, release = threading.Event(), threading.Event()
-
-    def busy():               # a forward in progress in another thread
-        with model._lock:
-            held.set()
-            release.wait(30)
-    thread = threading.Thread(target=busy)
-    thread.start()
-    held.wait(30)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:        # what that forward left half-way is not trusted: refused until cleared
-                try:
-                    model.forward([4], [3])
-                    code = 2
-                except RuntimeError as e:
-                    code = 0 if "cache is unknown here" in str(e) else 3
-                model.cache.clear()
-                code = code or (0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected)
-                                else 4)
-            finally:
-                os._exit(code)
-    finally:
-        release.set()
-        thread.join()
-    assert wait_for_child(pid, "a fork child hung on a model's forward lock") == 0
-
-
 def test_a_llama_refuses_a_cache_changed_behind_its_back(llm):
     llm.reset()
     ids = llm.tokenize("Once upon a time")
@@ -629,9 +591,13 @@ def test_a_llama_refuses_a_cache_changed_behind_its_back(llm):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
-def test_a_fork_child_rebuilds_the_graphs_a_forward_left_half_run():
-    # a forward in another thread, stopped inside compute (its nodes marked as being
-    # computed) by a fork that is pending; the child's graphs must not keep that mark
+@pytest.mark.parametrize("in_compute", [False, True])
+def test_a_fork_child_refuses_a_model_another_thread_was_running_until_cleared(in_compute):
+    # another thread in a LlamaModel's forward at the fork: holding its lock (which, held
+    # by a thread the child does not have, blocked the child for good), or stopped inside
+    # compute by the pending fork (its nodes marked as being computed). The child's model
+    # refuses (its cache was half-written: freeing the lock alone gave wrong logits) until
+    # its cache is cleared, then computes as before on graphs built again.
     import time
     from test_pool import wait_for_child
     from ggml_py import _core
@@ -639,23 +605,41 @@ def test_a_fork_child_rebuilds_the_graphs_a_forward_left_half_run():
     model = LlamaModel(model_path("f32"), n_ctx=64, n_threads=1)
     expected = model.forward([1, 2, 3], [0, 1, 2]).copy()
     model.cache.clear()
-    _core._fork_wait()                    # a fork pending: a run waits at its start
+    held, release = threading.Event(), threading.Event()
+
+    def busy():
+        if in_compute:
+            model.forward([1, 2, 3], [0, 1, 2])
+        else:
+            with model._lock:
+                held.set()
+                release.wait(30)
+    if in_compute:
+        _core._fork_wait()                # a fork pending: the forward waits inside compute
     try:
-        thread = threading.Thread(target=lambda: model.forward([1, 2, 3], [0, 1, 2]))
+        thread = threading.Thread(target=busy)
         thread.start()
-        time.sleep(0.3)                   # it is in compute, its nodes held, at the gate
+        time.sleep(0.3) if in_compute else held.wait(30)
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                try:
+                    model.forward([4], [3])
+                    code = 2
+                except RuntimeError as e:
+                    code = 0 if "cache is unknown here" in str(e) else 3
                 model.cache.clear()
-                code = 0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected) else 2
+                code = code or (0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected)
+                                else 4)
             finally:
                 os._exit(code)
     finally:
-        _core._fork_done_in_parent()
+        if in_compute:
+            _core._fork_done_in_parent()
+        release.set()
     thread.join()
-    assert wait_for_child(pid, "a fork child hung") == 0
+    assert wait_for_child(pid, "a fork child hung on a model another thread was running") == 0
 
 
 def test_damaged_weights_give_a_clear_error_not_garbage():
