@@ -248,7 +248,7 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
         raise TuneFileError(f"{path}: has no times for {len(missing)} of the model's matrix shapes "
                             f"(e.g. N={n} K={k} {Type(t).name}); bench again with ggml-tune")
     if n_threads is not None and n_threads not in data.thread_counts:
-        raise TuneFileError(f"{path}: benched at {_threads(data.thread_counts)}, not at "
+        raise TuneFileError(f"{path}: benched at {threads_text(data.thread_counts)}, not at "
                             f"{n_threads}; bench again with ggml-tune --n-threads {n_threads}")
     return data
 
@@ -273,7 +273,8 @@ def _read_at_most(path, n):
         return f.read(n)
 
 
-def _threads(counts):
+def threads_text(counts):
+    """'1 thread', '2 threads', '1, 2 threads': thread counts for a message."""
     return f"{', '.join(map(str, counts))} thread{'s' if counts != [1] else ''}"
 
 
@@ -417,6 +418,6 @@ def _shape_from_json(s, check, data, check_system):
             benched = [p.name for p in distinct_profiles(list(real.values()), t)]
             timed = [pt.profile.name for pt in shape.profiles if t in pt.times_us]
             if sorted(timed) != sorted(benched):
-                check.fail(f"{where}: times at {_threads([t])} for {', '.join(timed) or 'no profile'}; "
+                check.fail(f"{where}: times at {threads_text([t])} for {', '.join(timed) or 'no profile'}; "
                            f"ggml-tune benches {', '.join(benched)}")
     return shape

@@ -10,7 +10,7 @@ import sys
 import time
 
 import ggml_py as gg
-from ggml_py import tune
+from ggml_py import graph, tune
 from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, thread_list,
                                 weight_type)
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
@@ -24,8 +24,7 @@ def parse_threads(text):
 def default_thread_counts():
     """1, 2 and the count ggml-main and ggml-perplexity run at by default (the
     physical cores), so that a file benched with the defaults serves their runs."""
-    from ggml_py.graph import default_threads
-    return sorted({1, 2, default_threads()})
+    return sorted({1, 2, graph.default_threads()})
 
 
 def bench_parser():
@@ -41,7 +40,7 @@ def bench_parser():
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
     p.add_argument("--n-threads", type=parse_threads, default=None,
                    help="e.g. 1,2,4 (default 1, 2 and the count ggml-main runs at: "
-                        f"the physical cores, {default_thread_counts()[-1]} here)")
+                        f"the physical cores, {graph.default_threads()} here)")
     p.add_argument("--m-max", type=int, default=9, help="M runs over 2^0 .. 2^m-max (default 9: 512)")
     p.add_argument("--passes", type=int, default=1,
                    help="sweeps over all the shapes, one after another; each stage keeps "

@@ -215,8 +215,8 @@ def setup_tune(llm, args, log):
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
-        threads = f"{llm.n_threads()} thread{'s' if llm.n_threads() != 1 else ''}"
-        log(f"tune: benched {len(shapes)} shapes x {len(m_values)} M at {threads} "
+        log(f"tune: benched {len(shapes)} shapes x {len(m_values)} M at "
+            f"{tune.threads_text([llm.n_threads()])} "
             f"in {time.perf_counter() - start:.1f} s")
         if args.tune_file is not None:
             data.save(args.tune_file)
