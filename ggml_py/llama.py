@@ -1,4 +1,5 @@
-"""The llama architecture as a ggml_py graph: config, weights, KV cache, blocks, forward.
+"""The llama architecture as a ggml_py graph: config, weights, blocks, forward (the KV
+cache it writes and reads is kv_cache.KVCache).
 
 Reads top to bottom like llama2.c. Shapes are numpy order and written beside the
 names: T = tokens in the batch, K = cache slots attended to (the window), E =
@@ -24,6 +25,7 @@ from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import aligned_bytes, build_forward, check_tune, default_threads, shared_pool
 from ggml_py.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
+from ggml_py.kv_cache import KVCache
 from ggml_py.tensor import Context
 from ggml_py.types import Type
 
@@ -228,78 +230,6 @@ class LlamaWeights:
                    output=output, rope_freqs=rope_freqs)
 
 
-# ---- KV cache -----------------------------------------------------------------
-
-class KVCache:
-    """K and V rows of every layer, one row per cache slot: k[l], v[l] (n_ctx, Hkv*D).
-
-    This is the simplest cache: one sequence, slot = position. What the graph
-    needs from a cache is only: layer_tensors() to write and view rows,
-    slots_for() to place new tokens, and fill_mask() to say which slots each
-    token sees, so a paged or int8 cache can take its place.
-    """
-
-    def __init__(self, n_layer, n_ctx, n_embd_kv, type=Type.F16):
-        type = Type(type)
-        if type not in (Type.F16, Type.F32):
-            raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
-        dtype = np.float16 if type == Type.F16 else np.float32
-        self.type, self.n_ctx, self.n_embd_kv = type, n_ctx, n_embd_kv
-        try:
-            self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
-            self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
-            self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
-        except (MemoryError, ValueError, OverflowError):   # numpy: "array is too big"
-            size = 2 * n_layer * n_ctx * n_embd_kv * np.dtype(dtype).itemsize
-            raise ValueError(f"cannot allocate the KV cache for n_ctx={n_ctx}: "
-                             f"{size / 2**30:.1f} GiB") from None
-        self.n_past = 0                                  # positions 0..n_past-1 are cached
-        self.cut_by_fork = False   # a forward was half-way in another thread at a fork: unknown
-
-    @property
-    def nbytes(self):
-        """Bytes of all K and V rows: 2 * n_layer * n_ctx * n_embd_kv * element size."""
-        return sum(a.nbytes for a in self.k + self.v)
-
-    def clear(self):
-        """Forget every position (the rows stay; empty slots are masked out)."""
-        self.slot_pos[:] = -1
-        self.n_past = 0
-        self.cut_by_fork = False
-
-    def truncate(self, n):
-        """Forget positions >= n (keep a prefix to continue from)."""
-        n = max(0, min(n, self.n_past))
-        self.slot_pos[self.slot_pos >= n] = -1
-        self.n_past = n
-
-    def slots_for(self, positions):
-        """Slot ids for new tokens at `positions` (int32 (T,)); marks them used."""
-        if positions.size and (positions.min() < 0 or positions.max() >= self.n_ctx):
-            raise ValueError(f"positions {positions.min()}..{positions.max()} do not fit a "
-                             f"context of {self.n_ctx} tokens")
-        self.slot_pos[positions] = positions
-        self.n_past = max(self.n_past, int(positions.max()) + 1 if positions.size else 0)
-        return positions
-
-    def window(self, kv_pad=KV_PAD):
-        """Slots the next graph must attend to: the used ones, rounded up to kv_pad."""
-        return min(self.n_ctx, -(-max(self.n_past, 1) // kv_pad) * kv_pad)
-
-    def fill_mask(self, mask, positions):
-        """mask (T, K) F32: 0 where token t may see slot s (held position <= its own), else -inf."""
-        n_kv = mask.shape[1]
-        held = self.slot_pos[:n_kv]
-        visible = (held[None, :] >= 0) & (held[None, :] <= positions[:, None])
-        mask[...] = np.where(visible, np.float32(0), np.float32(-np.inf))
-
-    def layer_tensors(self, ctx, il):
-        """(k, v) tensors (n_ctx, Hkv*D) over layer il's rows, in ctx (no copy)."""
-        shape = (self.n_ctx, self.n_embd_kv)
-        return (ctx.from_buffer(self.k[il], self.type, shape, name=f"cache_k.{il}"),
-                ctx.from_buffer(self.v[il], self.type, shape, name=f"cache_v.{il}"))
-
-
 # ---- the forward graph ----------------------------------------------------------
 
 class ForwardGraph:
@@ -326,8 +256,8 @@ def linear(w, x, bias=None):
     return y if bias is None else ops.add(y, bias)
 
 
-def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T, K):
-    """Self-attention of one layer: x (T, E) -> (T, E); writes this batch's K, V rows."""
+def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
+    """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
     D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
     q = ops.reshape(linear(lw.wq, x, lw.bq), (T, H, D))             # (T, H, D)
     k = ops.reshape(linear(lw.wk, x, lw.bk), (T, Hkv, D))           # (T, Hkv, D)
@@ -337,13 +267,8 @@ def attention(c, x, lw, cache_k, cache_v, positions, slots, mask, rope_freqs, T,
     k = ops.rope(k, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
                  rope_freqs)
 
-    # write this batch into the cache, then read the window back through views of
-    # the written tensors (so the reads are ordered after the writes)
-    cache_k = ops.set_rows(cache_k, ops.reshape(k, (T, Hkv * D)), slots)   # (n_ctx, Hkv*D)
-    cache_v = ops.set_rows(cache_v, v, slots)
-    es, row = cache_k.strides[-1], cache_k.strides[0]
-    keys = ops.view(cache_k, (Hkv, K, D), (D * es, row, es))        # (Hkv, K, D)
-    values = ops.view(cache_v, (Hkv, K, D), (D * es, row, es))      # (Hkv, K, D)
+    keys, values = cache.store_and_load(x.ctx, il, ops.reshape(k, (T, Hkv * D)), v,
+                                        slots, K)                   # (Hkv, K, D) each
     values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
 
     queries = ops.permute(q, (1, 0, 2))                              # (H, T, D)
@@ -411,10 +336,9 @@ def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
         for il, layer in enumerate(weights.layers):
             lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
                                  if w is not None})
-            cache_k, cache_v = cache.layer_tensors(ctx, il)
             h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
-            x = ops.add(x, attention(c, h, lw, cache_k, cache_v, positions, slots, mask,
-                                     rope_freqs, T, K))
+            x = ops.add(x, attention(c, h, lw, cache, il, positions, slots, mask, rope_freqs,
+                                     T, K))
             h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
             x = ops.add(x, feed_forward(h, lw))
 
@@ -485,7 +409,8 @@ class LlamaModel:
             raise ValueError(f"n_ctx must be at least 1 (0: the model's training context), "
                              f"got {n_ctx}")
         self.n_ctx = int(n_ctx)
-        self._cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_embd_kv, kv_type)
+        self._cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_head_kv,
+                              self.config.head_dim, kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
@@ -618,20 +543,19 @@ class LlamaModel:
             raise RuntimeError("forward: another thread was running forward on this model when "
                                "the process forked, so its cache is unknown here; call "
                                "model.cache.clear() to start over")
-        T = tokens.size
-        n_past, held = self.cache.n_past, self.cache.slot_pos.copy()
+        cache = self._cache
+        slots = cache.begin(positions)
         try:
-            slots = self.cache.slots_for(positions)
-            g = self.graph(T, self.cache.window(self.kv_pad), n_out)
+            g = self.graph(tokens.size, cache.window(self.kv_pad), n_out)
             g.tokens[:] = tokens
             g.positions[:] = positions
             g.slots[:] = slots
-            self.cache.fill_mask(g.mask, positions)
+            cache.fill_mask(g.mask, positions)
             pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
             g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
         except BaseException:
             # a failed call (no memory for a graph, Ctrl-C) leaves no position marked
             # as held that it may not have written
-            self.cache.n_past, self.cache.slot_pos[:] = n_past, held
+            cache.rollback()
             raise
         return g.logits

@@ -12,7 +12,8 @@ from llama_models import (BIASES, SPECS, V, biased_model_path, edited_model, ggu
 from llama_reference import ReferenceLlama
 
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
-from ggml_py.llama import KVCache, LlamaConfig, LlamaModel
+from ggml_py.kv_cache import KVCache
+from ggml_py.llama import LlamaConfig, LlamaModel
 from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
 from ggml_py.types import Op, Type
 
@@ -179,7 +180,7 @@ def test_forwards_from_two_threads_take_turns():
 def test_the_cache_the_graphs_are_built_over_is_not_replaced():
     model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
     with pytest.raises(AttributeError):
-        model.cache = KVCache(1, 16, 64, Type.F32)
+        model.cache = KVCache(1, 16, 1, 64, Type.F32)
 
 
 def test_a_refused_forward_leaves_the_cache_as_it_was():

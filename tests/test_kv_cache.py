@@ -1,0 +1,114 @@
+"""The KV cache on its own, and the model reaching it only through its interface."""
+import numpy as np
+import pytest
+
+from llama_models import model_path
+
+import ggml_py as gg
+from ggml_py import ops
+from ggml_py.kv_cache import KVCache
+from ggml_py.graph import build_forward
+from ggml_py.tensor import Context
+from ggml_py.types import Type
+
+# what kv_cache's docstring lists: a cache of another kind provides these and nothing more
+INTERFACE = {"begin", "rollback", "window", "fill_mask", "store_and_load", "n_past", "clear",
+             "truncate", "cut_by_fork"}
+
+
+def state(cache):
+    return cache.n_past, cache.slot_pos.copy()
+
+
+def test_rollback_undoes_the_last_begin_exactly():
+    cache = KVCache(1, 16, 2, 4, Type.F32)
+    cache.begin(np.arange(10, dtype=np.int32))
+    cache.truncate(5)
+    before = state(cache)
+    slots = cache.begin(np.array([5, 6, 7], np.int32))       # over slots held before truncate
+    np.testing.assert_array_equal(slots, [5, 6, 7])
+    assert cache.n_past == 8 and list(cache.slot_pos[5:8]) == [5, 6, 7]
+    cache.rollback()
+    assert state(cache)[0] == before[0] and np.array_equal(state(cache)[1], before[1])
+    cache.rollback()                                           # nothing more to undo
+    assert cache.n_past == 5
+
+
+def test_begin_refuses_positions_outside_the_context_and_changes_nothing():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(3, dtype=np.int32))
+    for positions in ([15, 16], [-1, 3]):
+        with pytest.raises(ValueError, match="context of 16"):
+            cache.begin(np.array(positions, np.int32))
+        assert cache.n_past == 3 and (cache.slot_pos[3:] == -1).all()
+
+
+def test_window_and_mask():
+    cache = KVCache(1, 20, 1, 4)
+    assert cache.window(8) == 8                               # at least one step, empty
+    cache.begin(np.arange(9, dtype=np.int32))
+    assert cache.window(8) == 16 and cache.window(64) == 20  # rounded up, at most n_ctx
+    mask = np.empty((2, 16), np.float32)
+    cache.fill_mask(mask, np.array([3, 8], np.int32))
+    np.testing.assert_array_equal(mask[0] == 0, np.arange(16) <= 3)
+    np.testing.assert_array_equal(mask[1] == 0, np.arange(16) <= 8)
+    assert np.isneginf(mask[mask != 0]).all()
+
+
+@pytest.mark.parametrize("type", [Type.F32, Type.F16])
+def test_store_and_load_writes_the_rows_and_reads_the_window(type):
+    n_ctx, Hkv, D, K = 12, 2, 4, 8
+    cache = KVCache(2, n_ctx, Hkv, D, type)
+    rng = np.random.default_rng(7)
+    old_k, old_v = (rng.standard_normal((n_ctx, Hkv * D)) for _ in range(2))
+    cache.k[1][:], cache.v[1][:] = old_k, old_v
+    ctx = Context(mem_size=1 << 20)
+    k = ctx.new_tensor(Type.F32, (3, Hkv * D))
+    v = ctx.new_tensor(Type.F32, (3, Hkv * D))
+    slots = ctx.new_tensor(Type.I32, (3,))
+    keys, values = cache.store_and_load(ctx, 1, k, v, slots, K)
+    assert keys.shape == values.shape == (Hkv, K, D)
+    k.numpy()[:], v.numpy()[:] = (rng.standard_normal((3, Hkv * D)) for _ in range(2))
+    slots.numpy()[:] = [6, 1, 4]
+    keys, values = ops.cont(keys), ops.cont(values)
+    build_forward(keys, values).compute(n_threads=1)
+    dtype = cache.k[1].dtype
+    for new, old, rows, read in ((k, old_k, cache.k[1], keys), (v, old_v, cache.v[1], values)):
+        expected = old.astype(dtype)
+        expected[[6, 1, 4]] = new.numpy().astype(dtype)
+        np.testing.assert_array_equal(rows, expected)          # written in place
+        window = expected[:K].astype(np.float32).reshape(K, Hkv, D).transpose(1, 0, 2)
+        np.testing.assert_array_equal(read.numpy(), window)    # (Hkv, K, D)
+    np.testing.assert_array_equal(cache.k[0], 0)               # other layers untouched
+
+
+class InterfaceOnly:
+    """A cache that lets its user reach the interface's members and nothing else."""
+
+    def __init__(self, inner):
+        object.__setattr__(self, "_inner", inner)
+
+    def __getattr__(self, name):
+        if name not in INTERFACE:
+            raise AssertionError(f"cache.{name} is not in the cache's interface")
+        return getattr(self._inner, name)
+
+    def __setattr__(self, name, value):
+        if name not in INTERFACE:
+            raise AssertionError(f"cache.{name} is not in the cache's interface")
+        setattr(self._inner, name, value)
+
+
+def test_the_model_and_llama_use_only_the_caches_interface():
+    plain = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=5, kv_type="f32")
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=5, kv_type="f32")
+    llm.model._cache = InterfaceOnly(llm.model._cache)
+    ids = plain.tokenize("the model reaches its cache through a few members")
+    for which in (plain, llm):
+        which.eval(ids[:7])
+    np.testing.assert_array_equal(llm.eval(ids[7:]), plain.eval(ids[7:]))
+    texts = [which.generate("the", max_tokens=6, temperature=0) for which in (plain, llm)]
+    assert list(texts[0]) == list(texts[1])
+    assert llm.perplexity(ids * 4, n_ctx=16).ppl == plain.perplexity(ids * 4, n_ctx=16).ppl
+    llm.reset()
+    assert llm.n_tokens == 0
