@@ -4,14 +4,22 @@ The model reaches a cache through these members only, so that another kind of
 cache (pages from a pool, int8 rows with a scale per token and head) can take
 this one's place without a change to the model:
 
-    begin(positions) -> slots        place a batch's tokens; rollback() undoes it
-    rollback()                       forget the last begin (its compute failed)
+    begin(positions) -> slots        place a batch's tokens, all or none of them
+    rollback()                       undo the begin of a forward that failed
     window(pad) -> K                 how many slots the next graph attends to
     fill_mask(mask, positions)       which of those slots each token may see
     store_and_load(ctx, il, k, v, slots, K) -> (keys, values)
                                      graph ops: write the batch's rows, read the window
     n_past, clear(), truncate(n)     the sequence held
     cut_by_fork                      True: a fork cut a forward short, contents unknown
+
+The model sizes its buffers for windows of up to its n_ctx slots, so
+store_and_load must take any K up to n_ctx. Keys and values come back in a
+float type the model's ops take (F32 or F16; a Q8_0 key window works too).
+Not there yet, and needed by the caches planned: sequence ids (several
+sequences in one cache: begin, fill_mask, truncate per sequence), inputs of
+the cache's own that change per call (a page table read by store_and_load),
+and a way to hand a model a cache (LlamaModel builds this one).
 
 Shapes are numpy order: T = tokens in the batch, K = slots attended to,
 Hkv = n_head_kv, D = head_dim.
@@ -26,7 +34,11 @@ class KVCache:
     """K and V rows of every layer, one row per cache slot: k[l], v[l] (n_ctx, Hkv*D),
     F16 or F32. One sequence, slot = position."""
 
-    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, type=Type.F16):
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16):
+        for name, value in (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
+                            ("head_dim", head_dim)):
+            if isinstance(value, (bool, Type)) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"KVCache: {name} must be an integer >= 1, got {value!r}")
         type = Type(type)
         if type not in (Type.F16, Type.F32):
             raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
@@ -67,7 +79,9 @@ class KVCache:
 
     def begin(self, positions):
         """Slot ids for a batch's tokens at `positions` (int32 (T,), distinct), marked as
-        held from now on; rollback() undoes this until the next begin."""
+        held from now on; rollback() undoes this until the next begin. A refused begin
+        (ValueError) changes nothing, and leaves nothing for rollback() to undo."""
+        self._undo = None
         if positions.size and (positions.min() < 0 or positions.max() >= self.n_ctx):
             raise ValueError(f"positions {positions.min()}..{positions.max()} do not fit a "
                              f"context of {self.n_ctx} tokens")
@@ -77,13 +91,17 @@ class KVCache:
         return positions
 
     def rollback(self):
-        """Forget the last begin: its slots hold what they held before (a failed compute
-        may not have written their rows)."""
+        """Undo the last begin, whose forward failed: its slots are empty again, or
+        hold what they held before. A position held before and begun again may have
+        had its row overwritten part-way: it is forgotten, with every later one."""
         if self._undo is not None:
             n_past, positions, held = self._undo
+            self._undo = None
             self.slot_pos[positions] = held
             self.n_past = n_past
-            self._undo = None
+            rewritten = positions[held == positions]
+            if rewritten.size:
+                self.truncate(int(rewritten.min()))
 
     def window(self, pad):
         """Slots the next graph must attend to: the used ones, rounded up to pad."""

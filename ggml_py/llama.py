@@ -410,7 +410,7 @@ class LlamaModel:
                              f"got {n_ctx}")
         self.n_ctx = int(n_ctx)
         self._cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_head_kv,
-                              self.config.head_dim, kv_type)
+                              self.config.head_dim, type=kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
@@ -544,8 +544,8 @@ class LlamaModel:
                                "the process forked, so its cache is unknown here; call "
                                "model.cache.clear() to start over")
         cache = self._cache
-        slots = cache.begin(positions)
         try:
+            slots = cache.begin(positions)
             g = self.graph(tokens.size, cache.window(self.kv_pad), n_out)
             g.tokens[:] = tokens
             g.positions[:] = positions

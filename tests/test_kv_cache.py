@@ -21,7 +21,7 @@ def state(cache):
 
 
 def test_rollback_undoes_the_last_begin_exactly():
-    cache = KVCache(1, 16, 2, 4, Type.F32)
+    cache = KVCache(1, 16, 2, 4, type=Type.F32)
     cache.begin(np.arange(10, dtype=np.int32))
     cache.truncate(5)
     before = state(cache)
@@ -34,6 +34,15 @@ def test_rollback_undoes_the_last_begin_exactly():
     assert cache.n_past == 5
 
 
+def test_rollback_forgets_a_position_begun_again_and_every_later_one():
+    # a failed compute may have overwritten the row of a position the cache held
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(6, dtype=np.int32))
+    cache.begin(np.array([2, 3], np.int32))
+    cache.rollback()
+    assert cache.n_past == 2 and list(cache.slot_pos[:7]) == [0, 1, -1, -1, -1, -1, -1]
+
+
 def test_begin_refuses_positions_outside_the_context_and_changes_nothing():
     cache = KVCache(1, 16, 2, 4)
     cache.begin(np.arange(3, dtype=np.int32))
@@ -41,6 +50,16 @@ def test_begin_refuses_positions_outside_the_context_and_changes_nothing():
         with pytest.raises(ValueError, match="context of 16"):
             cache.begin(np.array(positions, np.int32))
         assert cache.n_past == 3 and (cache.slot_pos[3:] == -1).all()
+        cache.rollback()          # a refused begin leaves nothing to undo: not the first one
+        assert cache.n_past == 3 and list(cache.slot_pos[:3]) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("args", [(1, 16, 64, Type.F32), (1, 16, 64, Type.F16), (1, 16, 0, 4),
+                                  (1, 16, 2, 4.0), (1, True, 2, 4)])
+def test_bad_sizes_are_refused(args):
+    # (the first two: the argument order before head_dim was a separate size)
+    with pytest.raises(ValueError, match="must be an integer >= 1"):
+        KVCache(*args)
 
 
 def test_window_and_mask():
@@ -58,7 +77,7 @@ def test_window_and_mask():
 @pytest.mark.parametrize("type", [Type.F32, Type.F16])
 def test_store_and_load_writes_the_rows_and_reads_the_window(type):
     n_ctx, Hkv, D, K = 12, 2, 4, 8
-    cache = KVCache(2, n_ctx, Hkv, D, type)
+    cache = KVCache(2, n_ctx, Hkv, D, type=type)
     rng = np.random.default_rng(7)
     old_k, old_v = (rng.standard_normal((n_ctx, Hkv * D)) for _ in range(2))
     cache.k[1][:], cache.v[1][:] = old_k, old_v
@@ -112,3 +131,45 @@ def test_the_model_and_llama_use_only_the_caches_interface():
     assert llm.perplexity(ids * 4, n_ctx=16).ppl == plain.perplexity(ids * 4, n_ctx=16).ppl
     llm.reset()
     assert llm.n_tokens == 0
+    # a forward that fails undoes its begin through the interface too
+    for which in (plain, llm):
+        which.eval(ids[:5])
+        build = which.model.graph
+        which.model.graph = lambda *args: (_ for _ in ()).throw(MemoryError("no graph"))
+        with pytest.raises(MemoryError):
+            which.eval(ids[5:7])
+        which.model.graph = build
+    assert llm.n_tokens == 5 and llm.model.cache.n_past == 5
+    np.testing.assert_array_equal(llm.eval(ids[5:]), plain.eval(ids[5:]))
+
+
+class BackToFront(KVCache):
+    """A cache whose slots are not its positions: each block of 32 slots filled back to
+    front (slot = 32 * (p // 32) + 31 - p % 32)."""
+
+    def begin(self, positions):
+        slots = (positions // 32 * 32 + 31 - positions % 32).astype(np.int32)
+        self._undo = (self.n_past, slots, self.slot_pos[slots].copy())
+        self.slot_pos[slots] = positions
+        self.n_past = max(self.n_past, int(positions.max()) + 1)
+        return slots
+
+    def rollback(self):
+        if self._undo is not None:
+            self.n_past, slots, held = self._undo
+            self.slot_pos[slots], self._undo = held, None
+
+
+def test_a_cache_whose_slots_are_not_its_positions_takes_the_place_of_the_stock_one():
+    plain = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=7, kv_type="f32")
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=7, kv_type="f32")
+    c = llm.model.config
+    cache = BackToFront(c.n_layer, 64, c.n_head_kv, c.head_dim, type=Type.F32)
+    llm.model._cache = InterfaceOnly(cache)
+    ids = plain.tokenize("each block of thirty-two slots is filled from its end to its start, "
+                         "and the model does not know")[:40]
+    assert len(ids) > 32
+    np.testing.assert_allclose(llm.eval(ids), plain.eval(ids), atol=1e-5, rtol=0)
+    assert list(cache.slot_pos[:3]) == [31, 30, 29]     # the first positions sit at the end
+    texts = ["".join(which.generate("the", max_tokens=8, temperature=0)) for which in (plain, llm)]
+    assert texts[0] == texts[1]

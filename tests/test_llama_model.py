@@ -165,7 +165,11 @@ def test_forwards_from_two_threads_take_turns():
     def run():
         try:
             for _ in range(20):
-                results.append(model.forward(TOKENS[:8], np.arange(8)).copy())
+                logits = model.forward(TOKENS[:8], np.arange(8))
+                # the logits are the graph's own buffer: copied while no forward runs (the
+                # other thread's may be writing intermediates there as soon as this one returns)
+                with model._lock:
+                    results.append(logits.copy())
         except Exception as exc:     # noqa: BLE001 - the test fails on it
             errors.append(exc)
     threads = [threading.Thread(target=run) for _ in range(2)]
@@ -173,14 +177,13 @@ def test_forwards_from_two_threads_take_turns():
         t.start()
     for t in threads:
         t.join()
-    # (copies taken after each call's lock is gone may see the other's logits: the same)
     assert errors == [] and all(np.array_equal(r, alone) for r in results)
 
 
 def test_the_cache_the_graphs_are_built_over_is_not_replaced():
     model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
     with pytest.raises(AttributeError):
-        model.cache = KVCache(1, 16, 1, 64, Type.F32)
+        model.cache = KVCache(1, 16, 1, 64, type=Type.F32)
 
 
 def test_a_refused_forward_leaves_the_cache_as_it_was():
@@ -191,6 +194,25 @@ def test_a_refused_forward_leaves_the_cache_as_it_was():
         model.forward(TOKENS[:4], np.arange(4), n_out=0)
     assert model.cache.n_past == 0 and (model.cache.slot_pos == -1).all()
     np.testing.assert_array_equal(model.forward(TOKENS[:1], [0]), fresh)
+
+
+def test_a_forward_failing_over_a_held_position_forgets_it_and_every_later_one():
+    # its compute may have overwritten that position's row before failing (Ctrl-C)
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    full = forward_all(model, TOKENS[:6], batch=6)
+    g = model.graph(1, model.cache.window(model.kv_pad), 1)
+    compute = g.graph.compute
+
+    def compute_then_interrupt(*args, **kwargs):
+        compute(*args, **kwargs)
+        raise KeyboardInterrupt
+    g.graph.compute = compute_then_interrupt
+    with pytest.raises(KeyboardInterrupt):
+        model.forward(TOKENS[7:8], [1])          # position 1 again, another token
+    g.graph.compute = compute
+    assert model.cache.n_past == 1
+    again = model.forward(TOKENS[1:6], np.arange(1, 6))
+    np.testing.assert_array_equal(again, full[1:])
 
 
 def test_kv_window_hides_unused_slots():
