@@ -230,7 +230,11 @@ cdef class Context:
             raise TypeError(f"Context: mem_size must be an integer, got {mem_size!r:.40}") from None
         if mem_size < 0:
             raise ValueError(f"Context: mem_size must be >= 0, got {mem_size}")
-        raw = np.zeros(mem_size + ARENA_ALIGN, dtype=np.uint8)
+        try:
+            raw = np.zeros(mem_size + ARENA_ALIGN, dtype=np.uint8)
+        except (MemoryError, ValueError, OverflowError):   # numpy: "array is too big"
+            raise MemoryError(f"Context: cannot allocate an arena of mem_size={mem_size} bytes "
+                              f"({mem_size / 2**30:.1f} GiB)") from None
         start = (-raw.ctypes.data) % ARENA_ALIGN
         self.buffer = raw[start:start + mem_size]
         self.base = self.buffer.ctypes.data
@@ -859,8 +863,21 @@ cdef class CGraph:
         if status != GGML_PY_STATUS_OK:
             op = _OP_NAMES.get((<TensorBase> self.tensors[failed_node]).t.op, "?")
             if status == GGML_PY_STATUS_BAD_INDEX:
-                raise ValueError(f"{op}: row id out of range (node {failed_node})")
+                raise ValueError(_bad_row_id(self.tensors[failed_node], op, failed_node))
             raise RuntimeError(f"{op}: compute failed with status {status} (node {failed_node})")
+
+
+def _bad_row_id(node, op, index):
+    """The message for a get_rows / set_rows node whose ids leave its rows: the first
+    such id, the rows there are, and the shapes."""
+    rows = node.src[0] if node.op == GGML_PY_OP_GET_ROWS else node    # set_rows: dst's view
+    ids = node.src[1]
+    n_rows = rows._ne[1]
+    values = ids.numpy()
+    bad = values[(values < 0) | (values >= n_rows)]
+    which = f"row id {int(bad.flat[0])}" if bad.size else "a row id"
+    return (f"{op}: {which} is outside 0..{n_rows - 1} (a {rows.shape} has {n_rows} rows "
+            f"in each matrix; ids {ids.shape}) (node {index})")
 
 
 # The C enums, so ggml_py.types can check its mirrors at import.

@@ -252,8 +252,23 @@ class Graph:
         self.leafs = [t for t in tensors if t.op == Op.NONE]
         self._cgraph = _core.CGraph(self.nodes)
         self._work = None
-        self._stage_ns = None
+        self._stage_ns = None          # int64 (nodes * stages): profiled times, summed
+        self._stage_profiles = None    # the nodes' profiles those times were taken under
         self.lookahead = DEFAULT_LOOKAHEAD
+
+    @property
+    def lookahead(self):
+        """Nodes the main thread looks ahead, when it starts a parallel stage, for another
+        one before telling the workers to sleep when done (0: they sleep after each)."""
+        return self._lookahead
+
+    @lookahead.setter
+    def lookahead(self, value):
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not 0 <= value <= MAX_LOOKAHEAD:
+            raise ValueError(f"graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
+                             f"got {value!r}")
+        self._lookahead = value
 
     def __len__(self):
         return len(self.nodes)
@@ -321,10 +336,6 @@ class Graph:
         """
         if pool is not None and not isinstance(pool, _core.ThreadPool):
             raise TypeError(f"compute: pool must be a ThreadPool, got {type(pool).__name__}")
-        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) \
-                or not 0 <= self.lookahead <= MAX_LOOKAHEAD:
-            raise ValueError(f"compute: graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
-                             f"got {self.lookahead!r}")
         if pool is None:
             n_threads = thread_count(n_threads, "compute")
             pool = shared_pool(n_threads) if n_threads > 1 else None
@@ -333,14 +344,18 @@ class Graph:
         n = pool.n_threads if pool is not None else 1
         stage_ns = None
         if profile:
-            if self._stage_ns is None:
+            profiles = [t._profile_raw() for t in self.nodes]
+            if self._stage_ns is None or profiles != self._stage_profiles:
+                # times under other profiles are not this plan's: start over
                 self._stage_ns = np.zeros(len(self.nodes) * len(STAGES), np.int64)
+                self._stage_profiles = profiles
             stage_ns = self._stage_ns
         self._cgraph.compute(pool, self._work_buffer(n), stage_ns, self.lookahead,
                              ABORT_INTERVAL_MS)
 
     def stats(self):
-        """Per-node times (µs) accumulated by compute(profile=True), as Stats rows."""
+        """Per-node times (µs) accumulated by compute(profile=True) since the nodes'
+        profiles last changed, as Stats rows."""
         if self._stage_ns is None:
             raise ValueError("stats: no profiled compute yet (call compute(profile=True))")
         ns = self._stage_ns.reshape(len(self.nodes), len(STAGES))

@@ -16,7 +16,7 @@ from ggml_py.types import Type
 
 def quantize(x, type):
     """float32 array (..., n) -> uint8 array (..., row_bytes(type, n)) of `type` blocks."""
-    type = Type(type)
+    type = Type.of(type, "quantize")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
         raise ValueError("quantize: x must have at least one dimension (rows are the last axis)")
@@ -30,7 +30,7 @@ def quantize(x, type):
 
 def dequantize(buf, type, shape):
     """uint8 blocks of `type` -> float32 array of numpy `shape` (last axis = row length)."""
-    type = Type(type)
+    type = Type.of(type, "dequantize")
     shape = tuple(int(d) for d in shape)
     if not shape:
         raise ValueError("dequantize: shape must have at least one dimension")

@@ -35,9 +35,9 @@ def ne_of_shape(shape):
 
 def type_traits(type):
     """Facts about a type: name, block size, bytes per block, quantized, vec_dot type."""
-    raw = _core.type_traits_raw(int(type))
+    raw = _core.type_traits_raw(int(Type.of(type, "type_traits")))
     if raw is None:
-        raise ValueError(f"unknown type {type!r}")
+        raise ValueError(f"type_traits: unknown type {type!r}")
     name, blck_size, type_size, is_quantized, vec_dot_type, has_to, has_from, has_dot = raw
     return {
         "name": name, "blck_size": blck_size, "type_size": type_size,
@@ -162,9 +162,10 @@ class Context(_core.Context):
 
     def new_tensor(self, type, shape, name=None):
         """A new zero-filled leaf tensor of `type` with numpy-order `shape`."""
+        type = Type.of(type, "new_tensor")
         ne = ne_of_shape(shape)
         packed_nbytes(type, ne)
-        t = _core.new_tensor(Tensor, self, int(Type(type)), ne, None, len(tuple(shape)))
+        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(tuple(shape)))
         if name:
             t.name = name
         return t
@@ -183,7 +184,7 @@ class Context(_core.Context):
                 raise TypeError(f"from_numpy: dtype {array.dtype} has no tensor type; "
                                 f"use one of {sorted(str(d) for d in TYPES_OF_DTYPES)}")
             type = src_type
-        type = Type(type)
+        type = Type.of(type, "from_numpy")
         tensor = self.new_tensor(type, array.shape, name=name)
         if type in NUMPY_DTYPES and type != Type.BF16:
             tensor.numpy()[...] = array
@@ -206,7 +207,7 @@ class Context(_core.Context):
         buffer in this machine's byte order; raw bytes (uint8, ...) may hold
         any type (quantized blocks, BF16 bits).
         """
-        type = Type(type)
+        type = Type.of(type, "from_buffer")
         ne = ne_of_shape(shape)
         expected = packed_nbytes(type, ne)
         buffer = np.asarray(buffer)

@@ -4,13 +4,14 @@ The numbers are ggml's (GGUF files store them), so they are part of the file
 format. `check_against_core()` runs at import and fails loudly if the C header
 and these enums ever drift apart.
 """
+import operator
 from enum import IntEnum
 
 import numpy as np
 
 
 class Type(IntEnum):
-    """Element types, numbered as ggml numbers them."""
+    """Element types, numbered as ggml numbers them. str() is the name ("Q8_0")."""
     F32 = 0
     F16 = 1
     Q4_0 = 2
@@ -32,9 +33,36 @@ class Type(IntEnum):
     F64 = 28
     BF16 = 30
 
+    def __str__(self):
+        return self.name
+
+    @classmethod
+    def of(cls, value, where):
+        """A Type from a Type, its number or its name in any case ('f32', 'Q8_0');
+        TypeError or ValueError naming `where` (the function asking) for anything else."""
+        if isinstance(value, str):
+            if value.upper() in cls.__members__:
+                return cls[value.upper()]
+        else:
+            try:
+                number = None if isinstance(value, bool) else operator.index(value)
+            except TypeError:
+                number = None
+            if number is None:
+                raise TypeError(f"{where}: type must be a Type (e.g. gg.F32), its number or "
+                                f"its name, got {type(value).__name__}")
+            if number in cls._value2member_map_:
+                return cls(number)
+        raise ValueError(f"{where}: unknown type {value!r} (one of "
+                         f"{', '.join(cls.__members__)})")
+
 
 class Op(IntEnum):
-    """Graph operations (same order as enum ggml_py_op)."""
+    """Graph operations (same order as enum ggml_py_op). str() is the name ("MUL_MAT")."""
+
+    def __str__(self):
+        return self.name
+
     NONE = 0
     # copies
     DUP = 1

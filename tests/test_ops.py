@@ -544,7 +544,9 @@ def _bad_ids_graph(ctx, which, bad_id):
 def test_row_id_out_of_range_raises_at_compute(ctx, which, bad_id, n_threads):
     y, ids = _bad_ids_graph(ctx, which, bad_id)
     graph = gg.build_forward(y)
-    with pytest.raises(ValueError, match=rf"^{which}: row id out of range \(node 1\)"):
+    # the id, the rows there are and the shapes
+    with pytest.raises(ValueError, match=rf"^{which}: row id {bad_id} is outside 0..4 \(a \(5, 3\) "
+                                         rf"has 5 rows in each matrix; ids \(3,\)\) \(node 1\)$"):
         graph.compute(n_threads=n_threads)
     ids.numpy()[1] = 1                        # fixed: the same graph (and pool) work again
     graph.compute(n_threads=n_threads)
@@ -1019,6 +1021,30 @@ def test_compute_profile_stats(ctx, rng):
     graph.reset_stats()
     assert all(r.total_us == 0 for r in graph.stats())
     assert str(graph.stats()).endswith("total: 0.0 us")     # nothing measured: no made-up total
+    graph.compute(n_threads=2, profile=True)
+    # times under another profile are not summed under the new one's name
+    mm.profile = next(p for p in mm.profiles() if p.name == "blas")
+    graph.compute(n_threads=2, profile=True)
+    stats = graph.stats()
+    assert stats[0].profile == "blas" and stats[0].init_us == 0 and stats[0].compute_us > 0
+
+
+def test_types_by_name_and_what_is_not_a_type():
+    ctx = gg.Context(1 << 16)
+    assert ctx.new_tensor("f32", (3,)).type == gg.F32 and ctx.new_tensor(1, (3,)).type == gg.F16
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    np.testing.assert_array_equal(gg.quantize(x, "q8_0"), gg.quantize(x, gg.Q8_0))
+    assert gg.type_traits("Q4_K")["blck_size"] == 256
+    assert str(gg.Op.MUL_MAT) == "MUL_MAT" and f"{gg.F16}" == "F16" and int(gg.F16) == 1
+    for call, error, match in [
+            (lambda: ctx.new_tensor(None, (3,)), TypeError, "new_tensor: type must be a Type"),
+            (lambda: ctx.new_tensor(True, (3,)), TypeError, "new_tensor: type must be a Type"),
+            (lambda: ctx.from_numpy(x, "f8"), ValueError, "from_numpy: unknown type 'f8'"),
+            (lambda: ctx.new_tensor(99, (3,)), ValueError, "new_tensor: unknown type 99"),
+            (lambda: gg.dequantize(x, "nope", (64,)), ValueError, "dequantize: unknown type"),
+            (lambda: gg.Context(2 ** 62), MemoryError, "Context: cannot allocate an arena")]:
+        with pytest.raises(error, match=match):
+            call()
 
 
 # ---- sizes past int64, read-only buffers, copies of the core objects -------------------------

@@ -702,10 +702,10 @@ def test_graph_arguments_of_the_wrong_kind_are_named():
         graph.compute(pool=3)
     with pytest.raises(TypeError, match="share_with must be a Graph, got Plan"):
         graph.reserve(2, share_with=graph.plan(2))
-    for bad in (1.5, -5, None, 10 ** 10):
-        graph.lookahead = bad
+    for bad in (1.5, -5, None, 10 ** 10, True):
         with pytest.raises(ValueError, match="graph.lookahead must be an int"):
-            graph.compute(n_threads=1)
+            graph.lookahead = bad           # refused when set, not at every compute after
+    assert graph.lookahead == gg.graph.DEFAULT_LOOKAHEAD
     graph.lookahead = 0
     graph.compute(n_threads=2)
 
