@@ -77,10 +77,14 @@ def _reader_class():
             itemsize = self._itemsizes.get(dtype)
             if itemsize is None:
                 itemsize = self._itemsizes[dtype] = np.dtype(dtype).itemsize
-            arr = plain[offset:offset + itemsize * count].view(dtype)[:count]
-            if len(arr) < count:     # the reader would go on, item by item, past the end
-                raise _FileProblem(f"truncated or corrupt GGUF file ({count} items of "
-                                   f"{np.dtype(dtype).name} at byte {offset} run past its end)")
+            raw = plain[offset:offset + itemsize * count]
+            if len(raw) < itemsize * count:   # (the reader would go on, item by item, past
+                # the end, or numpy would fail to view a few odd bytes)
+                what = "1 item" if count == 1 else f"{count} items"
+                raise _FileProblem(f"truncated or corrupt GGUF file ({what} of "
+                                   f"{np.dtype(dtype).name} at byte {offset} "
+                                   f"run{'s' if count == 1 else ''} past its end)")
+            arr = raw.view(dtype)
             order = self.byte_order if override_order is None else override_order
             return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
 
@@ -194,6 +198,18 @@ def _gguf_type_name(raw):
         return f"type id {raw}"
 
 
+GGUF_VERSIONS = (2, 3)    # what llama.cpp reads (version 1 files predate its gguf reader)
+
+
+def _gguf_version(raw):
+    """The version of a GGUF header's 4 version bytes, in the file's byte order (a
+    big-endian file's version reads as a multiple of 65536 the other way); None: too short."""
+    if len(raw) < 4:
+        return None
+    version = int.from_bytes(raw, "little")
+    return int.from_bytes(raw, "big") if version & 0xFFFF == 0 else version
+
+
 def open_reader(path):
     """A gguf.GGUFReader of the GGUF file `path`, its header checked as llama.cpp checks
     it (layout_problem and the reader's own checks); ModelLoadError saying why not."""
@@ -205,11 +221,16 @@ def open_reader(path):
         raise ModelLoadError(f"{path}: not a regular file (a GGUF file is memory-mapped)")
     try:
         with open(path, "rb") as f:
-            magic = f.read(4)
+            head = f.read(8)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
+    magic = head[:4]
     if magic != b"GGUF":
         raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    version = _gguf_version(head[4:])
+    if version is not None and version not in GGUF_VERSIONS:
+        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only "
+                             f"{' and '.join(map(str, GGUF_VERSIONS))}, as llama.cpp)")
     try:
         reader = _reader_class()(path)
     except _FileProblem as e:

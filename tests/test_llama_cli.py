@@ -107,8 +107,11 @@ def test_main_bad_files():
                            (TEXT_FILE, "not a GGUF file"), (truncated, "truncated")]:
         line = assert_one_line_error(main("-m", path, "-n", 1), code=1)
         assert path in line and fragment in line
-    line = assert_one_line_error(main("-m", model_path("f32"), "-f", scratch_path("none.txt")), 1)
-    assert "none.txt" in line
+    # the file, then the problem, as for -m (it was Python's "[Errno 2] No such file ...")
+    for path, problem in [(scratch_path("none.txt"), "No such file"),
+                          (os.path.dirname(TEXT_FILE), "Is a directory")]:
+        line = assert_one_line_error(main("-m", model_path("f32"), "-f", path), 1)
+        assert line.startswith(f"ggml-main: error: {path}: cannot read ({problem}"), line
 
 
 def verbose_prompt_tokens(*args):
@@ -273,10 +276,15 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
         assert "Traceback" not in err and "error" not in err, err
 
 
-def test_main_ctrl_c_stops_and_prints_timings():
+@pytest.mark.parametrize("started_ignoring", [False, True])
+def test_main_ctrl_c_stops_and_prints_timings(started_ignoring):
+    # started_ignoring: SIGINT ignored at the start, as for a background job of a script
+    # (Python keeps it ignored; llama.cpp's programs, and these, stop on it all the same)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_ignoring else None
     proc = subprocess.Popen([sys.executable, "-m", "ggml_py.cli.main", "-m", model_path("f32"),
                              "-p", "Once", "-n", "-1", "-c", "8192", "--ignore-eos", "-s", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=CWD)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=CWD,
+                            preexec_fn=ignore)
     try:
         os.set_blocking(proc.stdout.fileno(), False)
         received, deadline = b"", time.monotonic() + 60

@@ -374,9 +374,15 @@ def bad_files():
     truncated = scratch_path("truncated.gguf")
     open(truncated, "wb").write(good[: len(good) // 2])
     files.append((truncated, "truncated: tensor 'blk.0.ffn_down.weight' ends at byte"))
-    header_only = scratch_path("header.gguf")
-    open(header_only, "wb").write(good[:100])
-    files.append((header_only, "truncated or corrupt"))
+    for n in (6, 12, 100):     # cut inside the version, the counts, the metadata
+        header_only = scratch_path(f"header{n}.gguf")
+        open(header_only, "wb").write(good[:n])
+        files.append((header_only, "truncated or corrupt GGUF file (1 item of uint"
+                      if n != 12 else "truncated or corrupt GGUF file (2 items of uint64 at byte 8"))
+    for version in (1, 9):     # not "truncated or corrupt" (the reader's wording)
+        other = scratch_path(f"version{version}.gguf")
+        open(other, "wb").write(good[:4] + struct.pack("<I", version) + good[8:])
+        files.append((other, f"GGUF version {version} is not supported (only 2 and 3"))
     magic = scratch_path("magic.gguf")
     open(magic, "wb").write(b"GGML" + good[4:200])
     files.append((magic, "not a GGUF file"))

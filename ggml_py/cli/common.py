@@ -4,7 +4,9 @@ import functools
 import math
 import os
 import re
+import signal
 import sys
+import threading
 
 from ggml_py.gguf_model import ModelLoadError
 
@@ -147,8 +149,11 @@ def read_prompt_file(path):
     """The text of a prompt file as llama.cpp reads `-f`: the raw bytes (invalid UTF-8
     kept as surrogate escapes, as for a command-line argument, so byte tokens stand
     for them) with one trailing newline dropped."""
-    with open(path, "rb") as f:
-        text = f.read().decode("utf-8", "surrogateescape")
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8", "surrogateescape")
+    except OSError as e:        # as a model file's error: the file, then the problem
+        raise ValueError(f"{path}: cannot read ({e.strerror or e})") from None
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -267,6 +272,10 @@ def run(prog, main, argv=None):
     """Run main(argv); a bad model file or input, or one too large for memory,
     ends in one line and exit 1; Ctrl-C (wherever main does not handle it itself:
     loading, tokenizing, writing) in "<prog>: interrupted" and exit 130."""
+    if threading.current_thread() is threading.main_thread():
+        # as llama.cpp's programs: Ctrl-C (SIGINT) stops them even when they were started
+        # with it ignored (a background job of a script), where Python would leave it so
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main(argv)
     except BrokenPipeError:
