@@ -14,9 +14,8 @@ this one's place without a change to the model:
     cut_by_fork                      True: a fork cut a forward short, contents unknown
 
 The model sizes its buffers for windows of up to its n_ctx slots, so
-store_and_load must take any K up to n_ctx. Keys and values come back in a
-float type the model's ops take (F32 or F16; a Q8_0 key window works too).
-Not there yet, and needed by the caches planned: sequence ids (several
+store_and_load must take any K up to n_ctx. Keys and values come back as F32
+or F16 views or tensors (the model permutes the values). Not there yet, and needed by the caches planned: sequence ids (several
 sequences in one cache: begin, fill_mask, truncate per sequence), inputs of
 the cache's own that change per call (a page table read by store_and_load),
 and a way to hand a model a cache (LlamaModel builds this one).
@@ -39,7 +38,7 @@ class KVCache:
                             ("head_dim", head_dim)):
             if isinstance(value, (bool, Type)) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"KVCache: {name} must be an integer >= 1, got {value!r}")
-        type = Type(type)
+        type = Type.of(type, "KVCache")
         if type not in (Type.F16, Type.F32):
             raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
         dtype = np.float16 if type == Type.F16 else np.float32
