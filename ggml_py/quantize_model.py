@@ -13,8 +13,9 @@ take more bits in Q2_K, Q3_K_M, Q3_K_L, Q4_K_S, Q4_K_M and Q5_K_M. A row
 length a type's blocks do not divide falls back as llama.cpp does (Q2_K, Q3_K ->
 Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16, as for a 32-element type
 on such a row). Q3_K, Q4_K and Q5_K are llama.cpp's aliases of Q3_K_M, Q4_K_M and
-Q5_K_M. A re-typed tensor holding a value that is not finite (a weight beyond
-F16's range, also in Q4_1 / Q5_1 block minimums) is refused, as llama.cpp
+Q5_K_M. An input holding NaN or inf is refused, as llama.cpp checks the model
+it quantizes, and so is a re-typed tensor holding a value that is not finite (a
+weight beyond F16's range, also in Q4_1 / Q5_1 block minimums), as llama.cpp
 validates what it quantized.
 
 As in llama.cpp, a tensor already in its new type is copied unchanged, and a
@@ -300,18 +301,37 @@ def check_requantize(src, reader, types):
                                 f"to re-type quantized weights")
 
 
+def check_input(t):
+    """A GGUF tensor's values as float32 (numpy shape (rows, row length)), checked as
+    llama.cpp checks a model it quantizes: a NaN or inf among them — or from a block
+    scale of a quantized input — is a QuantizeError (the block quantizers pass over a
+    NaN and write a block of zeros or garbage that nothing downstream would notice).
+    None for a type gguf cannot read as floats (copied unchecked)."""
+    if not dequantizable(t.tensor_type):
+        return None
+    values = to_f32(t)
+    finite = np.isfinite(values)
+    if not finite.all():
+        bad = np.flatnonzero(~finite.reshape(-1))
+        row, col = divmod(int(bad[0]), values.shape[-1])
+        raise QuantizeError(f"tensor {t.name} has invalid data: {bad.size} of its {values.size} "
+                            f"values are NaN or inf (the first at row {row}, element {col}); "
+                            f"llama.cpp refuses such a file too")
+    return values
+
+
 def check_finite(name, type, data, shape=None):
     """data, a tensor re-typed to `type` (float values, or blocks of numpy `shape`),
     after checking, as llama.cpp validates what it quantized, that every value it
     holds is finite: a weight beyond the type's range (65504 for F16, and for the
-    block minimum of Q4_1 / Q5_1), or NaN / inf of the input that reaches the
-    output, is a QuantizeError."""
+    block minimum of Q4_1 / Q5_1) is a QuantizeError (NaN and inf of the input are
+    refused before, by check_input)."""
     values = data if shape is None else dequantize(data, type, shape)
     bad = values.size - int(np.count_nonzero(np.isfinite(values)))
     if bad:
         raise QuantizeError(f"tensor {name}: {bad} of its {values.size} values are not finite "
-                            f"in {type.name} (weights beyond the type's range, or NaN / inf in "
-                            f"the input); llama.cpp refuses such data too")
+                            f"in {type.name} (weights beyond the type's range); llama.cpp "
+                            f"refuses such data too")
     return data
 
 
@@ -327,11 +347,12 @@ def add_tensors(writer, reader, types, progress):
     for t in tensors:
         shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
         new = types[t.name]
+        values = check_input(t)
         if int(new) == int(t.tensor_type):
             writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
                               raw_dtype=t.tensor_type)
         else:
-            values = to_f32(t).reshape(shape)
+            values = values.reshape(shape)
             if new == Type.F32:
                 writer.add_tensor(t.name, check_finite(t.name, new, values))
             elif new == Type.F16:

@@ -460,4 +460,39 @@ def test_values_the_type_cannot_hold_are_refused_as_llama_cpp_refuses_them(tmp_p
     for target in ("Q8_0", "Q4_0"):          # whose scales hold it: quantized as ever
         assert main([src, str(tmp_path / f"{target}.gguf"), target, "-q"]) == 0
     nan = edited_model("q-nan-weight.gguf", tensors=weight_set_to(np.nan))
-    assert "values are not finite in F16" in one_line_error(capsys, nan, tmp_path / "n.gguf", "F16")
+    assert "has invalid data" in one_line_error(capsys, nan, tmp_path / "n.gguf", "F16")
+
+
+def test_nan_or_inf_in_the_input_is_refused_as_llama_cpp_refuses_it(tmp_path, capsys):
+    # the block quantizers pass over a NaN: one NaN made its Q6_K block all zeros, silently;
+    # llama.cpp checks the model it quantizes first ("tensor '...' has invalid data")
+    def set_value(index, value):
+        def edit(parts):
+            for part in parts:
+                if part[0] == "blk.0.attn_q.weight":
+                    data = np.frombuffer(part[3], np.float32).copy()
+                    data[index] = value
+                    part[3] = data.tobytes()
+            return parts
+        return edit
+
+    n_row = next(ne[0] for name, ne, _, _ in gguf_parts(model_path("f32"))[1]
+                 if name == "blk.0.attn_q.weight")
+    for value, name in ((np.nan, "nan"), (np.inf, "inf"), (-np.inf, "-inf")):
+        src = edited_model(f"q-input-{name}.gguf", tensors=set_value(n_row + 3, value))
+        for target in ("Q4_0", "Q6_K", "Q8_0", "Q4_K_M"):
+            line = one_line_error(capsys, src, tmp_path / "o.gguf", target)
+            assert (f"tensor blk.0.attn_q.weight has invalid data: 1 of its" in line
+                    and "NaN or inf (the first at row 1, element 3)" in line), line
+    # from a quantized input too: a block scale of NaN (re-typed with --allow-requantize, or
+    # copied as it is)
+    q8 = tmp_path / "q8.gguf"
+    assert main([model_path("f32"), str(q8), "Q8_0", "-q"]) == 0
+    reader = gguf.GGUFReader(q8, "r+")
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+    tensor.data.reshape(-1)[:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    del reader
+    for target, extra in (("Q4_0", ["--allow-requantize"]), ("Q8_0", [])):
+        line = one_line_error(capsys, q8, tmp_path / "o.gguf", target, *extra)
+        assert "tensor blk.0.attn_q.weight has invalid data: 32 of its" in line, line
+    assert sorted(os.listdir(tmp_path)) == ["q8.gguf"]
