@@ -7,6 +7,8 @@ Rows are the last axis and must be a whole number of blocks (32 elements, or
 256 for the K-quants). quantize uses the deterministic reference quantizer:
 the bytes are ggml's, so they can go into a GGUF file as they are.
 """
+import operator
+
 import numpy as np
 
 from ggml_py import _core
@@ -31,9 +33,14 @@ def quantize(x, type):
 def dequantize(buf, type, shape):
     """uint8 blocks of `type` -> float32 array of numpy `shape` (last axis = row length)."""
     type = Type.of(type, "dequantize")
-    shape = tuple(int(d) for d in shape)
+    try:
+        shape = tuple(operator.index(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"dequantize: shape must hold integers, got {shape!r}") from None
     if not shape:
         raise ValueError("dequantize: shape must have at least one dimension")
+    if min(shape) < 0:
+        raise ValueError(f"dequantize: negative dimension in shape {shape}")
     n = shape[-1]
     n_row = row_bytes(type, n)
     n_rows = int(np.prod(shape[:-1], dtype=np.int64))
