@@ -236,7 +236,7 @@ def sqrt(a):
 
 
 def relu(a):
-    """max(a, 0)."""
+    """a where a > 0, else 0 (as ggml: NaN gives 0, where numpy's maximum keeps NaN)."""
     return _unary(Op.RELU, a)
 
 

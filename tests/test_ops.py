@@ -226,6 +226,13 @@ def test_unary(ctx, rng, name, shape, layout):
         assert_close(got, ref(x.astype(np.float64)), rtol=1e-5, atol=1e-6)
 
 
+def test_relu_of_nan_is_zero_as_in_ggml(ctx):
+    a = ctx.from_numpy(np.array([np.nan, -np.inf, -1.0, 0.0, 2.0, np.inf], np.float32))
+    y = gg.relu(a)
+    gg.build_forward(y).compute(n_threads=1)
+    np.testing.assert_array_equal(y.numpy(), [0, 0, 0, 0, 2, np.inf])
+
+
 def test_scale_zero_and_one(ctx, rng):
     x = rand(rng, (3, 7))
     a = ctx.from_numpy(x)
