@@ -876,6 +876,8 @@ def _bad_row_id(node, op, index):
     values = ids.numpy()
     bad = values[(values < 0) | (values >= n_rows)]
     which = f"row id {int(bad.flat[0])}" if bad.size else "a row id"
+    if n_rows == 0:
+        return f"{op}: {which} asks for a row of a {rows.shape}, which has none (node {index})"
     return (f"{op}: {which} is outside 0..{n_rows - 1} (a {rows.shape} has {n_rows} rows "
             f"in each matrix; ids {ids.shape}) (node {index})")
 

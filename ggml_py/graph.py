@@ -6,6 +6,7 @@ the GIL released, on a persistent ThreadPool.
 """
 import atexit
 import functools
+import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -264,11 +265,14 @@ class Graph:
 
     @lookahead.setter
     def lookahead(self, value):
-        if isinstance(value, bool) or not isinstance(value, int) \
-                or not 0 <= value <= MAX_LOOKAHEAD:
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+        if number is None or not 0 <= number <= MAX_LOOKAHEAD:
             raise ValueError(f"graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
                              f"got {value!r}")
-        self._lookahead = value
+        self._lookahead = number
 
     def __len__(self):
         return len(self.nodes)
@@ -342,23 +346,28 @@ class Graph:
         elif n_threads is not None and thread_count(n_threads, "compute") != pool.n_threads:
             raise ValueError(f"compute: n_threads={n_threads} but the pool has {pool.n_threads}")
         n = pool.n_threads if pool is not None else 1
-        stage_ns = None
-        if profile:
-            profiles = [t._profile_raw() for t in self.nodes]
-            if self._stage_ns is None or profiles != self._stage_profiles:
-                # times under other profiles are not this plan's: start over
-                self._stage_ns = np.zeros(len(self.nodes) * len(STAGES), np.int64)
-                self._stage_profiles = profiles
-            stage_ns = self._stage_ns
+        stage_ns = self._stage_times(start=True) if profile else None
         self._cgraph.compute(pool, self._work_buffer(n), stage_ns, self.lookahead,
                              ABORT_INTERVAL_MS)
+
+    def _stage_times(self, start=False):
+        """The int64 (nodes * stages) sums of profiled stage times, emptied when a node's
+        profile has changed since they began (they would be shown under the new one's
+        name); None before the first profiled compute unless start."""
+        profiles = [t._profile_raw() for t in self.nodes]
+        if (self._stage_ns is None and start) or \
+                (self._stage_ns is not None and profiles != self._stage_profiles):
+            self._stage_ns = np.zeros(len(self.nodes) * len(STAGES), np.int64)
+            self._stage_profiles = profiles
+        return self._stage_ns
 
     def stats(self):
         """Per-node times (µs) accumulated by compute(profile=True) since the nodes'
         profiles last changed, as Stats rows."""
-        if self._stage_ns is None:
+        ns = self._stage_times()
+        if ns is None:
             raise ValueError("stats: no profiled compute yet (call compute(profile=True))")
-        ns = self._stage_ns.reshape(len(self.nodes), len(STAGES))
+        ns = ns.reshape(len(self.nodes), len(STAGES))
         return Stats(StatRow(i, t.op, t.shape, t.type, t.profile.name,
                              ns[i, 0] / 1e3, ns[i, 1] / 1e3, ns[i, 2] / 1e3)
                      for i, t in enumerate(self.nodes))

@@ -23,6 +23,8 @@ and a way to hand a model a cache (LlamaModel builds this one).
 Shapes are numpy order: T = tokens in the batch, K = slots attended to,
 Hkv = n_head_kv, D = head_dim.
 """
+import operator
+
 import numpy as np
 
 from ggml_py import ops
@@ -34,10 +36,17 @@ class KVCache:
     F16 or F32. One sequence, slot = position."""
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16):
+        sizes = []
         for name, value in (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
                             ("head_dim", head_dim)):
-            if isinstance(value, (bool, Type)) or not isinstance(value, int) or value < 1:
+            try:
+                size = None if isinstance(value, (bool, Type)) else operator.index(value)
+            except TypeError:
+                size = None
+            if size is None or size < 1:
                 raise ValueError(f"KVCache: {name} must be an integer >= 1, got {value!r}")
+            sizes.append(size)
+        n_layer, n_ctx, n_head_kv, head_dim = sizes
         type = Type.of(type, "KVCache")
         if type not in (Type.F16, Type.F32):
             raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")

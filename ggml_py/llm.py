@@ -22,7 +22,7 @@ from ggml_py.llama import KV_PAD, LlamaModel
 from ggml_py.sampling import Sampler, SamplingParams, checked_int
 from ggml_py.types import Type
 
-KV_TYPES = {"f16": Type.F16, "f32": Type.F32}
+KV_TYPES = (Type.F16, Type.F32)
 TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
 # exact types whose values numpy holds as integers (bool is not one: True is no token id)
 INT_TYPES = frozenset({int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]})
@@ -224,8 +224,9 @@ class Llama:
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, verbose=False):
         t0 = time.perf_counter()
+        kv_type = Type.of(kv_type, "Llama: kv_type")
         if kv_type not in KV_TYPES:
-            raise ValueError(f"kv_type must be one of {sorted(KV_TYPES)}, got {kv_type!r}")
+            raise ValueError(f"Llama: kv_type must be 'f16' or 'f32', got {kv_type.name}")
         n_ctx = checked_int("n_ctx", n_ctx, low=0)
         n_batch = checked_int("n_batch", n_batch, low=1)
         kv_pad = checked_int("kv_pad", kv_pad, low=1)
@@ -235,7 +236,7 @@ class Llama:
             from ggml_py.bundled import default_model_path
             model_path = default_model_path()
         self.model_path = os.fsdecode(model_path)
-        self.model = LlamaModel(self.model_path, n_ctx=n_ctx, kv_type=KV_TYPES[kv_type],
+        self.model = LlamaModel(self.model_path, n_ctx=n_ctx, kv_type=kv_type,
                                 n_threads=n_threads, kv_pad=kv_pad)
         self.tokenizer = self.model.file.tokenizer()
         self.n_batch = n_batch

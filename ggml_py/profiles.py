@@ -71,7 +71,8 @@ def task_profiles(op, src0_type=Type.F32, src1_type=Type.F32):
     Empty where the op rejects the types: MUL_MAT needs a src0 type with a dot
     product kernel and an F32 src1."""
     from ggml_py.tensor import type_traits   # tensor imports this module
-    op, src0_type, src1_type = Op(op), Type(src0_type), Type(src1_type)
+    op = Op(op)
+    src0_type, src1_type = Type.of(src0_type, "task_profiles"), Type.of(src1_type, "task_profiles")
     if op == Op.MUL_MAT and (src1_type != Type.F32 or not type_traits(src0_type)["has_vec_dot"]):
         return []
     return [TaskProfile._from_raw(r)

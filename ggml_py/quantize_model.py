@@ -301,23 +301,63 @@ def check_requantize(src, reader, types):
                                 f"to re-type quantized weights")
 
 
-def check_input(t):
-    """A GGUF tensor's values as float32 (numpy shape (rows, row length)), checked as
-    llama.cpp checks a model it quantizes: a NaN or inf among them — or from a block
-    scale of a quantized input — is a QuantizeError (the block quantizers pass over a
-    NaN and write a block of zeros or garbage that nothing downstream would notice).
-    None for a type gguf cannot read as floats (copied unchecked)."""
-    if not dequantizable(t.tensor_type):
+# Where ggml's row validation (ggml_validate_row_data, which llama.cpp's quantize runs
+# over its input) looks in a block: the byte offset and dtype of each scale
+BLOCK_SCALES = {
+    Type.Q4_0: ((0, np.float16),), Type.Q4_1: ((0, np.float16), (2, np.float16)),
+    Type.Q5_0: ((0, np.float16),), Type.Q5_1: ((0, np.float16), (2, np.float16)),
+    Type.Q8_0: ((0, np.float16),), Type.Q8_1: ((0, np.float16), (2, np.float16)),
+    Type.Q2_K: ((80, np.float16), (82, np.float16)), Type.Q3_K: ((108, np.float16),),
+    Type.Q4_K: ((0, np.float16), (2, np.float16)), Type.Q5_K: ((0, np.float16), (2, np.float16)),
+    Type.Q6_K: ((208, np.float16),), Type.Q8_K: ((0, np.float32),),
+}
+CHECK_CHUNK = 1 << 22     # values checked at a time (a bool per value: 4 MiB)
+
+
+def invalid_data(type, data):
+    """What ggml's row validation finds wrong in a tensor's bytes `data` (uint8) of `type`:
+    a NaN or inf among a float tensor's values, or among a quantized tensor's block
+    scales; None when nothing is (and for types without such a check: integers)."""
+    if int(type) not in Type._value2member_map_:     # a type ggml_py has no blocks of
         return None
-    values = to_f32(t)
-    finite = np.isfinite(values)
-    if not finite.all():
-        bad = np.flatnonzero(~finite.reshape(-1))
-        row, col = divmod(int(bad[0]), values.shape[-1])
-        raise QuantizeError(f"tensor {t.name} has invalid data: {bad.size} of its {values.size} "
-                            f"values are NaN or inf (the first at row {row}, element {col}); "
-                            f"llama.cpp refuses such a file too")
-    return values
+    type = Type(int(type))
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if type in BLOCK_SCALES:
+        blocks = raw.reshape(-1, type_traits(type)["type_size"])
+        for offset, dtype in BLOCK_SCALES[type]:
+            size = np.dtype(dtype).itemsize
+            scales = np.ascontiguousarray(blocks[:, offset:offset + size]).view(dtype).reshape(-1)
+            bad = np.flatnonzero(~np.isfinite(scales))
+            if bad.size:
+                return (f"{bad.size} of its {scales.size} blocks have a scale of NaN or inf "
+                        f"(the first: block {int(bad[0])}, {float(scales[bad[0]])})")
+        return None
+    if type == Type.BF16:    # no numpy dtype: NaN and inf are the all-ones exponent
+        values, finite = raw.view(np.uint16), lambda v: (v & 0x7F80) != 0x7F80
+    elif type in (Type.F32, Type.F16, Type.F64):
+        values, finite = raw.view({Type.F32: np.float32, Type.F16: np.float16,
+                                   Type.F64: np.float64}[type]), np.isfinite
+    else:
+        return None
+    n_bad, first = 0, None
+    for start in range(0, values.size, CHECK_CHUNK):
+        bad = np.flatnonzero(~finite(values[start:start + CHECK_CHUNK]))
+        if bad.size and first is None:
+            first = start + int(bad[0])
+        n_bad += bad.size
+    if n_bad:
+        return f"{n_bad} of its {values.size} values are NaN or inf (the first: value {first})"
+    return None
+
+
+def check_input(t):
+    """Refuse a GGUF tensor as llama.cpp's quantize refuses a model whose data fails
+    ggml's row validation: the block quantizers pass over a NaN and write a block of
+    zeros or garbage that nothing downstream would notice (QuantizeError)."""
+    problem = invalid_data(t.tensor_type, t.data)
+    if problem:
+        raise QuantizeError(f"tensor {t.name} has invalid data: {problem}; llama.cpp "
+                            f"refuses such a file too")
 
 
 def check_finite(name, type, data, shape=None):
@@ -347,12 +387,12 @@ def add_tensors(writer, reader, types, progress):
     for t in tensors:
         shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
         new = types[t.name]
-        values = check_input(t)
+        check_input(t)
         if int(new) == int(t.tensor_type):
             writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
                               raw_dtype=t.tensor_type)
         else:
-            values = values.reshape(shape)
+            values = to_f32(t).reshape(shape)
             if new == Type.F32:
                 writer.add_tensor(t.name, check_finite(t.name, new, values))
             elif new == Type.F16:

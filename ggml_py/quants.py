@@ -34,9 +34,12 @@ def dequantize(buf, type, shape):
     """uint8 blocks of `type` -> float32 array of numpy `shape` (last axis = row length)."""
     type = Type.of(type, "dequantize")
     try:
+        if isinstance(shape, (str, bytes)) or any(isinstance(d, bool) for d in shape):
+            raise TypeError
         shape = tuple(operator.index(d) for d in shape)
     except TypeError:
-        raise TypeError(f"dequantize: shape must hold integers, got {shape!r}") from None
+        raise TypeError(f"dequantize: shape must be a sequence of integers, got {shape!r}") \
+            from None
     if not shape:
         raise ValueError("dequantize: shape must have at least one dimension")
     if min(shape) < 0:
@@ -55,7 +58,7 @@ def dequantize(buf, type, shape):
 
 def kernel_variants(type):
     """{'from_float': (ref, simd), 'vec_dot': (ref, simd)}: which kernels this build has."""
-    q_ref, q_simd, d_ref, d_simd = _core.kernel_pair(int(Type(type)))
+    q_ref, q_simd, d_ref, d_simd = _core.kernel_pair(int(Type.of(type, "kernel_variants")))
     return {"from_float": (q_ref, q_simd), "vec_dot": (d_ref, d_simd)}
 
 
@@ -63,13 +66,13 @@ def quantize_row_variant(x, type, simd):
     """Test hook: one float32 row through the scalar twin (simd=False) or the SIMD quantizer."""
     x = np.ascontiguousarray(x, dtype=np.float32).ravel()
     out = np.empty(row_bytes(type, x.size), np.uint8)
-    _core.quantize_row_variant(int(Type(type)), x, out, bool(simd))
+    _core.quantize_row_variant(int(Type.of(type, "quantize_row_variant")), x, out, bool(simd))
     return out
 
 
 def vec_dot_variant(type, n, x, y, simd):
     """Test hook: dot of n elements, x bytes of `type`, y bytes of its vec_dot type."""
-    return _core.vec_dot_variant(int(Type(type)), int(n), np.ascontiguousarray(x, np.uint8).ravel(),
+    return _core.vec_dot_variant(int(Type.of(type, "vec_dot_variant")), int(n), np.ascontiguousarray(x, np.uint8).ravel(),
                                  np.ascontiguousarray(y, np.uint8).ravel(), bool(simd))
 
 

@@ -57,6 +57,7 @@ def data_alignment(type):
 
 def row_bytes(type, n):
     """Bytes of a row of n elements of `type` (n >= 0 must fill whole blocks)."""
+    type = Type.of(type, "row_bytes")
     traits = type_traits(type)
     n = operator.index(n)
     if n < 0:

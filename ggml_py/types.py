@@ -36,6 +36,9 @@ class Type(IntEnum):
     def __str__(self):
         return self.name
 
+    def __format__(self, spec):     # f"{t:>6}" pads the name too (int's would pad the number)
+        return format(self.name, spec)
+
     @classmethod
     def of(cls, value, where):
         """A Type from a Type, its number or its name in any case ('f32', 'Q8_0');
@@ -62,6 +65,9 @@ class Op(IntEnum):
 
     def __str__(self):
         return self.name
+
+    def __format__(self, spec):
+        return format(self.name, spec)
 
     NONE = 0
     # copies

@@ -62,6 +62,11 @@ def test_bad_sizes_are_refused(args):
         KVCache(*args)
 
 
+def test_sizes_may_be_numpy_integers():
+    cache = KVCache(np.int64(1), np.int32(16), 2, np.uint8(4))
+    assert cache.n_ctx == 16 and type(cache.n_ctx) is int and cache.k[0].shape == (16, 8)
+
+
 def test_window_and_mask():
     cache = KVCache(1, 20, 1, 4)
     assert cache.window(8) == 8                               # at least one step, empty

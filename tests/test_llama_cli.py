@@ -112,6 +112,9 @@ def test_main_bad_files():
                           (os.path.dirname(TEXT_FILE), "Is a directory")]:
         line = assert_one_line_error(main("-m", model_path("f32"), "-f", path), 1)
         assert line.startswith(f"ggml-main: error: {path}: cannot read ({problem}"), line
+        proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", path)
+        line = assert_one_line_error(proc, 1)
+        assert line.startswith(f"ggml-perplexity: error: {path}: cannot read ({problem}"), line
 
 
 def verbose_prompt_tokens(*args):
@@ -300,6 +303,23 @@ def test_main_ctrl_c_stops_and_prints_timings(started_ignoring):
     assert proc.returncode == 130
     assert "Traceback" not in err and "interrupted" in err
     assert re.search(r"       eval time = .* tokens per second", err)
+
+
+def test_run_takes_sigint_only_where_it_was_ignored_and_puts_it_back():
+    from ggml_py.cli.common import run
+
+    def custom(signum, frame):
+        pass
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        for handler, inside in ((signal.SIG_IGN, signal.default_int_handler), (custom, custom),
+                                (signal.default_int_handler, signal.default_int_handler)):
+            signal.signal(signal.SIGINT, handler)
+            seen = []
+            assert run("prog", lambda argv: seen.append(signal.getsignal(signal.SIGINT)) or 0) == 0
+            assert seen == [inside] and signal.getsignal(signal.SIGINT) is handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_ctrl_c_outside_the_compute_loops_is_one_line_too(capsys, monkeypatch):

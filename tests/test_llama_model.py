@@ -390,6 +390,12 @@ def bad_files():
     return files
 
 
+def test_the_gguf_version_is_read_in_the_files_byte_order():
+    from ggml_py.gguf_model import _gguf_version
+    assert _gguf_version(struct.pack("<I", 3)) == 3 and _gguf_version(struct.pack(">I", 3)) == 3
+    assert _gguf_version(struct.pack("<I", 9)) == 9 and _gguf_version(b"\x03\x00") is None
+
+
 def test_bad_files_raise_one_clear_error():
     for path, fragment in bad_files():
         with pytest.raises(ModelLoadError) as info:

@@ -255,6 +255,10 @@ def test_bad_arguments():
         gg.Llama("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="kv_type"):
         gg.Llama(model_path("f32"), kv_type="q8")
+    with pytest.raises(ValueError, match="Llama: kv_type must be 'f16' or 'f32', got Q8_0"):
+        gg.Llama(model_path("f32"), kv_type=gg.Q8_0)
+    for same in ("F32", gg.F32, 0):          # a type by name in any case, or its number
+        assert gg.Llama(model_path("f32"), n_ctx=16, kv_type=same).model.cache.type == gg.F32
 
 
 def test_llama_without_a_path_loads_the_bundled_model():

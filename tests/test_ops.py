@@ -534,6 +534,14 @@ def test_set_rows(ctx, rng, dst_shape, k, dst_type, layout):
     assert same_bits(got, want)
 
 
+def test_a_row_id_into_no_rows_says_so(ctx):
+    ids = ctx.from_numpy(np.array([0], np.int32))
+    y = gg.get_rows(ctx.new_tensor(gg.F32, (0, 3)), ids)
+    with pytest.raises(ValueError, match=r"^get_rows: row id 0 asks for a row of a \(0, 3\), "
+                                         r"which has none \(node 0\)$"):
+        gg.build_forward(y).compute(n_threads=1)
+
+
 def _bad_ids_graph(ctx, which, bad_id):
     x = ctx.from_numpy(np.arange(15, dtype=np.float32).reshape(5, 3))
     ids = ctx.from_numpy(np.array([0, bad_id, 2], np.int32))
@@ -1031,6 +1039,7 @@ def test_compute_profile_stats(ctx, rng):
     graph.compute(n_threads=2, profile=True)
     # times under another profile are not summed under the new one's name
     mm.profile = next(p for p in mm.profiles() if p.name == "blas")
+    assert all(r.total_us == 0 for r in graph.stats())       # not cpu's times under its name
     graph.compute(n_threads=2, profile=True)
     stats = graph.stats()
     assert stats[0].profile == "blas" and stats[0].init_us == 0 and stats[0].compute_us > 0
@@ -1041,8 +1050,10 @@ def test_types_by_name_and_what_is_not_a_type():
     assert ctx.new_tensor("f32", (3,)).type == gg.F32 and ctx.new_tensor(1, (3,)).type == gg.F16
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     np.testing.assert_array_equal(gg.quantize(x, "q8_0"), gg.quantize(x, gg.Q8_0))
-    assert gg.type_traits("Q4_K")["blck_size"] == 256
+    assert gg.type_traits("Q4_K")["blck_size"] == 256 and gg.row_bytes("q4_0", 64) == 36
+    assert gg.task_profiles(gg.Op.MUL_MAT, "q4_0") == gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0)
     assert str(gg.Op.MUL_MAT) == "MUL_MAT" and f"{gg.F16}" == "F16" and int(gg.F16) == 1
+    assert f"{gg.Q8_0:>6}|{gg.Op.ADD:<4}|" == "  Q8_0|ADD |" and "%d" % gg.Q8_0 == "8"
     for call, error, match in [
             (lambda: ctx.new_tensor(None, (3,)), TypeError, "new_tensor: type must be a Type"),
             (lambda: ctx.new_tensor(True, (3,)), TypeError, "new_tensor: type must be a Type"),

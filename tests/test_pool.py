@@ -706,6 +706,8 @@ def test_graph_arguments_of_the_wrong_kind_are_named():
         with pytest.raises(ValueError, match="graph.lookahead must be an int"):
             graph.lookahead = bad           # refused when set, not at every compute after
     assert graph.lookahead == gg.graph.DEFAULT_LOOKAHEAD
+    graph.lookahead = np.int64(2)
+    assert graph.lookahead == 2 and type(graph.lookahead) is int
     graph.lookahead = 0
     graph.compute(n_threads=2)
 

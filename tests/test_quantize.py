@@ -13,7 +13,8 @@ from llama_reference import ReferenceLlama
 
 import ggml_py as gg
 from ggml_py.llama import LlamaModel
-from ggml_py.quantize_model import (TARGETS, ModelInfo, QuantizeError, main, quantize_file,
+from ggml_py.quantize_model import (BLOCK_SCALES, TARGETS, ModelInfo, QuantizeError,
+                                    invalid_data, main, quantize_file,
                                     tensor_type, use_more_bits)
 from ggml_py.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.types import Type
@@ -483,7 +484,7 @@ def test_nan_or_inf_in_the_input_is_refused_as_llama_cpp_refuses_it(tmp_path, ca
         for target in ("Q4_0", "Q6_K", "Q8_0", "Q4_K_M"):
             line = one_line_error(capsys, src, tmp_path / "o.gguf", target)
             assert (f"tensor blk.0.attn_q.weight has invalid data: 1 of its" in line
-                    and "NaN or inf (the first at row 1, element 3)" in line), line
+                    and f"NaN or inf (the first: value {n_row + 3})" in line), line
     # from a quantized input too: a block scale of NaN (re-typed with --allow-requantize, or
     # copied as it is)
     q8 = tmp_path / "q8.gguf"
@@ -494,5 +495,40 @@ def test_nan_or_inf_in_the_input_is_refused_as_llama_cpp_refuses_it(tmp_path, ca
     del reader
     for target, extra in (("Q4_0", ["--allow-requantize"]), ("Q8_0", [])):
         line = one_line_error(capsys, q8, tmp_path / "o.gguf", target, *extra)
-        assert "tensor blk.0.attn_q.weight has invalid data: 32 of its" in line, line
+        assert ("tensor blk.0.attn_q.weight has invalid data: 1 of its" in line
+                and "blocks have a scale of NaN or inf (the first: block 0, nan)" in line), line
     assert sorted(os.listdir(tmp_path)) == ["q8.gguf"]
+
+
+@pytest.mark.parametrize("type", [t for t in Type if t in BLOCK_SCALES], ids=lambda t: t.name)
+def test_the_scales_checked_are_the_blocks_scales(type):
+    # a NaN written where BLOCK_SCALES says a scale is makes that block de-quantize to NaN
+    # (Q8_K is not de-quantized: its float scale is its first 4 bytes, as in ggml's block_q8_K)
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    q = gg.quantize(x, type)
+    assert invalid_data(type, q) is None
+    for offset, dtype in BLOCK_SCALES[type]:
+        bad = q.copy()
+        size = gg.type_traits(type)["type_size"]
+        at = size + offset                                   # the second block of row 0
+        bad[0, at:at + np.dtype(dtype).itemsize] = np.frombuffer(dtype(np.nan).tobytes(), np.uint8)
+        assert "(the first: block 1, nan)" in invalid_data(type, bad)
+        # (Q8_1's second field is its block's sum, which de-quantizing does not read)
+        if type != Type.Q8_K and (type, offset) != (Type.Q8_1, 2):
+            values = gg.dequantize(bad, type, x.shape)
+            block = gg.type_traits(type)["blck_size"]
+            assert np.isnan(values[0, block:2 * block]).any() and np.isfinite(values[1]).all()
+
+
+@pytest.mark.parametrize("type", [Type.F32, Type.F16, Type.BF16, Type.F64], ids=lambda t: t.name)
+def test_float_tensors_are_checked_value_by_value(type, monkeypatch):
+    import ggml_py.quantize_model as qm
+    monkeypatch.setattr(qm, "CHECK_CHUNK", 7)             # the chunks add up
+    values = np.ones(40, np.float64)
+    values[[9, 30]] = [np.inf, np.nan]
+    if type == Type.BF16:
+        raw = (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        raw = values.astype({Type.F32: np.float32, Type.F16: np.float16, Type.F64: np.float64}[type])
+    assert invalid_data(type, raw) == "2 of its 40 values are NaN or inf (the first: value 9)"
+    assert invalid_data(type, np.ones_like(raw)) is None

@@ -272,9 +272,12 @@ def run(prog, main, argv=None):
     """Run main(argv); a bad model file or input, or one too large for memory,
     ends in one line and exit 1; Ctrl-C (wherever main does not handle it itself:
     loading, tokenizing, writing) in "<prog>: interrupted" and exit 130."""
-    if threading.current_thread() is threading.main_thread():
-        # as llama.cpp's programs: Ctrl-C (SIGINT) stops them even when they were started
-        # with it ignored (a background job of a script), where Python would leave it so
+    # as llama.cpp's programs, Ctrl-C (SIGINT) stops them even when they were started with
+    # it ignored (a background job of a script), where Python leaves it ignored; a caller's
+    # own handler is left alone, and the ignoring put back at the end
+    ignored = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return main(argv)
@@ -288,3 +291,6 @@ def run(prog, main, argv=None):
         sys.stdout.flush()
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
