@@ -43,6 +43,21 @@ def test_rollback_forgets_a_position_begun_again_and_every_later_one():
     assert cache.n_past == 2 and list(cache.slot_pos[:7]) == [0, 1, -1, -1, -1, -1, -1]
 
 
+def test_begin_below_the_end_keeps_the_sequences_length():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(10, dtype=np.int32))
+    cache.begin(np.array([3], np.int32))                  # a position again, inside
+    assert cache.n_past == 10
+
+
+def test_truncate_leaves_nothing_for_rollback():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(8, dtype=np.int32))
+    cache.truncate(4)
+    cache.rollback()                                      # not the begin before the truncate
+    assert cache.n_past == 4 and list(cache.slot_pos[:9]) == [0, 1, 2, 3] + [-1] * 5
+
+
 def test_begin_refuses_positions_outside_the_context_and_changes_nothing():
     cache = KVCache(1, 16, 2, 4)
     cache.begin(np.arange(3, dtype=np.int32))

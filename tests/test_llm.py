@@ -248,6 +248,19 @@ def test_perplexity_needs_two_contexts(llm):
         llm.perplexity("too short", n_ctx=64)
     with pytest.raises(ValueError, match="larger than the model's context"):
         llm.perplexity(TEXT, n_ctx=256)
+    with pytest.raises(ValueError, match="n_ctx 129 is larger than the model's context 128"):
+        llm.perplexity(TEXT, n_ctx=129)
+    with pytest.raises(ValueError, match="n_ctx must be"):
+        llm.perplexity(TEXT, n_ctx=3)     # a chunk of 3 scores no token
+
+
+def test_perplexity_n_chunks_past_the_end_is_all_and_n_batch_is_given_back(llm):
+    n_batch = llm.n_batch
+    every = llm.perplexity(TEXT, n_ctx=32, n_batch=8)
+    assert llm.n_batch == n_batch
+    many = llm.perplexity(TEXT, n_ctx=32, n_batch=8, n_chunks=10 ** 6)
+    assert many.ppl == every.ppl and many.n_scored == every.n_scored
+    assert llm.perplexity(TEXT, n_ctx=32, n_chunks=1).n_scored == 32 // 2 - 1
 
 
 def test_bad_arguments():
@@ -632,10 +645,12 @@ def test_a_fork_child_refuses_a_model_another_thread_was_running_until_cleared(i
                     model.forward([4], [3])
                     code = 2
                 except RuntimeError as e:
-                    code = 0 if "cache is unknown here" in str(e) else 3
-                model.cache.clear()
-                code = code or (0 if np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected)
-                                else 4)
+                    code = 1 if "cache is unknown here" in str(e) else 3
+                if code == 1:          # refused as it should: cleared, it must run as before
+                    code = 5           # (what an exception from here on exits with)
+                    model.cache.clear()
+                    same = np.array_equal(model.forward([1, 2, 3], [0, 1, 2]), expected)
+                    code = 0 if same else 4
             finally:
                 os._exit(code)
     finally:
@@ -659,3 +674,41 @@ def test_damaged_weights_give_a_clear_error_not_garbage():
         list(damaged.generate("Hello", max_tokens=4))
     with pytest.raises(ValueError, match="log-probabilities that are not finite"):
         damaged.perplexity(list(range(1, 65)), n_ctx=32)
+
+
+def test_a_complete_stop_string_ends_the_text_at_once():
+    # "ab" is complete: that a longer stop "abc" begins there too must not read on
+    def pieces():
+        yield "xab"
+        raise AssertionError("read past a complete stop string")
+    assert list(until_stop(pieces(), ("ab", "abc"))) == ["x"]
+
+
+def test_generate_reuses_only_the_prompts_common_prefix():
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, kv_type="f32")
+    fresh = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, kv_type="f32")
+    a, b = [1, 20, 30, 40, 50, 60], [1, 20, 99, 40, 50, 60, 70]   # b parts from a at its third
+    list(llm.generate(a, max_tokens=3, temperature=0))
+    before = llm.timings.prompt_tokens
+    got = list(llm.generate(b, max_tokens=6, temperature=0))
+    assert llm.timings.prompt_tokens - before == len(b) - 2          # [1, 20] reused
+    assert got == list(fresh.generate(b, max_tokens=6, temperature=0))
+    before = llm.timings.prompt_tokens
+    list(llm.generate(b, max_tokens=1, temperature=0))                 # the same prompt again:
+    assert llm.timings.prompt_tokens - before == 1                     # only its last token runs
+
+
+def test_max_tokens_zero_generates_nothing():
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, kv_type="f32")
+    assert list(llm.generate("the", max_tokens=0)) == []
+
+
+def test_the_context_is_checked_before_any_batch_runs():
+    llm = gg.Llama(model_path("f32"), n_ctx=16, n_threads=1, n_batch=4, kv_type="f32")
+    ids = list(range(1, 18))
+    with pytest.raises(ValueError, match="do not fit the context of 16"):
+        llm.eval(ids)                     # 17 tokens: not the first four batches, then an error
+    assert llm.n_tokens == 0 and llm.model.cache.n_past == 0
+    assert llm.eval(ids[:16]).shape[0] == 16                        # 16 fit
+    with pytest.raises(ValueError, match="the prompt has 16 tokens, the context 16"):
+        llm.generate(ids[:16])            # no room left for a token to generate

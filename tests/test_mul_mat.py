@@ -122,6 +122,10 @@ def test_default_profile_follows_ggml_rule():
     assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
     small = ctx.from_numpy(np.ones((16, 64), np.float32), type=gg.Q8_0)
     assert gg.mul_mat(small, ctx.new_tensor(gg.F32, (64, 64))).profile.name == "cpu"
+    # K too: 16 columns (F32, as no 32-element block fits), then 32
+    for k, name in ((16, "cpu"), (32, "blas-mt")):
+        short = ctx.from_numpy(np.ones((64, k), np.float32))
+        assert gg.mul_mat(short, ctx.new_tensor(gg.F32, (64, k))).profile.name == name
 
 
 def test_blas_profiles_stage_flags():

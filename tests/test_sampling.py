@@ -38,6 +38,28 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     assert top_p(ids, x, 1.0)[0].tolist() == ids.tolist()
 
 
+def test_top_p_edges_as_llama_cpp():
+    # a prefix whose probability equals p exactly is enough (llama.cpp: cum >= p)
+    two = np.array([0.0, 0.0], np.float32)
+    assert top_p(np.arange(2), two, 0.5)[0].tolist() == [0]
+    # p >= 1 is off, even where the last candidates' share rounds to nothing
+    far = np.array([0.0, -30.0], np.float32)
+    assert top_p(np.arange(2), far, 1.0)[0].tolist() == [0, 1]
+    # a p the float32 running sum never reaches keeps every candidate (12 equal logits sum
+    # to 0.9999999 in float32)
+    assert top_p(np.arange(12), np.zeros(12, np.float32), 0.99999995)[0].size == 12
+
+
+def test_top_k_of_all_but_one_drops_the_lowest():
+    assert top_k(np.arange(5), LOGITS, 4)[0].tolist() == [1, 3, 0, 4]
+
+
+def test_the_last_vocabulary_id_is_penalised_too():
+    x = LOGITS.copy()
+    apply_penalties(x, [4], repeat_penalty=2.0)
+    assert x[4] == 0.25 and x[:4].tolist() == LOGITS[:4].tolist()
+
+
 @pytest.mark.parametrize("n, p, kept", [(20, 0.5, 10), (40, 0.95, 39)])
 def test_top_p_sums_in_float32_as_llama_cpp(n, p, kept):
     # n equal logits: each probability is float32(1/n); in float32 the running

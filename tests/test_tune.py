@@ -19,7 +19,8 @@ def test_interpolate_inside_and_past_both_ends():
     assert interpolate(xs, ys, 3) == pytest.approx(30.0)
     assert interpolate(xs, ys, 6) == pytest.approx(50.0)
     assert interpolate(xs, ys, 16) == pytest.approx(100.0)   # last segment's slope: 5 per M
-    assert interpolate([2, 4], [10.0, 30.0], 1) == pytest.approx(0.0)   # clamped, not negative
+    assert interpolate([2, 4], [10.0, 30.0], 1) == pytest.approx(0.0)
+    assert interpolate([2, 4], [10.0, 40.0], 1) == 0.0     # clamped: the line gives -5
     # past the last M a falling last segment (noise) stays at the last time, never 0
     assert interpolate([1, 2, 4, 8], [7446.0, 7734.0, 15467.0, 8109.0], 16) == 8109.0
     assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0
@@ -249,7 +250,11 @@ def write_json(path, obj):
     (lambda o: o["system"].update(blas="OpenBLAS 0.3.0 DYNAMIC_ARCH Haswell"), "benched with blas"),
     (lambda o: o["system"].pop("blas"), "benched with blas None"),
     (lambda o: o.update(m_values=[4, 2, 1, 8, 16, 32, 64]), "ascending"),
+    # two equal Ms would divide by zero when estimating between them
+    (lambda o: o.update(m_values=[1, 2, 2, 8, 16, 32, 64]), "distinct"),
+    (lambda o: o["system"].update(kernels="scalar reference"), "benched with kernels"),
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1.0, 2.0]), "one time in"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1.0] * 8), "one time in"),
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[-1.0] * 7), "one time in"),
     # finite, but summed over the stages it would be inf: every profile tied
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1e308] * 7), "one time in"),
@@ -453,6 +458,16 @@ def mul_mat_graph(m, contiguous=True):
         b = gg.transpose(ctx.from_numpy(rng.standard_normal((64, m)).astype(np.float32)))
     y = gg.mul_mat(a, b)
     return gg.build_forward(y), y, b.numpy() @ a.numpy().T if contiguous else None
+
+
+def test_a_shape_is_matched_by_n_and_k_not_the_other_way_round():
+    # a (96, 64) weight: N = 96 rows of K = 64; data for 96x64 is its, data for 64x96 is not
+    data = synthetic_data()
+    for n, k, reason in ((96, 64, "tuned"), (64, 96, "fallback")):
+        data.shapes[0].n, data.shapes[0].k = n, k
+        ctx = gg.Context(mem_size=1 << 20)
+        y = gg.mul_mat(ctx.new_tensor(gg.F32, (96, 64)), ctx.new_tensor(gg.F32, (4, 64)))
+        assert gg.build_forward(y).plan(1, tune=data).rows[-1].reason == reason
 
 
 def test_plan_uses_tune_data_and_falls_back():
