@@ -712,3 +712,30 @@ def test_the_context_is_checked_before_any_batch_runs():
     assert llm.eval(ids[:16]).shape[0] == 16                        # 16 fit
     with pytest.raises(ValueError, match="the prompt has 16 tokens, the context 16"):
         llm.generate(ids[:16])            # no room left for a token to generate
+
+
+def test_a_utf8_sequence_cut_at_the_end_of_generation_still_comes_out(llm):
+    ids = llm.tokenize("a€", add_bos=False)          # " a", then "€" as three byte tokens
+    assert list(llm._pieces(iter(ids))) == [" a", "€"]
+    assert list(llm._pieces(iter(ids[:-1]))) == [" a", "\ufffd"]   # held, then given at the end
+
+
+def test_building_graphs_is_not_counted_as_evaluation(monkeypatch):
+    # a build made slow on purpose: its time is build time, not the prompt's nor the token's,
+    # and not in perplexity's seconds per chunk
+    import time
+    import ggml_py.llama as llama_module
+    build = llama_module.build_forward_graph
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.5)
+        return build(*args, **kwargs)
+    monkeypatch.setattr(llama_module, "build_forward_graph", slow_build)
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
+    llm.eval([1, 2, 3, 4])
+    llm.eval([5])
+    t = llm.timings
+    assert t.build_s >= 1.0 and t.prompt_s < 0.45 and t.eval_s < 0.45, t
+    seconds = []
+    llm.perplexity(TEXT, n_ctx=16, n_chunks=1, callback=lambda *args: seconds.append(args[-1]))
+    assert llm.timings.build_s >= 1.5 and seconds[0] < 0.45

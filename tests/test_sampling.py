@@ -188,3 +188,16 @@ def test_history_ids_outside_the_vocabulary_penalise_nothing():
     for token in (-1, 7, 2 ** 40):
         s.accept(token)
     assert s.sample([1.0, 0.0, 5.0]) == 2          # -1 penalised the last token before
+
+
+def test_the_chain_filters_in_llama_cpps_order_then_applies_the_temperature():
+    logits = np.array([2.0, 1.0, 0.0, -1.0], np.float32)   # p 0.64, 0.24, 0.09, 0.03
+
+    def drawn(**params):
+        sampler = Sampler(SamplingParams(seed=1, top_k=0, **params))
+        return {sampler.sample(logits) for _ in range(3000)}
+    # top-p 0.9 keeps three, min-p 0.1 keeps those three; min-p first would leave top-p
+    # three renormalised ones, of which it keeps two
+    assert drawn(temperature=1.0, top_p=0.9, min_p=0.1) == {0, 1, 2}
+    # the temperature flattens what the filters left: applied first, top-p 0.9 would keep four
+    assert drawn(temperature=10.0, top_p=0.9, min_p=0.0) == {0, 1, 2}
