@@ -128,8 +128,9 @@ class TuneData:
 
     def shape(self, n, k, type):
         """The ShapeTimes of (N, K, type), or None."""
+        key = (n, k, Type.of(type, "TuneData.shape"))
         for s in self.shapes:
-            if s.key == (n, k, Type(type)):
+            if s.key == key:
                 return s
         return None
 

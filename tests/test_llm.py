@@ -739,3 +739,11 @@ def test_building_graphs_is_not_counted_as_evaluation(monkeypatch):
     seconds = []
     llm.perplexity(TEXT, n_ctx=16, n_chunks=1, callback=lambda *args: seconds.append(args[-1]))
     assert llm.timings.build_s >= 1.5 and seconds[0] < 0.45
+
+
+def test_token_nll_sums_the_exponentials_in_double_as_llama_cpp():
+    # 100,000 logits, half 0 and half log(0.1): summed in float32 the log-sum moves by 5e-9
+    x = np.zeros((1, 100_000), np.float32)
+    x[0, 1::2] = np.log(np.float32(0.1))
+    exps = np.exp(x[0] - x[0].max()).astype(np.float64)     # expf of each, as llama.cpp
+    assert abs(token_nll(x, np.array([0]))[0] - math.log(exps.sum())) < 1e-12
