@@ -352,8 +352,8 @@ def invalid_data(type, data):
 
 def check_input(t):
     """Refuse a GGUF tensor as llama.cpp's quantize refuses a model whose data fails
-    ggml's row validation: the block quantizers pass over a NaN and write a block of
-    zeros or garbage that nothing downstream would notice (QuantizeError)."""
+    ggml's row validation: the block quantizers pass over a NaN and write a block
+    partly zeroed, partly wrong, that nothing downstream would notice (QuantizeError)."""
     problem = invalid_data(t.tensor_type, t.data)
     if problem:
         raise QuantizeError(f"tensor {t.name} has invalid data: {problem}; llama.cpp "

@@ -465,7 +465,7 @@ def test_values_the_type_cannot_hold_are_refused_as_llama_cpp_refuses_them(tmp_p
 
 
 def test_nan_or_inf_in_the_input_is_refused_as_llama_cpp_refuses_it(tmp_path, capsys):
-    # the block quantizers pass over a NaN: one NaN made its Q6_K block all zeros, silently;
+    # the block quantizers pass over a NaN: one NaN zeroed part of its Q6_K block, silently;
     # llama.cpp checks the model it quantizes first ("tensor '...' has invalid data")
     def set_value(index, value):
         def edit(parts):
