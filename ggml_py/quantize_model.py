@@ -306,27 +306,45 @@ def check_requantize(src, reader, types):
 BLOCK_SCALES = {
     Type.Q4_0: ((0, np.float16),), Type.Q4_1: ((0, np.float16), (2, np.float16)),
     Type.Q5_0: ((0, np.float16),), Type.Q5_1: ((0, np.float16), (2, np.float16)),
-    Type.Q8_0: ((0, np.float16),), Type.Q8_1: ((0, np.float16), (2, np.float16)),
+    Type.Q8_0: ((0, np.float16),),
     Type.Q2_K: ((80, np.float16), (82, np.float16)), Type.Q3_K: ((108, np.float16),),
     Type.Q4_K: ((0, np.float16), (2, np.float16)), Type.Q5_K: ((0, np.float16), (2, np.float16)),
     Type.Q6_K: ((208, np.float16),), Type.Q8_K: ((0, np.float32),),
 }
+FLOAT_DTYPES = {Type.F32: np.float32, Type.F16: np.float16, Type.F64: np.float64}
 CHECK_CHUNK = 1 << 22     # values checked at a time (a bool per value: 4 MiB)
 
 
+def _non_finite(chunks):
+    """(count, index of the first) of the NaN / inf values of an iterable of 1-D
+    (values, is_finite function) pieces, taken in order."""
+    n_bad, first, start = 0, None, 0
+    for values, finite in chunks:
+        bad = np.flatnonzero(~finite(values))
+        if bad.size and first is None:
+            first = start + int(bad[0])
+        n_bad += bad.size
+        start += values.size
+    return n_bad, first
+
+
 def invalid_data(type, data):
-    """What ggml's row validation finds wrong in a tensor's bytes `data` (uint8) of `type`:
-    a NaN or inf among a float tensor's values, or among a quantized tensor's block
-    scales; None when nothing is (and for types without such a check: integers)."""
-    if int(type) not in Type._value2member_map_:     # a type ggml_py has no blocks of
+    """What ggml's row validation finds wrong in a tensor's bytes `data` (uint8, whole
+    blocks) of `type`: a NaN or inf among a float tensor's values, or among a quantized
+    tensor's block scales. None when nothing is, and for types this does not know the
+    blocks of (check_input de-quantizes those) or that hold integers."""
+    if int(type) not in Type._value2member_map_:
         return None
     type = Type(int(type))
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if type in BLOCK_SCALES:
-        blocks = raw.reshape(-1, type_traits(type)["type_size"])
+        size = type_traits(type)["type_size"]
+        if raw.size % size:
+            raise ValueError(f"invalid_data: {raw.size} bytes are not whole {type.name} blocks")
+        blocks = raw.reshape(-1, size)
         for offset, dtype in BLOCK_SCALES[type]:
-            size = np.dtype(dtype).itemsize
-            scales = np.ascontiguousarray(blocks[:, offset:offset + size]).view(dtype).reshape(-1)
+            width = np.dtype(dtype).itemsize
+            scales = np.ascontiguousarray(blocks[:, offset:offset + width]).view(dtype).reshape(-1)
             bad = np.flatnonzero(~np.isfinite(scales))
             if bad.size:
                 return (f"{bad.size} of its {scales.size} blocks have a scale of NaN or inf "
@@ -334,17 +352,12 @@ def invalid_data(type, data):
         return None
     if type == Type.BF16:    # no numpy dtype: NaN and inf are the all-ones exponent
         values, finite = raw.view(np.uint16), lambda v: (v & 0x7F80) != 0x7F80
-    elif type in (Type.F32, Type.F16, Type.F64):
-        values, finite = raw.view({Type.F32: np.float32, Type.F16: np.float16,
-                                   Type.F64: np.float64}[type]), np.isfinite
+    elif type in FLOAT_DTYPES:
+        values, finite = raw.view(FLOAT_DTYPES[type]), np.isfinite
     else:
         return None
-    n_bad, first = 0, None
-    for start in range(0, values.size, CHECK_CHUNK):
-        bad = np.flatnonzero(~finite(values[start:start + CHECK_CHUNK]))
-        if bad.size and first is None:
-            first = start + int(bad[0])
-        n_bad += bad.size
+    n_bad, first = _non_finite((values[i:i + CHECK_CHUNK], finite)
+                               for i in range(0, values.size, CHECK_CHUNK))
     if n_bad:
         return f"{n_bad} of its {values.size} values are NaN or inf (the first: value {first})"
     return None
@@ -352,9 +365,20 @@ def invalid_data(type, data):
 
 def check_input(t):
     """Refuse a GGUF tensor as llama.cpp's quantize refuses a model whose data fails
-    ggml's row validation: the block quantizers pass over a NaN and write a block
-    partly zeroed, partly wrong, that nothing downstream would notice (QuantizeError)."""
+    ggml's row validation: the block quantizers pass over a NaN, zeroing part of the
+    block silently (QuantizeError). A type ggml_py has no blocks of (IQ4_NL, ...) is
+    de-quantized by gguf, a slice of rows at a time, where gguf can."""
     problem = invalid_data(t.tensor_type, t.data)
+    if problem is None and int(t.tensor_type) not in Type._value2member_map_ \
+            and dequantizable(t.tensor_type):
+        rows = np.asarray(t.data).reshape(-1, t.data.shape[-1])
+        step = max(1, CHECK_CHUNK // max(1, rows.shape[1]))
+        n_bad, first = _non_finite(
+            (gguf.quants.dequantize(rows[i:i + step], t.tensor_type).reshape(-1), np.isfinite)
+            for i in range(0, len(rows), step))
+        if n_bad:
+            problem = (f"{n_bad} of its {t.n_elements} values de-quantize to NaN or inf "
+                       f"(the first: value {first})")
     if problem:
         raise QuantizeError(f"tensor {t.name} has invalid data: {problem}; llama.cpp "
                             f"refuses such a file too")

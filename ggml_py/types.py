@@ -10,6 +10,14 @@ from enum import IntEnum
 import numpy as np
 
 
+def _format(member, spec):
+    """f"{t:>6}" pads the name (int's format would pad the number); a number's format
+    code (f"{t:d}", f"{t:x}") formats the number."""
+    if spec and spec[-1] in "bcdoxXneEfFgG%":
+        return int.__format__(member, spec)
+    return format(member.name, spec)
+
+
 class Type(IntEnum):
     """Element types, numbered as ggml numbers them. str() is the name ("Q8_0")."""
     F32 = 0
@@ -36,8 +44,8 @@ class Type(IntEnum):
     def __str__(self):
         return self.name
 
-    def __format__(self, spec):     # f"{t:>6}" pads the name too (int's would pad the number)
-        return format(self.name, spec)
+    def __format__(self, spec):
+        return _format(self, spec)
 
     @classmethod
     def of(cls, value, where):
@@ -67,7 +75,7 @@ class Op(IntEnum):
         return self.name
 
     def __format__(self, spec):
-        return format(self.name, spec)
+        return _format(self, spec)
 
     NONE = 0
     # copies

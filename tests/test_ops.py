@@ -1054,6 +1054,7 @@ def test_types_by_name_and_what_is_not_a_type():
     assert gg.task_profiles(gg.Op.MUL_MAT, "q4_0") == gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0)
     assert str(gg.Op.MUL_MAT) == "MUL_MAT" and f"{gg.F16}" == "F16" and int(gg.F16) == 1
     assert f"{gg.Q8_0:>6}|{gg.Op.ADD:<4}|" == "  Q8_0|ADD |" and "%d" % gg.Q8_0 == "8"
+    assert f"{gg.Q8_0:d}|{gg.Op.ADD:03d}|{gg.BF16:x}" == "8|004|1e"
     for call, error, match in [
             (lambda: ctx.new_tensor(None, (3,)), TypeError, "new_tensor: type must be a Type"),
             (lambda: ctx.new_tensor(True, (3,)), TypeError, "new_tensor: type must be a Type"),
