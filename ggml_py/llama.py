@@ -392,11 +392,20 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_free_locks_after_fork)
 
 
+def default_cache(config, n_ctx, kv_type):
+    """The stock KV cache for a model of `config`: n_ctx slots of kv_type (F16 or F32)."""
+    return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type)
+
+
 class LlamaModel:
-    """Weights + KV cache + cached forward graphs; forward(tokens, positions) -> logits."""
+    """Weights + KV cache + cached forward graphs; forward(tokens, positions) -> logits.
+
+    make_cache(config, n_ctx, kv_type) builds the KV cache (default_cache: a KVCache);
+    another kind of cache, reached through kv_cache's interface only, takes its place.
+    """
 
     def __init__(self, path, n_ctx=2048, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True):
+                 packed=True, make_cache=default_cache):
         self.file = GGUFModelFile(path)
         self.config = LlamaConfig.from_gguf(self.file)
         self.weights = LlamaWeights.from_gguf(self.file, self.config)
@@ -409,8 +418,7 @@ class LlamaModel:
             raise ValueError(f"n_ctx must be at least 1 (0: the model's training context), "
                              f"got {n_ctx}")
         self.n_ctx = int(n_ctx)
-        self._cache = KVCache(self.config.n_layer, self.n_ctx, self.config.n_head_kv,
-                              self.config.head_dim, type=kv_type)
+        self._cache = make_cache(self.config, self.n_ctx, kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed

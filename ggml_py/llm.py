@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggml_py.graph import MAX_THREADS
-from ggml_py.llama import KV_PAD, LlamaModel
+from ggml_py.llama import KV_PAD, LlamaModel, default_cache
 from ggml_py.sampling import Sampler, SamplingParams, checked_int
 from ggml_py.types import Type
 
@@ -217,14 +217,19 @@ class Llama:
     kv_type: 'f16' (default) or 'f32' cache.
     n_threads: 1..256 (None: the physical cores).
     kv_pad: the attention window grows in steps of this many slots.
+    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
+    see ggml_py/kv_cache.py for the members the model uses).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
     ValueError / TypeError naming the argument for a bad one.
     """
 
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
-                 kv_pad=KV_PAD, verbose=False):
+                 kv_pad=KV_PAD, verbose=False, make_cache=None):
         t0 = time.perf_counter()
         kv_type = Type.of(kv_type, "Llama: kv_type")
+        if make_cache is not None and not callable(make_cache):
+            raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
+                            f"cache, got {type(make_cache).__name__}")
         if kv_type not in KV_TYPES:
             raise ValueError(f"Llama: kv_type must be 'f16' or 'f32', got {kv_type.name}")
         n_ctx = checked_int("n_ctx", n_ctx, low=0)
@@ -237,7 +242,8 @@ class Llama:
             model_path = default_model_path()
         self.model_path = os.fsdecode(model_path)
         self.model = LlamaModel(self.model_path, n_ctx=n_ctx, kv_type=kv_type,
-                                n_threads=n_threads, kv_pad=kv_pad)
+                                n_threads=n_threads, kv_pad=kv_pad,
+                                make_cache=make_cache or default_cache)
         self.tokenizer = self.model.file.tokenizer()
         self.n_batch = n_batch
         self.verbose = verbose

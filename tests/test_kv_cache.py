@@ -7,6 +7,7 @@ from llama_models import model_path
 import ggml_py as gg
 from ggml_py import ops
 from ggml_py.kv_cache import KVCache
+from ggml_py.llama import default_cache
 from ggml_py.graph import build_forward
 from ggml_py.tensor import Context
 from ggml_py.types import Type
@@ -140,8 +141,8 @@ class InterfaceOnly:
 
 def test_the_model_and_llama_use_only_the_caches_interface():
     plain = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=5, kv_type="f32")
-    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=5, kv_type="f32")
-    llm.model._cache = InterfaceOnly(llm.model._cache)
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=5, kv_type="f32",
+                   make_cache=lambda *args: InterfaceOnly(default_cache(*args)))
     ids = plain.tokenize("the model reaches its cache through a few members")
     for which in (plain, llm):
         which.eval(ids[:7])
@@ -182,10 +183,15 @@ class BackToFront(KVCache):
 
 def test_a_cache_whose_slots_are_not_its_positions_takes_the_place_of_the_stock_one():
     plain = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=7, kv_type="f32")
-    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=7, kv_type="f32")
-    c = llm.model.config
-    cache = BackToFront(c.n_layer, 64, c.n_head_kv, c.head_dim, type=Type.F32)
-    llm.model._cache = InterfaceOnly(cache)
+    made = []
+
+    def make_cache(config, n_ctx, kv_type):
+        made.append(BackToFront(config.n_layer, n_ctx, config.n_head_kv, config.head_dim,
+                                type=kv_type))
+        return InterfaceOnly(made[-1])
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=7, kv_type="f32",
+                   make_cache=make_cache)
+    cache = made[0]
     ids = plain.tokenize("each block of thirty-two slots is filled from its end to its start, "
                          "and the model does not know")[:40]
     assert len(ids) > 32

@@ -292,6 +292,7 @@ def test_llama_without_a_path_loads_the_bundled_model():
     (dict(kv_pad=0), ValueError, "kv_pad must be at least 1"),
     (dict(n_ctx=-5), ValueError, "n_ctx must be at least 0"),
     (dict(n_batch=0), ValueError, "n_batch must be at least 1"),
+    (dict(make_cache="paged"), TypeError, "Llama: make_cache must be callable"),
 ])
 def test_bad_constructor_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
