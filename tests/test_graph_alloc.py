@@ -74,12 +74,34 @@ def test_free_list_merges_neighbours():
     assert graph_alloc._allocate(free, 192, 256) == (64, 320)     # grows the top block
 
 
+def test_outputs_other_than_the_last_node_stay_intact():
+    # h is an output too: no later intermediate may be packed over it
+    def h_of(ctx):
+        x = ctx.from_numpy(A, name="x")
+        h = gg.mul_mat(ctx.from_numpy(W, name="w"), x)
+        y = h
+        for _ in range(6):
+            y = gg.add(gg.silu(gg.mul_mat(ctx.from_numpy(W), y)), y)
+        return h, y
+    packed = build_packed(h_of, lambda r: list(r), 64 << 10)
+    packed.graph.compute(n_threads=1)
+    np.testing.assert_allclose(packed.result[0].numpy(), A @ W.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_misaligned_or_short_shared_buffer_is_refused():
+    aligned = gg.graph.aligned_bytes(1 << 20)
+    for give in (lambda n: aligned[1:], lambda n: aligned[:n // 2]):
+        with pytest.raises(ValueError, match="must give a writable buffer"):
+            build_packed(build, lambda r: [r[-1]], 64 << 10, buffer_for=give)
+
+
 def test_a_build_that_does_not_repeat_itself_is_refused():
     # the second build's results go where the first build's were planned: one of
     # another size would overrun the buffer (it wrote 16 MiB into 128 bytes)
     x = np.ones(1 << 16, np.float32)
-    # (rows, relus) of the first and the second build: larger, smaller, one result more
-    for first, second in [((16, 1), (1 << 16, 1)), ((16, 1), (8, 1)), ((16, 1), (16, 2))]:
+    # (rows, relus) of the first and the second build: larger, smaller, one result more, less
+    for first, second in [((16, 1), (1 << 16, 1)), ((16, 1), (8, 1)), ((16, 1), (16, 2)),
+                          ((16, 2), (16, 1))]:
         runs = iter([first, second])
 
         def build(ctx):

@@ -51,6 +51,13 @@ def test_begin_below_the_end_keeps_the_sequences_length():
     assert cache.n_past == 10
 
 
+def test_truncate_past_the_end_changes_nothing():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(5, dtype=np.int32))
+    cache.truncate(100)
+    assert cache.n_past == 5 and (cache.slot_pos[5:] == -1).all()
+
+
 def test_truncate_leaves_nothing_for_rollback():
     cache = KVCache(1, 16, 2, 4)
     cache.begin(np.arange(8, dtype=np.int32))

@@ -180,6 +180,19 @@ def test_forwards_from_two_threads_take_turns():
     assert errors == [] and all(np.array_equal(r, alone) for r in results)
 
 
+def test_built_graphs_are_kept_least_recently_used_first_out():
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1, kv_pad=16)
+    assert model.max_graphs == max(16, 2 * 64 // 16 + 8)         # 16 at least
+    model.max_graphs = 3
+    for K in (16, 32, 48):                   # (one batch size: its buffers fit every window)
+        model.graph(1, K, 1)
+    model.graph(1, 16, 1)                    # used again: the least recently used is now K=32
+    model.graph(1, 64, 1)
+    assert list(model._graphs) == [(1, 48, 1), (1, 16, 1), (1, 64, 1)] and model.n_built == 4
+    many = LlamaModel(model_path("f32"), n_ctx=4096, kv_type=Type.F32, n_threads=1, kv_pad=16)
+    assert many.max_graphs == 64                                  # 64 at most
+
+
 def test_the_cache_the_graphs_are_built_over_is_not_replaced():
     model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
     with pytest.raises(AttributeError):
@@ -238,6 +251,8 @@ def test_positions_beyond_context_raise():
         model.forward([1, 2], [15, 16])
     with pytest.raises(ValueError, match="token ids"):
         model.forward([512], [0])
+    with pytest.raises(ValueError, match="token ids"):
+        model.forward([-1], [0])
     # not cast first: 2**32 + 3 wrapped to slot 3, 2.9 was cut to 2, and two tokens
     # at one position wrote one cache row from two threads
     for positions, match in [([0, 2 ** 32 + 3], "context of 16"), ([0.0, 2.9], "must be integers"),

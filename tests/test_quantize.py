@@ -101,6 +101,14 @@ def test_gqa_and_70b_rules():
     assert tensor_type("blk.5.attn_q.weight", 8192, TARGETS["Q4_K_M"], l70) == Type.Q4_K
     l65 = ModelInfo(n_layer=80, n_head=64, n_head_kv=64)
     assert tensor_type("blk.5.attn_v.weight", 8192, TARGETS["Q3_K_S"], l65) == Type.Q3_K
+    # a GQA factor of exactly 4 is enough; 81 layers are not llama.cpp's 70B
+    gqa4 = ModelInfo(n_layer=32, n_head=32, n_head_kv=8)
+    assert tensor_type("blk.5.attn_v.weight", 4096, TARGETS["Q2_K"], gqa4) == Type.Q4_K
+    l81 = ModelInfo(n_layer=81, n_head=64, n_head_kv=8)
+    assert tensor_type("blk.5.attn_v.weight", 8192, TARGETS["Q3_K_S"], l81) == Type.Q3_K
+    # Q4_K_S: ffn_down takes Q5_K in the first n_layer / 8 layers (22 // 8 = 2) only
+    assert tensor_type("blk.1.ffn_down.weight", 5632, TARGETS["Q4_K_S"], LLAMA_22) == Type.Q5_K
+    assert tensor_type("blk.2.ffn_down.weight", 5632, TARGETS["Q4_K_S"], LLAMA_22) == Type.Q4_K
 
 
 def test_tied_output_and_row_length_fallbacks():
@@ -110,6 +118,8 @@ def test_tied_output_and_row_length_fallbacks():
     assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q4_K_M"], LLAMA_22) == Type.Q5_0
     assert tensor_type("blk.0.ffn_down.weight", 704, TARGETS["Q4_K_M"], LLAMA_22) == Type.Q8_0
     assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q3_K_M"], LLAMA_22) == Type.Q4_0
+    assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q2_K"], LLAMA_22) == Type.Q4_0
+    assert tensor_type("blk.3.ffn_up.weight", 704, TARGETS["Q5_K_M"], LLAMA_22) == Type.Q5_1
     assert tensor_type("blk.3.ffn_up.weight", 48, TARGETS["Q4_0"], LLAMA_22) == Type.F16
 
 
@@ -220,6 +230,15 @@ def test_an_input_the_model_loader_refuses_is_not_quantized(tmp_path, capsys, ke
     assert err.startswith(f"ggml-quantize: error: {bad}: ") and fragment in err, err
     assert os.listdir(tmp_path) == []
 
+
+
+def test_a_tied_models_embeddings_take_the_output_matrixs_type(tmp_path):
+    # the "variant" model has no output.weight: token_embd is the output matrix, whose
+    # rule (Q6_K, or Q8_0 on a row length of 64) it follows instead of the default type
+    out = tmp_path / "q4km.gguf"
+    assert main([model_path("variant"), str(out), "Q4_K_M", "-q"]) == 0
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert "output.weight" not in types and types["token_embd.weight"] == "Q8_0"
 
 
 def test_a_weight_type_ggml_py_cannot_run_is_re_typed(tmp_path):
