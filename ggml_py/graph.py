@@ -6,7 +6,6 @@ the GIL released, on a persistent ThreadPool.
 """
 import atexit
 import functools
-import operator
 import os
 import threading
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ import numpy as np
 from ggml_py import _core
 from ggml_py.profiles import STAGES
 from ggml_py.tensor import Tensor
-from ggml_py.types import Op, Type
+from ggml_py.types import Op, Type, exact_int
 
 DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
 MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
@@ -265,10 +264,7 @@ class Graph:
 
     @lookahead.setter
     def lookahead(self, value):
-        try:
-            number = None if isinstance(value, bool) else operator.index(value)
-        except TypeError:
-            number = None
+        number = exact_int(value)
         if number is None or not 0 <= number <= MAX_LOOKAHEAD:
             raise ValueError(f"graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
                              f"got {value!r}")

@@ -23,12 +23,10 @@ of the cache's own that change per call (a page table read by store_and_load).
 Shapes are numpy order: T = tokens in the batch, K = slots attended to,
 Hkv = n_head_kv, D = head_dim.
 """
-import operator
-
 import numpy as np
 
 from ggml_py import ops
-from ggml_py.types import Type
+from ggml_py.types import Type, exact_int
 
 
 class KVCache:
@@ -39,10 +37,7 @@ class KVCache:
         sizes = []
         for name, value in (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
                             ("head_dim", head_dim)):
-            try:
-                size = None if isinstance(value, (bool, Type)) else operator.index(value)
-            except TypeError:
-                size = None
+            size = None if isinstance(value, Type) else exact_int(value)
             if size is None or size < 1:
                 raise ValueError(f"KVCache: {name} must be an integer >= 1, got {value!r}")
             sizes.append(size)

@@ -547,11 +547,11 @@ class LlamaModel:
 
     def _forward(self, tokens, positions, n_out):
         """forward's work, its arguments checked (int32 arrays), under its lock."""
-        if self._cache.cut_by_fork:
+        cache = self._cache
+        if cache.cut_by_fork:
             raise RuntimeError("forward: another thread was running forward on this model when "
                                "the process forked, so its cache is unknown here; call "
                                "model.cache.clear() to start over")
-        cache = self._cache
         try:
             slots = cache.begin(positions)
             g = self.graph(tokens.size, cache.window(self.kv_pad), n_out)

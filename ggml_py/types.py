@@ -10,6 +10,16 @@ from enum import IntEnum
 import numpy as np
 
 
+def exact_int(value):
+    """value as an int if it is an integer (numpy's too, not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _format(member, spec):
     """f"{t:>6}" pads the name (int's format would pad the number); a number's format
     code (f"{t:d}", f"{t:x}") formats the number."""
@@ -55,10 +65,7 @@ class Type(IntEnum):
             if value.upper() in cls.__members__:
                 return cls[value.upper()]
         else:
-            try:
-                number = None if isinstance(value, bool) else operator.index(value)
-            except TypeError:
-                number = None
+            number = exact_int(value)
             if number is None:
                 raise TypeError(f"{where}: type must be a Type (e.g. gg.F32), its number or "
                                 f"its name, got {type(value).__name__}")
