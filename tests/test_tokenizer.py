@@ -160,6 +160,7 @@ def test_add_eos_from_metadata():
     fields["tokenizer.ggml.add_bos_token"] = False
     tok = Tokenizer.from_metadata(fields, "edited")
     assert tok.tokenize("Hello") == [15043, 2]
+    assert tok.tokenize("Hello", add_special=False) == [15043]   # no EOS either
     assert tok.detokenize([15043, 2], remove_special=True) == "Hello"
 
 
@@ -297,6 +298,26 @@ def test_unsupported_tokenizer_model_raises_value_error(tmp_path):
         Tokenizer.from_metadata(fields, "my-bert.gguf")
 
 
+def write_spm_vocab(path: Path, tokens: list, types: list[int], scores: list[float] | None = None,
+                    name: str = "tiny", add_eos: bool = False) -> Path:
+    """A vocabulary-only SentencePiece GGUF file (BOS 1, EOS 2, UNK 0) that llama.cpp loads too."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name(name)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)                    # str, or bytes for a text that is not UTF-8
+    writer.add_token_scores(scores or [0.0] * len(tokens))
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_eos_token(add_eos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
 def test_from_gguf_reader_and_metadata_agree(tmp_path):
     """A GGUFReader (as the model loader has one open) gives the same tokenizer."""
     gguf = pytest.importorskip("gguf")
@@ -305,17 +326,7 @@ def test_from_gguf_reader_and_metadata_agree(tmp_path):
              ["\u2581", "\u2581H", "\u2581He", "ll", "llo", "\u2581Hello", "o"]
     types = [2, 3, 3] + [6] * 256 + [1] * 7
     scores = [0.0] * 259 + [-1.0, -2.0, -3.0, -1.5, -2.5, -0.5, -4.0]
-    path = tmp_path / "tiny-spm.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.close()
+    path = write_spm_vocab(tmp_path / "tiny-spm.gguf", tokens, types, scores)
 
     from_path = Tokenizer.from_gguf(path)
     reader = gguf.GGUFReader(str(path))
@@ -327,6 +338,60 @@ def test_from_gguf_reader_and_metadata_agree(tmp_path):
         assert tok.tokenize("Hi!") == [1, 260, 3 + ord("i"), 3 + ord("!")]
         assert tok.detokenize(tok.tokenize("Hi!", add_special=False)) == "Hi!"
     assert "tiny-spm.gguf" in from_reader.source
+
+
+# -- special tokens in small vocabularies ------------------------------------
+# The expected ids are llama.cpp's own (llama_tokenize on the same files).
+
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+A, B = 3 + 256 + 1, 3 + 256 + 2               # "a", "b"; 259 is "\u2581"
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"] + BYTE_TOKENS + \
+    ["\u2581", "a", "b", "c", "ab", "abc", "<x>", "<xy>", "<|end|>", "<|endoftext|>"]
+SPECIAL_TYPES = [2, 3, 3] + [6] * 256 + [1, 1, 1, 1, 4, 4, 4, 3, 3, 3]   # ab, abc, <x>: user-defined
+AB, ABC, X, XY, END, ENDOFTEXT = range(A + 3, A + 9)
+
+
+def special_vocab(tmp_path: Path, **options) -> Tokenizer:
+    return Tokenizer.from_gguf(write_spm_vocab(tmp_path / "special.gguf", SPECIAL_TOKENS,
+                                               SPECIAL_TYPES, **options))
+
+
+def test_user_defined_tokens_are_split_out_longest_first(tmp_path):
+    tok = special_vocab(tmp_path)
+    # "ab" first would leave "c" between two "ab"s
+    assert tok.tokenize("abcab", add_special=False) == [ABC, AB]
+    assert tok.tokenize("<xy>a<x>", add_special=False, parse_special=True) == [XY, 259, A, X]
+
+
+def test_unknown_and_control_tokens_are_split_out_only_with_parse_special(tmp_path):
+    tok = special_vocab(tmp_path)
+    assert tok.tokenize("<unk>a", add_special=False, parse_special=True) == [0, 259, A]
+    plain = tok.tokenize("<unk>a", add_special=False)
+    assert plain == [259, 3 + ord("<"), 3 + ord("u"), 3 + ord("n"), 3 + ord("k"), 3 + ord(">"), A]
+    assert tok.tokenize("<xy>", add_special=False)[1:4] == [3 + ord("<"), 3 + ord("x"), 3 + ord("y")]
+
+
+@pytest.mark.parametrize("name, stripped", [("Phi-3 mini", True), ("tiny", False)])
+def test_phi3_special_tokens_eat_the_spaces_after_them(tmp_path, name, stripped):
+    """llama.cpp sets rstrip on a phi-3 model's special tokens, </s> too, but not <s>, <unk>, <|endoftext|>."""
+    tok = special_vocab(tmp_path, name=name)
+    spaces = [] if stripped else [259, 259]
+    for text, token in [("</s>", 2), ("<|end|>", END), ("<x>", X)]:
+        assert tok.tokenize(f"a{text}  b", add_special=False, parse_special=True) == \
+            [259, A, token] + spaces + [259, B], text
+    for text, token in [("<s>", 1), ("<unk>", 0), ("<|endoftext|>", ENDOFTEXT)]:
+        assert tok.tokenize(f"a{text}  b", add_special=False, parse_special=True) == \
+            [259, A, token, 259, 259, 259, B], text
+
+
+def test_byte_fallback_to_one_byte_tokens_without_0xNN_tokens(tmp_path):
+    """A vocabulary with raw one-byte texts instead of <0xNN> tokens: llama.cpp falls back to them."""
+    tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", b"\xc3", b"\xa9", "\u2581a"]
+    tok = Tokenizer.from_gguf(write_spm_vocab(tmp_path / "raw-bytes.gguf", tokens, [2, 3, 3] + [1] * 5))
+    assert tok.tokenize("a\u00e9", add_special=False) == [7, 5, 6]
+    assert tok.tokenize("\u00e9 a", add_special=False) == [3, 5, 6, 7]
+    assert tok.detokenize([7, 5, 6]) == "a\u00e9"
+    assert tok.tokenize("?", add_special=False) == [3, 0]   # no token at all: <unk> (llama.cpp fails)
 
 
 # -- wrong-typed tokenizer metadata -----------------------------------------
