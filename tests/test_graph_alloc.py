@@ -113,3 +113,43 @@ def test_a_build_that_does_not_repeat_itself_is_refused():
 
         with pytest.raises(RuntimeError, match="the two builds made different graphs"):
             build_packed(build, lambda y: (y,), arena_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("write", ["cpy", "set_rows"])
+def test_a_result_written_into_an_intermediate_keeps_it_alive(write):
+    # cpy(a, b) and set_rows(b, ...) are views of b: b's bytes must outlive their readers,
+    # not only the write itself, or the later intermediates are packed over them
+    def copy_then_more(ctx):
+        x = ctx.from_numpy(A, name="x")
+        w = ctx.from_numpy(W, name="w")
+        into = gg.scale(x, 0.0)                                  # an intermediate (16, 32)
+        if write == "cpy":
+            written = gg.cpy(gg.mul_mat(w, x), into)
+        else:
+            ids = ctx.from_numpy(np.arange(16, dtype=np.int32)[::-1].copy(), name="ids")
+            written = gg.set_rows(into, gg.mul_mat(w, x), ids)
+        y = x
+        for _ in range(6):
+            y = gg.add(gg.silu(gg.mul_mat(w, y)), y)
+        return [gg.add(written, y)]                        # written first: computed first
+    unpacked = copy_then_more(gg.Context(mem_size=4 << 20))[0]
+    gg.build_forward(unpacked).compute(n_threads=1)
+    packed = build_packed(copy_then_more, lambda r: r, 64 << 10)
+    packed.graph.compute(n_threads=1)
+    np.testing.assert_array_equal(packed.result[0].numpy(), unpacked.numpy())
+
+
+def test_offsets_are_aligned_and_the_best_fitting_block_is_taken():
+    def odd_sizes(ctx):                    # 3 floats: 12 bytes a result
+        y = ctx.from_numpy(np.ones(3, np.float32), name="x")
+        for _ in range(5):
+            y = gg.silu(y)
+        return [y]
+    packed = build_packed(odd_sizes, lambda r: r, 64 << 10)
+    pointers = [node.data_ptr for node in packed.graph.nodes]
+    assert len(set(pointers)) > 1 and all(p % graph_alloc.ALIGN == 0 for p in pointers)
+    # a 64-byte result goes into the free 64-byte block, not the first block it fits
+    free = [(0, 256), (512, 64), (1024, 128)]
+    assert graph_alloc._allocate(free, 2048, 64) == (512, 2048)
+    assert free == [(0, 256), (1024, 128)]
+    assert graph_alloc._allocate(free, 2048, 100) == (1024, 2048) and free == [(0, 256), (1124, 28)]

@@ -365,6 +365,10 @@ def bad_files():
     ints["blk.0.attn_q.weight"] = (np.zeros((64, 64), np.int8).view(np.uint8),
                                    gguf.GGMLQuantizationType.I8)
     files.append((write_bad_model("i8.gguf", ints), "no dot-product kernel for I8"))
+    ints = random_weights(spec)
+    ints["token_embd.weight"] = (np.zeros((512, 64), np.int32).view(np.uint8),
+                                 gguf.GGMLQuantizationType.I32)
+    files.append((write_bad_model("i32.gguf", ints), "cannot convert I32 rows to F32"))
 
     arch = scratch_path("arch.gguf")
     writer = gguf.GGUFWriter(arch, "mamba")

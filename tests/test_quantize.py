@@ -584,3 +584,10 @@ def test_float_tensors_are_checked_value_by_value(type, monkeypatch):
         raw = values.astype({Type.F32: np.float32, Type.F16: np.float16, Type.F64: np.float64}[type])
     assert invalid_data(type, raw) == "2 of its 40 values are NaN or inf (the first: value 9)"
     assert invalid_data(type, np.ones_like(raw)) is None
+    # the largest finite values (exponent all ones but the last bit) are not NaN or inf
+    if type == Type.BF16:
+        largest = np.array([0x7F7F, 0xFF7F, 0x7F00, 0x0001], np.uint16)
+    else:
+        dtype = raw.dtype
+        largest = np.array([1, -1], dtype) * np.finfo(dtype).max
+    assert invalid_data(type, largest) is None
