@@ -677,6 +677,21 @@ def test_damaged_weights_give_a_clear_error_not_garbage():
         damaged.perplexity(list(range(1, 65)), n_ctx=32)
 
 
+def test_perplexity_of_uniform_logits_has_no_error_bar_and_does_not_fail():
+    # a zero final norm makes every logit 0: every token scores log(n_vocab), the variance
+    # rounds to a hair below 0 here (-2.8e-14: sqrt failed without the guard) or above it,
+    # and the +/- is NaN (llama.cpp prints none) or ~0
+    def zero_norm(parts):
+        for part in parts:
+            if part[0] == "output_norm.weight":
+                part[3] = bytes(len(part[3]))
+        return parts
+    uniform = gg.Llama(edited_model("zero-norm.gguf", tensors=zero_norm), n_ctx=64, n_threads=1)
+    result = uniform.perplexity(list(range(1, 65)), n_ctx=32)
+    assert result.ppl == pytest.approx(uniform.n_vocab(), rel=1e-6)
+    assert math.isnan(result.error) or result.error < 1e-3
+
+
 def test_a_complete_stop_string_ends_the_text_at_once():
     # "ab" is complete: that a longer stop "abc" begins there too must not read on
     def pieces():
