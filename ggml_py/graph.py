@@ -15,7 +15,7 @@ import numpy as np
 from ggml_py import _core
 from ggml_py.profiles import STAGES
 from ggml_py.tensor import Tensor
-from ggml_py.types import Op, Type, exact_int
+from ggml_py.types import Op, Type, checked_int
 
 DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
 MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
@@ -264,11 +264,7 @@ class Graph:
 
     @lookahead.setter
     def lookahead(self, value):
-        number = exact_int(value)
-        if number is None or not 0 <= number <= MAX_LOOKAHEAD:
-            raise ValueError(f"graph.lookahead must be an int in 0..{MAX_LOOKAHEAD}, "
-                             f"got {value!r}")
-        self._lookahead = number
+        self._lookahead = checked_int("graph.lookahead", value, low=0, high=MAX_LOOKAHEAD)
 
     def __len__(self):
         return len(self.nodes)

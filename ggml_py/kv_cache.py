@@ -26,7 +26,7 @@ Hkv = n_head_kv, D = head_dim.
 import numpy as np
 
 from ggml_py import ops
-from ggml_py.types import Type, exact_int
+from ggml_py.types import Type, checked_int
 
 
 class KVCache:
@@ -34,14 +34,13 @@ class KVCache:
     F16 or F32. One sequence, slot = position."""
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16):
-        sizes = []
-        for name, value in (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
-                            ("head_dim", head_dim)):
-            size = None if isinstance(value, Type) else exact_int(value)
-            if size is None or size < 1:
-                raise ValueError(f"KVCache: {name} must be an integer >= 1, got {value!r}")
-            sizes.append(size)
-        n_layer, n_ctx, n_head_kv, head_dim = sizes
+        sizes = {"n_layer": n_layer, "n_ctx": n_ctx, "n_head_kv": n_head_kv, "head_dim": head_dim}
+        for name, value in sizes.items():
+            if isinstance(value, Type):      # the argument order before the type was a keyword
+                raise TypeError(f"KVCache: {name} must be an integer, got Type.{value.name} "
+                                f"(the type is a keyword: type=Type.{value.name})")
+        n_layer, n_ctx, n_head_kv, head_dim = (checked_int(f"KVCache: {name}", value, low=1)
+                                               for name, value in sizes.items())
         type = Type.of(type, "KVCache")
         if type not in (Type.F16, Type.F32):
             raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")

@@ -19,8 +19,8 @@ import numpy as np
 
 from ggml_py.graph import MAX_THREADS
 from ggml_py.llama import KV_PAD, LlamaModel, default_cache
-from ggml_py.sampling import Sampler, SamplingParams, checked_int
-from ggml_py.types import Type
+from ggml_py.sampling import Sampler, SamplingParams
+from ggml_py.types import Type, checked_int
 
 KV_TYPES = (Type.F16, Type.F32)
 TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py.sampling import checked_int
+from ggml_py.types import checked_int
 
 
 @dataclass(frozen=True)

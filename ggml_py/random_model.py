@@ -39,9 +39,8 @@ class RandomLlamaSpec:
         """ValueError / TypeError for a shape that would write a file ggml_py refuses."""
         import math
 
-        from ggml_py.sampling import checked_int
         from ggml_py.tensor import type_traits
-        from ggml_py.types import Type
+        from ggml_py.types import Type, checked_int
         for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"):
             checked_int(name, getattr(self, name), low=1)
         checked_int("n_ctx_train", self.n_ctx_train, low=0)

@@ -19,18 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def checked_int(name, value, low=None, high=None):
-    """value as an int if it is an integer (numpy's too) in low..high (None: unbounded);
-    else a TypeError or ValueError that names the argument."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f"at least {low}" if high is None else f"at most {high}" if low is None \
-            else f"in {low}..{high}"
-        raise ValueError(f"{name} must be {bounds}, got {value}")
-    return value
+from ggml_py.types import checked_int
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,19 @@ def exact_int(value):
         return None
 
 
+def checked_int(name, value, low=None, high=None):
+    """value as an int if it is an integer (numpy's too, not a bool) in low..high (None:
+    unbounded); else a TypeError (not an integer) or ValueError (out of range) naming it."""
+    number = exact_int(value)
+    if number is None:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = f"at least {low}" if high is None else f"at most {high}" if low is None \
+            else f"in {low}..{high}"
+        raise ValueError(f"{name} must be {bounds}, got {number}")
+    return number
+
+
 def _format(member, spec):
     """f"{t:>6}" pads the name (int's format would pad the number); a number's format
     code (f"{t:d}", f"{t:x}") formats the number."""

@@ -77,11 +77,14 @@ def test_begin_refuses_positions_outside_the_context_and_changes_nothing():
         assert cache.n_past == 3 and list(cache.slot_pos[:3]) == [0, 1, 2]
 
 
-@pytest.mark.parametrize("args", [(1, 16, 64, Type.F32), (1, 16, 64, Type.F16), (1, 16, 0, 4),
-                                  (1, 16, 2, 4.0), (1, True, 2, 4)])
-def test_bad_sizes_are_refused(args):
-    # (the first two: the argument order before head_dim was a separate size)
-    with pytest.raises(ValueError, match="must be an integer >= 1"):
+@pytest.mark.parametrize("args, error, message", [
+    ((1, 16, 64, Type.F32), TypeError, "head_dim must be an integer, got .*type=Type.F32"),
+    ((1, 16, 64, Type.F16), TypeError, "the type is a keyword"),  # the argument order before
+    ((1, 16, 0, 4), ValueError, "n_head_kv must be at least 1, got 0"),
+    ((1, 16, 2, 4.0), TypeError, "head_dim must be an integer, got 4.0"),
+    ((1, True, 2, 4), TypeError, "n_ctx must be an integer, got True")])
+def test_bad_sizes_are_refused(args, error, message):
+    with pytest.raises(error, match=f"^KVCache: .*{message}"):
         KVCache(*args)
 
 

@@ -702,8 +702,9 @@ def test_graph_arguments_of_the_wrong_kind_are_named():
         graph.compute(pool=3)
     with pytest.raises(TypeError, match="share_with must be a Graph, got Plan"):
         graph.reserve(2, share_with=graph.plan(2))
-    for bad in (1.5, -5, None, 10 ** 10, True):
-        with pytest.raises(ValueError, match="graph.lookahead must be an int"):
+    for bad, error in ((1.5, TypeError), (-5, ValueError), (None, TypeError),
+                       (10 ** 10, ValueError), (True, TypeError)):
+        with pytest.raises(error, match="graph.lookahead must be"):
             graph.lookahead = bad           # refused when set, not at every compute after
     assert graph.lookahead == gg.graph.DEFAULT_LOOKAHEAD
     graph.lookahead = np.int64(2)
