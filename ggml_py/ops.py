@@ -449,7 +449,7 @@ def concat(a, b, axis=0):
 def view(a, shape, strides=None, offset=0):
     """A view of a's data: numpy-order shape and byte strides, at byte offset."""
     _check_tensor("view", a=a)
-    ne = ne_of_shape(shape)
+    ne = ne_of_shape(shape, "view")
     offset = _int("view", "offset", offset)
     traits = type_traits(a.type)
     if strides is None:
@@ -488,7 +488,7 @@ def reshape(a, shape):
     _check_tensor("reshape", a=a)
     if not a.is_contiguous:
         raise ValueError(f"reshape: a {a.shape} is not contiguous (take cont() first)")
-    ne = ne_of_shape(shape)
+    ne = ne_of_shape(shape, "reshape")
     if ne[0] * ne[1] * ne[2] * ne[3] != _nelements(a):
         raise ValueError(f"reshape: cannot reshape {a.shape} into {tuple(shape)}: element counts differ")
     row_bytes(a.type, ne[0])
@@ -511,7 +511,7 @@ def _permuted(op, a, axes):
     shape, strides = a.shape, a.strides
     new_shape = [shape[i] for i in axes]
     new_strides = [strides[i] for i in axes]
-    ne = ne_of_shape(new_shape)
+    ne = ne_of_shape(new_shape, "permute")
     nb = tuple(reversed(new_strides)) + tuple(a._nb[a.ndim:])
     return _new(op, (a,), a.type, ne, a.ndim, nb=nb, view_of=a)
 

@@ -12,7 +12,7 @@ import operator
 import numpy as np
 
 from ggml_py import _core
-from ggml_py.tensor import row_bytes, type_traits
+from ggml_py.tensor import exact_shape, row_bytes, type_traits
 from ggml_py.types import Type
 
 
@@ -33,17 +33,9 @@ def quantize(x, type):
 def dequantize(buf, type, shape):
     """uint8 blocks of `type` -> float32 array of numpy `shape` (last axis = row length)."""
     type = Type.of(type, "dequantize")
-    try:
-        if isinstance(shape, (str, bytes)) or any(isinstance(d, bool) for d in shape):
-            raise TypeError
-        shape = tuple(operator.index(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"dequantize: shape must be a sequence of integers, got {shape!r}") \
-            from None
+    shape = exact_shape(shape, "dequantize")
     if not shape:
         raise ValueError("dequantize: shape must have at least one dimension")
-    if min(shape) < 0:
-        raise ValueError(f"dequantize: negative dimension in shape {shape}")
     n = shape[-1]
     n_row = row_bytes(type, n)
     n_rows = int(np.prod(shape[:-1], dtype=np.int64))

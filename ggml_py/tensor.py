@@ -10,24 +10,33 @@ import numpy as np
 
 from ggml_py import _core
 from ggml_py.profiles import TaskProfile
-from ggml_py.types import NUMPY_DTYPES, TYPES_OF_DTYPES, Op, Type
+from ggml_py.types import NUMPY_DTYPES, TYPES_OF_DTYPES, Op, Type, exact_int
 
 MAX_DIMS = 4
 
 
-def ne_of_shape(shape):
+def exact_shape(shape, where):
+    """shape as a tuple of ints >= 0 (numpy's integers too; not bools or floats, as numpy
+    refuses them); TypeError or ValueError that starts with `where` otherwise."""
+    try:
+        sizes = None if isinstance(shape, (str, bytes)) else tuple(exact_int(d) for d in shape)
+    except TypeError:                      # not a sequence
+        sizes = None
+    if sizes is None or None in sizes:
+        raise TypeError(f"{where}: a shape is a sequence of integers, got {shape!r}")
+    if any(d < 0 for d in sizes):
+        raise ValueError(f"{where}: negative dimension in shape {sizes}")
+    return sizes
+
+
+def ne_of_shape(shape, where):
     """numpy shape (outermost first) -> ggml ne (4 ints, innermost first).
 
     Sizes are exact ints: a shape whose element count does not fit in int64
     (the C core's ne) raises ValueError here, before C sees it."""
-    try:
-        shape = tuple(operator.index(d) for d in shape)
-    except TypeError:
-        raise TypeError(f"a shape is a sequence of ints, got {shape!r}") from None
+    shape = exact_shape(shape, where)
     if not 1 <= len(shape) <= MAX_DIMS:
         raise ValueError(f"tensors have 1 to {MAX_DIMS} dimensions, got shape {shape}")
-    if any(d < 0 for d in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
     if max(shape) > _core.INT64_MAX or math.prod(shape) > _core.INT64_MAX:
         raise ValueError(f"shape {shape} has more elements than int64 can count")
     return tuple(reversed(shape)) + (1,) * (MAX_DIMS - len(shape))
@@ -164,7 +173,7 @@ class Context(_core.Context):
     def new_tensor(self, type, shape, name=None):
         """A new zero-filled leaf tensor of `type` with numpy-order `shape`."""
         type = Type.of(type, "new_tensor")
-        ne = ne_of_shape(shape)
+        ne = ne_of_shape(shape, "new_tensor")
         packed_nbytes(type, ne)
         t = _core.new_tensor(Tensor, self, int(type), ne, None, len(tuple(shape)))
         if name:
@@ -209,7 +218,7 @@ class Context(_core.Context):
         any type (quantized blocks, BF16 bits).
         """
         type = Type.of(type, "from_buffer")
-        ne = ne_of_shape(shape)
+        ne = ne_of_shape(shape, "from_buffer")
         expected = packed_nbytes(type, ne)
         buffer = np.asarray(buffer)
         if buffer.dtype.itemsize > 1 and not buffer.dtype.isnative:

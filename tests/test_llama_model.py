@@ -335,7 +335,7 @@ def test_weights_are_used_in_place():
     for weight in (w.token_embd, w.layers[0].wq, w.layers[1].w_down, w.rope_freqs):
         assert np.shares_memory(weight.data, mapped)
     assert w.output.name == "token_embd.weight"          # tied: no output.weight in the file
-    graph = model.graph(1, 16, False)
+    graph = model.graph(1, 16, 1)
     leaf = next(t for t in graph.graph.leafs if t.name == "blk.0.attn_q.weight")
     start = mapped.ctypes.data
     assert start <= leaf.data_ptr < start + mapped.nbytes

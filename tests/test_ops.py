@@ -872,7 +872,14 @@ BAD_BUILDS = {
     "mul_mat-empty-batch": (lambda c: gg.mul_mat(_t(c, (0, 4, 5)), _t(c, (0, 2, 5))), ValueError,
                             r"^mul_mat: a is \(0, 4, 5\) but b is \(0, 2, 5\)"),
     "tensor-5d": (lambda c: _t(c, (1, 2, 3, 4, 5)), ValueError, r"tensors have 1 to 4 dimensions"),
-    "tensor-negative": (lambda c: _t(c, (2, -3)), ValueError, r"negative dimension"),
+    "tensor-negative": (lambda c: _t(c, (2, -3)), ValueError, r"^new_tensor: negative dimension"),
+    # not integers (numpy refuses a bool too; True was taken as 1)
+    "tensor-bool": (lambda c: _t(c, (True, 3)), TypeError, r"^new_tensor: a shape is a sequence of integers"),
+    "tensor-float": (lambda c: _t(c, (2.0, 3)), TypeError, r"^new_tensor: a shape is a sequence"),
+    "tensor-str": (lambda c: _t(c, "23"), TypeError, r"^new_tensor: a shape is a sequence"),
+    "tensor-int": (lambda c: _t(c, 3), TypeError, r"^new_tensor: a shape is a sequence"),
+    "reshape-bool": (lambda c: gg.reshape(_t(c, (2, 3)), (6, True)), TypeError, r"^reshape: a shape is"),
+    "view-negative": (lambda c: gg.view(_t(c, (2, 3)), (-1,)), ValueError, r"^view: negative dimension"),
 }
 
 

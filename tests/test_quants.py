@@ -209,7 +209,7 @@ def test_quantize_api_shapes_and_errors():
     with pytest.raises(ValueError, match=r"dequantize: negative dimension in shape \(-1, 256\)"):
         gg.dequantize(np.zeros(0, np.uint8), gg.Q4_0, (-1, 256))
     for shape in ((2, 3, 64.0), 64, (True, 64)):
-        with pytest.raises(TypeError, match="dequantize: shape must be a sequence of integers"):
+        with pytest.raises(TypeError, match="dequantize: a shape is a sequence of integers"):
             gg.dequantize(q, gg.Q4_0, shape)
     assert gg.type_traits(gg.Q4_K)["vec_dot_type"] == gg.Q8_K
     assert gg.type_traits(gg.Q4_1)["type_size"] == 20
