@@ -80,6 +80,11 @@ def test_main_greedy_equals_api():
     (["-m", "M", "-t", "x"], "-t/--threads: invalid n_threads value: 'x'"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
+    # llama.cpp's one-dash words, which argparse read as a one-letter flag and its value
+    (["-m", "M", "-ngl", "99", "-p", "x"], "unrecognized argument '-ngl' (not read as '-n gl'"),
+    (["-m", "M", "-fa", "-p", "x"], "unrecognized argument '-fa' (not read as '-f a'"),
+    (["-m", "M", "-no-cnv"], "unrecognized argument '-no-cnv'"),
+    (["-m", "M", "-xyz"], "unrecognized argument '-xyz' (see --help"),
     # refused when parsed: nothing loaded, nothing echoed
     (["-m", "M", "-t", "999"], "-t/--threads: thread count must be at most 256, got 999"),
     (["-m", "M", "--repeat-last-n", "-5"], "must be at least -1"),
@@ -96,6 +101,17 @@ def test_main_bad_flags(args, fragment):
     args = [model_path("f32") if a == "M" else a for a in args]
     line = assert_one_line_error(main(*args), code=2)
     assert line.startswith("ggml-main: error:") and fragment in line
+
+
+def test_one_dash_words_that_are_values_or_flags_are_taken():
+    # a prompt, a glued number and a two-letter flag of our own are not refused
+    proc = main("-m", model_path("f32"), "-p", "-fa", "-n2", "-ctk", "f32", "--temp", 0, "-c", 32)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(" -fa")              # the prompt, echoed
+    # a subcommand's flags are its parser's to check
+    proc = run("ggml_py.bench", "model", "-ngl", "1")
+    assert assert_one_line_error(proc, 2).startswith("ggml-bench model: error: unrecognized "
+                                                     "argument '-ngl'")
 
 
 def test_main_bad_files():
@@ -335,6 +351,13 @@ def test_ctrl_c_outside_the_compute_loops_is_one_line_too(capsys, monkeypatch):
         assert module.cli(["-m", model_path("f32"), *args]) == 130
         _, err = capsys.readouterr()
         assert err.endswith(f"{prog}: interrupted\n") and "Traceback" not in err
+
+    # and while perplexity scores its chunks (its own handler) under its own name
+    monkeypatch.undo()
+    monkeypatch.setattr(gg.Llama, "_timed_decode", interrupted)
+    assert ppl_cli.cli(["-m", model_path("f32"), "-f", TEXT_FILE, "-c", "16"]) == 130
+    _, err = capsys.readouterr()
+    assert err.endswith("ggml-perplexity: interrupted\n") and "Traceback" not in err
 
 
 def test_perplexity_cli_matches_api():

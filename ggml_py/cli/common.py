@@ -27,11 +27,43 @@ def console_script(main):
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that reports a bad flag in one line (no usage dump) and exits 2."""
+    """argparse that reports a bad flag in one line (no usage dump) and exits 2, and
+    refuses a one-dash word it does not know (llama.cpp's `-ngl`, `-fa`, `-tb`) rather
+    than read it as a one-letter flag and its value (`-n gl`, `-f a`, `-t b`)."""
 
     def error(self, message):
         """Print "<prog>: error: <message>" to stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, after refusing unknown one-dash words (see the class)."""
+        args = sys.argv[1:] if args is None else list(args)
+        word = self._unknown_one_dash_word(args)
+        if word is not None:
+            glued = self._option_string_actions.get(word[:2])
+            hint = f"not read as '{word[:2]} {word[2:]}'; " if glued and glued.nargs != 0 else ""
+            self.error(f"unrecognized argument '{word}' ({hint}see --help for this program's flags)")
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_one_dash_word(self, args):
+        """The first argument such as '-ngl' that is not one of this parser's flags, nor
+        the value of one; None if there is none. Stops at '--' and at a subcommand, whose
+        own parser checks the rest."""
+        subcommands = {name for action in self._actions
+                       if isinstance(action, argparse._SubParsersAction) for name in action.choices}
+        takes_value = False
+        for arg in args:
+            if takes_value:
+                takes_value = False
+                continue
+            if arg == "--" or arg in subcommands:
+                return None
+            action = self._option_string_actions.get(arg.split("=", 1)[0])
+            if action is not None:
+                takes_value = "=" not in arg and action.nargs != 0
+            elif re.fullmatch(r"-[A-Za-z][A-Za-z-]+", arg):
+                return arg
+        return None
 
 
 def positive_int(text):

@@ -111,7 +111,7 @@ def main(argv=None):
         sys.stdout.write("".join(values))
     sys.stdout.write("\n")
     if result is None:
-        log("perplexity: interrupted")
+        log(f"{PROG}: interrupted")
         return status
     if result.error == result.error:   # not NaN
         print(f"Final estimate: PPL = {result.ppl:.4f} +/- {result.error:.5f}")
