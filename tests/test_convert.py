@@ -333,10 +333,30 @@ def test_error_missing_config(tmp_path, capsys):
     assert "no config.json" in _error(capsys, [str(d)])
 
 
-def test_error_not_llama(tmp_path, capsys):
+@pytest.mark.parametrize("names", [{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"},
+                                   # the class decides, not model_type (this one converted)
+                                   {"architectures": ["GPT2LMHeadModel"], "model_type": "llama"},
+                                   {"model_type": "gpt2"}])
+def test_error_not_llama(tmp_path, capsys, names):
     d, _ = make_checkpoint(tmp_path)
-    (d / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    config = json.loads((d / "config.json").read_text())
+    config.pop("architectures")
+    (d / "config.json").write_text(json.dumps({**config, **names}))
     assert "not a llama model" in _error(capsys, [str(d)])
+
+
+@pytest.mark.parametrize("names", [{"architectures": ["MistralForCausalLM"], "model_type": "mistral"},
+                                   {"architectures": [], "model_type": "mistral"}])
+def test_mistral_checkpoints_are_llama(tmp_path, names):
+    # the same architecture, as llama.cpp converts it; a sliding window is not written
+    d, _ = make_checkpoint(tmp_path)
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, **names, "sliding_window": 32}))
+    out = tmp_path / "mistral.gguf"
+    assert cv.main([str(d), "--outfile", str(out)]) == 0
+    _, fields, _ = read(out)
+    assert fields["general.architecture"] == "llama"
+    assert not any("sliding" in key for key in fields)
 
 
 def test_error_bad_json_and_missing_key(tmp_path, capsys):
