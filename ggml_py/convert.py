@@ -195,9 +195,6 @@ def read_config(model_dir: Path) -> LlamaParams:
         raise ConvertError(f"{path}: hidden_size {n_embd} is not a multiple of "
                            f"num_attention_heads {n_head}")
     head_dim = _positive_int(cfg, "head_dim", path, default=n_embd // n_head)
-    if head_dim * n_head != n_embd:
-        raise ConvertError(f"{path}: head_dim {head_dim} × num_attention_heads {n_head} is not "
-                           f"hidden_size {n_embd}")
     if head_dim % 2:
         raise ConvertError(f"{path}: the head size {head_dim} is odd (RoPE rotates pairs)")
     if n_head % n_head_kv:

@@ -47,7 +47,9 @@ def atomic_output(path):
 
 def add_llama_hparams(writer, *, n_vocab, n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv,
                       rms_eps, rope_freq_base, rope_dim, rope_scale_linear=None):
-    """The `llama.*` hyper-parameters, under llama.cpp's key names."""
+    """The `llama.*` hyper-parameters, under llama.cpp's key names. rope_dim is the head
+    size (llama rotates whole heads); attention.key_length / value_length carry it where it
+    is not n_embd / n_head."""
     writer.add_vocab_size(n_vocab)
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
@@ -58,6 +60,9 @@ def add_llama_hparams(writer, *, n_vocab, n_ctx, n_embd, n_layer, n_ff, n_head, 
     writer.add_layer_norm_rms_eps(rms_eps)
     writer.add_rope_freq_base(rope_freq_base)
     writer.add_rope_dimension_count(rope_dim)
+    if rope_dim * n_head != n_embd:
+        writer.add_key_length(rope_dim)
+        writer.add_value_length(rope_dim)
     if rope_scale_linear:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(rope_scale_linear)

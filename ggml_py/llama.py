@@ -78,9 +78,10 @@ class LlamaConfig:
             return f.get(f"{ARCH}.{name}", default, type=type)
 
         def count(name, default=REQUIRED, low=1):
-            """An integer key that must be at least `low` (a count or a size)."""
+            """An integer key that must be at least `low` (a count or a size); a default of
+            None is given back as it is."""
             value = key(name, default)
-            if value < low:
+            if value is not None and value < low:
                 raise f.error(f"metadata '{ARCH}.{name}' = {value} must be at least {low}")
             return value
 
@@ -101,14 +102,20 @@ class LlamaConfig:
             raise f.error(f"block_count {n_layer} is more than {MAX_LAYERS} (llama.cpp's limit)")
         n_ff = count("feed_forward_length")
         n_ctx_train = count("context_length", low=0)    # 0: unknown, n_ctx must be given
-        if n_embd % n_head:
-            raise f.error(f"embedding_length {n_embd} is not a multiple of head_count {n_head}")
         if n_head % n_head_kv:
             raise f.error(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-        head_dim = n_embd // n_head
-        if key("attention.key_length", head_dim) != head_dim or \
-                key("attention.value_length", head_dim) != head_dim:
-            raise f.error("attention key/value length differs from embedding_length / head_count")
+        # the head size: attention.key_length where given (Mistral Nemo: 32 heads of 128 in
+        # a 5120-wide model), else embedding_length / head_count
+        head_dim = count("attention.key_length", None)
+        if head_dim is None:
+            if n_embd % n_head:
+                raise f.error(f"embedding_length {n_embd} is not a multiple of head_count "
+                              f"{n_head} (and no attention.key_length gives the head size)")
+            head_dim = n_embd // n_head
+        value_length = count("attention.value_length", head_dim)
+        if value_length != head_dim:   # as llama.cpp's llama graph
+            raise f.error(f"attention.value_length {value_length} differs from the head size "
+                          f"{head_dim} (attention.key_length)")
         if count("expert_count", 0, low=0) > 0:
             raise f.error("mixture-of-experts llama models are not supported")
         if count("expert_used_count", 0, low=0) > 0:

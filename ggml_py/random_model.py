@@ -19,13 +19,14 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
 
 @dataclass(frozen=True)
 class RandomLlamaSpec:
-    """Shape of a random model. head_dim = n_embd / n_head."""
+    """Shape of a random model. head_dim 0 means n_embd / n_head."""
     n_vocab: int = 512
     n_embd: int = 64
     n_layer: int = 2
     n_head: int = 4
     n_head_kv: int = 2
     n_ff: int = 160
+    head_dim: int = 0                     # > 0: heads of this size (attention.key_length)
     n_ctx_train: int = 512
     rope_freq_base: float = 10000.0
     rope_scale_linear: float = 0.0        # > 0: write rope.scaling.type=linear and factor
@@ -44,10 +45,13 @@ class RandomLlamaSpec:
         for name in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv", "n_ff"):
             checked_int(name, getattr(self, name), low=1)
         checked_int("n_ctx_train", self.n_ctx_train, low=0)
+        checked_int("head_dim", self.head_dim, low=0)
         checked_int("seed", self.seed, low=0)
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"n_embd {self.n_embd} must be n_head ({self.n_head}) heads of an "
-                             f"even size (rope rotates pairs)")
+        if not self.head_dim and self.n_embd % self.n_head:
+            raise ValueError(f"n_embd {self.n_embd} must be n_head ({self.n_head}) heads, or "
+                             f"head_dim given")
+        if self.head_size % 2:
+            raise ValueError(f"the head size {self.head_size} must be even (rope rotates pairs)")
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} must be a multiple of n_head_kv {self.n_head_kv}")
         for name, low in (("rope_freq_base", 0.0), ("rms_eps", 0.0), ("rope_scale_linear", 0.0)):
@@ -60,10 +64,16 @@ class RandomLlamaSpec:
             raise ValueError(f"weight_type {self.weight_type!r} is not a type ggml_py has a "
                              f"matrix product for")
         block = type_traits(Type[name])["blck_size"]
-        for what in ("n_embd", "n_ff"):
-            if getattr(self, what) % block:
-                raise ValueError(f"{what} {getattr(self, what)} is not a multiple of {name}'s "
+        for what, size in (("n_embd", self.n_embd), ("n_ff", self.n_ff),
+                           ("n_head * head_dim", self.n_head * self.head_size)):
+            if size % block:
+                raise ValueError(f"{what} {size} is not a multiple of {name}'s "
                                  f"block of {block} (rows of the matrices)")
+
+    @property
+    def head_size(self):
+        """The size of a head: head_dim, or n_embd / n_head."""
+        return self.head_dim or self.n_embd // self.n_head
 
 
 def builtin_spm_vocab(n_vocab):
@@ -116,7 +126,7 @@ def spm_vocab_from_gguf(path, n_vocab):
 def iter_random_weights(spec):
     """(name, float32 array in numpy order) for each tensor of a random llama model."""
     rng = np.random.default_rng(spec.seed)
-    hd = spec.n_embd // spec.n_head
+    hd = spec.head_size
     n_embd_kv = hd * spec.n_head_kv
 
     def matrix(rows, cols):
@@ -131,10 +141,10 @@ def iter_random_weights(spec):
     for i in range(spec.n_layer):
         p = f"blk.{i}."
         yield p + "attn_norm.weight", norm(spec.n_embd)
-        yield p + "attn_q.weight", matrix(spec.n_embd, spec.n_embd)
+        yield p + "attn_q.weight", matrix(hd * spec.n_head, spec.n_embd)
         yield p + "attn_k.weight", matrix(n_embd_kv, spec.n_embd)
         yield p + "attn_v.weight", matrix(n_embd_kv, spec.n_embd)
-        yield p + "attn_output.weight", matrix(spec.n_embd, spec.n_embd)
+        yield p + "attn_output.weight", matrix(spec.n_embd, hd * spec.n_head)
         yield p + "ffn_norm.weight", norm(spec.n_embd)
         yield p + "ffn_gate.weight", matrix(spec.n_ff, spec.n_embd)
         yield p + "ffn_up.weight", matrix(spec.n_ff, spec.n_embd)
@@ -173,7 +183,7 @@ def write_random_llama(path, spec=RandomLlamaSpec(), vocab=None, weights=None):
     add_llama_hparams(writer, n_vocab=spec.n_vocab, n_ctx=spec.n_ctx_train, n_embd=spec.n_embd,
                       n_layer=spec.n_layer, n_ff=spec.n_ff, n_head=spec.n_head,
                       n_head_kv=spec.n_head_kv, rms_eps=spec.rms_eps,
-                      rope_freq_base=spec.rope_freq_base, rope_dim=spec.n_embd // spec.n_head,
+                      rope_freq_base=spec.rope_freq_base, rope_dim=spec.head_size,
                       rope_scale_linear=spec.rope_scale_linear)
     # llama.cpp's ftype of a file whose matrices are all `qtype` (MOSTLY_<type>)
     ftype = "ALL_F32" if qtype == gguf.GGMLQuantizationType.F32 else f"MOSTLY_{qtype.name}"

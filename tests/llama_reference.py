@@ -20,7 +20,7 @@ class ReferenceLlama:
         self.n_layer = _field(r, "llama.block_count")
         self.n_head = _field(r, "llama.attention.head_count")
         self.n_head_kv = _field(r, "llama.attention.head_count_kv", self.n_head)
-        self.head_dim = self.n_embd // self.n_head
+        self.head_dim = _field(r, "llama.attention.key_length", self.n_embd // self.n_head)
         self.n_rot = _field(r, "llama.rope.dimension_count", self.head_dim)
         self.eps = _field(r, "llama.attention.layer_norm_rms_epsilon")
         self.base = _field(r, "llama.rope.freq_base", 10000.0)

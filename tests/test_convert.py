@@ -13,6 +13,8 @@ gguf = pytest.importorskip("gguf")
 
 from ggml_py import convert as cv  # noqa: E402
 from ggml_py.gguf_metadata import read_gguf_metadata  # noqa: E402
+from ggml_py.gguf_model import GGUFModelFile  # noqa: E402
+from ggml_py.llama import LlamaConfig  # noqa: E402
 from ggml_py.tokenizer import Tokenizer  # noqa: E402
 from test_tokenizer import load_cases, vocab_path  # noqa: E402
 
@@ -85,7 +87,7 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtypes: dict[s
     path.write_bytes(struct.pack("<Q", len(head)) + head + b"".join(blobs))
 
 
-def hf_tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
+def hf_tensors(rng: np.random.Generator, tied: bool, head_dim: int = HEAD_DIM) -> dict[str, np.ndarray]:
     def mat(*shape):
         return rng.standard_normal(shape).astype(np.float32)
 
@@ -94,15 +96,15 @@ def hf_tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}."
         t.update({
             p + "input_layernorm.weight": mat(N_EMBD),
-            p + "self_attn.q_proj.weight": mat(N_HEAD * HEAD_DIM, N_EMBD),
-            p + "self_attn.k_proj.weight": mat(N_HEAD_KV * HEAD_DIM, N_EMBD),
-            p + "self_attn.v_proj.weight": mat(N_HEAD_KV * HEAD_DIM, N_EMBD),
-            p + "self_attn.o_proj.weight": mat(N_EMBD, N_HEAD * HEAD_DIM),
+            p + "self_attn.q_proj.weight": mat(N_HEAD * head_dim, N_EMBD),
+            p + "self_attn.k_proj.weight": mat(N_HEAD_KV * head_dim, N_EMBD),
+            p + "self_attn.v_proj.weight": mat(N_HEAD_KV * head_dim, N_EMBD),
+            p + "self_attn.o_proj.weight": mat(N_EMBD, N_HEAD * head_dim),
             p + "post_attention_layernorm.weight": mat(N_EMBD),
             p + "mlp.gate_proj.weight": mat(N_FF, N_EMBD),
             p + "mlp.up_proj.weight": mat(N_FF, N_EMBD),
             p + "mlp.down_proj.weight": mat(N_EMBD, N_FF),
-            p + "self_attn.rotary_emb.inv_freq": mat(HEAD_DIM // 2),
+            p + "self_attn.rotary_emb.inv_freq": mat(head_dim // 2),
         })
     t["model.norm.weight"] = mat(N_EMBD)
     if not tied:
@@ -111,7 +113,7 @@ def hf_tensors(rng: np.random.Generator, tied: bool) -> dict[str, np.ndarray]:
 
 
 def make_checkpoint(root: Path, *, tied=True, adjacent=True, add_dummy_prefix=False,
-                    dtypes=None, seed=0) -> tuple[Path, dict[str, np.ndarray]]:
+                    dtypes=None, seed=0, head_dim=None) -> tuple[Path, dict[str, np.ndarray]]:
     d = root / "tiny-llama"
     d.mkdir()
     config = {
@@ -123,8 +125,10 @@ def make_checkpoint(root: Path, *, tied=True, adjacent=True, add_dummy_prefix=Fa
     }
     if adjacent:
         config["rope_pairing"] = "adjacent"
+    if head_dim is not None:
+        config["head_dim"] = head_dim
     (d / "config.json").write_text(json.dumps(config))
-    tensors = hf_tensors(np.random.default_rng(seed), tied)
+    tensors = hf_tensors(np.random.default_rng(seed), tied, head_dim or HEAD_DIM)
     write_safetensors(d / "model.safetensors", tensors, dtypes or {})
     write_spm_model(d / "tokenizer.model", add_dummy_prefix)
     return d, tensors
@@ -232,10 +236,14 @@ def _rope_adjacent(x, pos, theta):
     return np.stack([x0 * np.cos(ang) - x1 * np.sin(ang), x0 * np.sin(ang) + x1 * np.cos(ang)], -1).reshape(x.shape)
 
 
-def test_hf_checkpoint_gets_rope_permutation_same_attention_scores(tmp_path):
-    d, hf = make_checkpoint(tmp_path, adjacent=False)
+@pytest.mark.parametrize("head_dim", [HEAD_DIM, 6])
+def test_hf_checkpoint_gets_rope_permutation_same_attention_scores(tmp_path, head_dim):
+    # (6: heads not hidden_size / num_attention_heads wide, as Mistral Nemo's)
+    d, hf = make_checkpoint(tmp_path, adjacent=False, head_dim=head_dim)
     out = cv.convert(d, tmp_path / "tiny.gguf", "f32", log=lambda *a: None)
-    _, _, t = read(out)
+    _, fields, t = read(out)
+    assert fields.get("llama.attention.key_length", HEAD_DIM) == head_dim
+    assert LlamaConfig.from_gguf(GGUFModelFile(out)).head_dim == head_dim
     rng = np.random.default_rng(1)
     x_q, x_k = rng.standard_normal(N_EMBD), rng.standard_normal(N_EMBD)
     group = N_HEAD // N_HEAD_KV
@@ -243,10 +251,10 @@ def test_hf_checkpoint_gets_rope_permutation_same_attention_scores(tmp_path):
         wq_hf, wk_hf = hf[f"model.layers.{i}.self_attn.q_proj.weight"], hf[f"model.layers.{i}.self_attn.k_proj.weight"]
         wq, wk = t[f"blk.{i}.attn_q.weight"].data, t[f"blk.{i}.attn_k.weight"].data
         assert not np.array_equal(wq, wq_hf)
-        q_hf = _rope_half((wq_hf @ x_q).reshape(N_HEAD, HEAD_DIM), 7, 500.0)
-        k_hf = _rope_half((wk_hf @ x_k).reshape(N_HEAD_KV, HEAD_DIM), 3, 500.0)
-        q = _rope_adjacent((wq @ x_q).reshape(N_HEAD, HEAD_DIM), 7, 500.0)
-        k = _rope_adjacent((wk @ x_k).reshape(N_HEAD_KV, HEAD_DIM), 3, 500.0)
+        q_hf = _rope_half((wq_hf @ x_q).reshape(N_HEAD, head_dim), 7, 500.0)
+        k_hf = _rope_half((wk_hf @ x_k).reshape(N_HEAD_KV, head_dim), 3, 500.0)
+        q = _rope_adjacent((wq @ x_q).reshape(N_HEAD, head_dim), 7, 500.0)
+        k = _rope_adjacent((wk @ x_k).reshape(N_HEAD_KV, head_dim), 3, 500.0)
         scores_hf = np.einsum("hd,hd->h", q_hf, np.repeat(k_hf, group, axis=0))
         scores = np.einsum("hd,hd->h", q, np.repeat(k, group, axis=0))
         np.testing.assert_allclose(scores, scores_hf, rtol=1e-4, atol=1e-4)
@@ -429,7 +437,8 @@ def _set_config(d: Path, **changes) -> None:
     ({"num_key_value_heads": 3}, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ({"hidden_size": 16.7}, "hidden_size is 16.7, not a positive integer"),
     ({"hidden_size": 18}, "hidden_size 18 is not a multiple of num_attention_heads 4"),
-    ({"head_dim": 8}, "head_dim 8 × num_attention_heads 4 is not hidden_size 16"),
+    ({"head_dim": 8}, "blk.0.attn_q.weight: shape (16, 16), expected (32, 16)"),  # heads of 4
+    ({"head_dim": 5}, "the head size 5 is odd"),
     ({"vocab_size": -1}, "vocab_size is -1, not a positive integer"),
     ({"num_hidden_layers": True}, "num_hidden_layers is True, not a positive integer"),
     ({"intermediate_size": "24"}, "intermediate_size is '24', not a positive integer"),

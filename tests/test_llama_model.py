@@ -38,7 +38,7 @@ def references():
 
 # ---- logits against the reference ------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["f32", "variant"])
+@pytest.mark.parametrize("kind", ["f32", "variant", "heads"])
 def test_f32_model_f32_cache_matches_reference(kind, references):
     model = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2)
     logits = forward_all(model, TOKENS, batch=48)
@@ -318,6 +318,11 @@ def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
 
 @pytest.mark.parametrize("keys, match", [
     ({"llama.rope.dimension_count": ([V.UINT32], 8)}, "rope.dimension_count 8 must equal the head size"),
+    ({"llama.attention.key_length": ([V.UINT32], 16), "llama.attention.value_length": ([V.UINT32], 8)},
+     "attention.value_length 8 differs from the head size 16"),
+    ({"llama.attention.key_length": ([V.UINT32], 0)}, "'llama.attention.key_length' = 0 must be at least 1"),
+    ({"llama.attention.head_count": ([V.UINT32], 3), "llama.attention.head_count_kv": ([V.UINT32], 1)},
+     "embedding_length 64 is not a multiple of head_count 3 \\(and no attention.key_length"),
     ({"llama.attention.layer_norm_rms_epsilon": None}, "layer_norm_rms_epsilon"),
     ({"llama.expert_used_count": ([V.UINT32], 2)}, "expert_used_count is set but expert_count is not"),
     ({"llama.block_count": ([V.UINT32], 513)}, "block_count 513 is more than 512"),
@@ -326,6 +331,18 @@ def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
 def test_files_llama_cpp_refuses_are_refused(keys, match):
     with pytest.raises(ModelLoadError, match=match):
         LlamaConfig.from_gguf(GGUFModelFile(edited_model("llama-cpp-refuses.gguf", keys=keys)))
+
+
+def test_the_head_size_comes_from_key_length():
+    # 4 heads of 24 in a 64-wide model: Q (96, 64), K and V (48, 64), the output (64, 96)
+    model = LlamaModel(model_path("heads"), n_ctx=16, n_threads=1)
+    c, layer = model.config, model.weights.layers[0]
+    assert (c.n_embd, c.head_dim, c.n_rot) == (64, 24, 24)
+    assert (layer.wq.shape, layer.wk.shape, layer.wo.shape) == ((96, 64), (48, 64), (64, 96))
+    # the key is written only where it is needed
+    fields = gguf.GGUFReader(model_path("heads")).fields
+    assert fields["llama.attention.key_length"].contents() == 24
+    assert "llama.attention.key_length" not in gguf.GGUFReader(model_path("f32")).fields
 
 
 def test_weights_are_used_in_place():
