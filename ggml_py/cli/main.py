@@ -96,7 +96,7 @@ def main(argv=None):
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
-        f"{c.n_head}/{c.n_head_kv} heads, vocab {c.n_vocab}, "
+        f"{c.n_head}/{c.n_head_kv} heads of {c.head_dim}, vocab {c.n_vocab}, "
         f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
     warn_past_training_context(llm, log, "main")
     if setup_tune(llm, args, log):
