@@ -2,7 +2,7 @@
 
     ggml-convert MODEL_DIR [--outfile OUT.gguf] [--outtype f32|f16|bf16]
 
-The directory holds ``config.json`` (``LlamaForCausalLM`` or ``MistralForCausalLM``), the weights
+The directory holds ``config.json`` (``LlamaForCausalLM``, ``MistralForCausalLM``), the weights
 (``*.safetensors``, or ``pytorch_model.bin`` which needs PyTorch) and the
 tokenizer (``tokenizer.model`` from SentencePiece, or ``tokenizer.json``).
 Tensors and metadata get llama.cpp's names, so llama.cpp and ggml_py load the
@@ -54,7 +54,7 @@ OUTTYPES = ("f32", "f16", "bf16")
 # Hugging Face classes of the llama architecture (llama.cpp converts Mistral's as llama too:
 # the same weights and graph; its sliding window, which llama.cpp's llama graph does not apply,
 # is not written either)
-LLAMA_CLASSES = ("LlamaForCausalLM", "MistralForCausalLM")
+LLAMA_CLASSES = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM")
 LLAMA_MODEL_TYPES = ("llama", "mistral")
 
 
@@ -187,7 +187,7 @@ def read_config(model_dir: Path) -> LlamaParams:
     if archs[0] not in LLAMA_CLASSES if archs else model_type not in LLAMA_MODEL_TYPES:
         found = ", ".join(archs) or (model_type if isinstance(model_type, str) else "") or "none given"
         raise ConvertError(f"{path}: not a llama model (architectures: {found}); only "
-                           f"{' and '.join(LLAMA_CLASSES)} (the same architecture) are supported")
+                           f"{', '.join(LLAMA_CLASSES)} (one architecture) are supported")
     n_embd = _positive_int(cfg, "hidden_size", path)
     n_head = _positive_int(cfg, "num_attention_heads", path)
     n_head_kv = _positive_int(cfg, "num_key_value_heads", path, default=n_head)

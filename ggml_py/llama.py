@@ -112,10 +112,16 @@ class LlamaConfig:
                 raise f.error(f"embedding_length {n_embd} is not a multiple of head_count "
                               f"{n_head} (and no attention.key_length gives the head size)")
             head_dim = n_embd // n_head
-        value_length = count("attention.value_length", head_dim)
-        if value_length != head_dim:   # as llama.cpp's llama graph
+        # llama.cpp's llama graph needs V heads of the head size too; without the key it
+        # takes them as embedding_length / head_count
+        value_length = count("attention.value_length", None)
+        if value_length is None and head_dim != n_embd // n_head:
+            raise f.error(f"attention.value_length is missing: llama.cpp takes it as "
+                          f"embedding_length / head_count = {n_embd // n_head}, not the head "
+                          f"size {head_dim} (attention.key_length)")
+        if value_length is not None and value_length != head_dim:
             raise f.error(f"attention.value_length {value_length} differs from the head size "
-                          f"{head_dim} (attention.key_length)")
+                          f"{head_dim}")
         if count("expert_count", 0, low=0) > 0:
             raise f.error("mixture-of-experts llama models are not supported")
         if count("expert_used_count", 0, low=0) > 0:
@@ -288,7 +294,7 @@ def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
     # rope's attn_factor scales the rotated q and k (whole heads), so the scores by its square
     probs = ops.soft_max(scores, mask, c.rope_attn_factor ** 2 / math.sqrt(D))   # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
-    out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, E)
+    out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, H*D)
     return linear(lw.wo, out, lw.bo)                                # (T, E)
 
 
@@ -367,8 +373,9 @@ def _leaf_bytes(c, T, K):
 def _context_bytes(c, T, K):
     """Arena bytes for one forward graph: every node's data plus tensor structs."""
     f32 = 4
+    n_q = c.n_head * c.head_dim     # Q, its rope, copy, the attention output and its copy
     # counts the bias sums too (3 E, 2 E_kv, 2 F more), whether or not the model has them
-    per_layer = T * (11 * c.n_embd + 7 * c.n_embd_kv + 5 * c.n_ff) * f32
+    per_layer = T * (5 * c.n_embd + 6 * n_q + 7 * c.n_embd_kv + 5 * c.n_ff) * f32
     per_layer += 2 * c.n_head * T * K * f32 + c.n_embd_kv * K * f32
     per_layer += 64 * 1024                                       # ~40-54 tensor structs
     rest = T * (2 * c.n_embd + c.n_vocab) * f32 + T * (K + 3) * f32 + 256 * 1024

@@ -354,7 +354,8 @@ def test_error_not_llama(tmp_path, capsys, names):
 
 
 @pytest.mark.parametrize("names", [{"architectures": ["MistralForCausalLM"], "model_type": "mistral"},
-                                   {"architectures": [], "model_type": "mistral"}])
+                                   {"architectures": [], "model_type": "mistral"},
+                                   {"architectures": ["LLaMAForCausalLM"]}])   # early checkpoints
 def test_mistral_checkpoints_are_llama(tmp_path, names):
     # the same architecture, as llama.cpp converts it; a sliding window is not written
     d, _ = make_checkpoint(tmp_path)

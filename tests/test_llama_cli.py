@@ -85,6 +85,7 @@ def test_main_greedy_equals_api():
     (["-m", "M", "-fa", "-p", "x"], "unrecognized argument '-fa' (not read as '-f a'"),
     (["-m", "M", "-no-cnv"], "unrecognized argument '-no-cnv'"),
     (["-m", "M", "-xyz"], "unrecognized argument '-xyz' (see --help"),
+    (["-m", "M", "-fa=1"], "unrecognized argument '-fa=1' (not read as '-f a=1'"),
     # refused when parsed: nothing loaded, nothing echoed
     (["-m", "M", "-t", "999"], "-t/--threads: thread count must be at most 256, got 999"),
     (["-m", "M", "--repeat-last-n", "-5"], "must be at least -1"),
@@ -108,6 +109,11 @@ def test_one_dash_words_that_are_values_or_flags_are_taken():
     proc = main("-m", model_path("f32"), "-p", "-fa", "-n2", "-ctk", "f32", "--temp", 0, "-c", 32)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(" -fa")              # the prompt, echoed
+    # one-letter switches run together are switches (-e and -h: the help, status 0)
+    from ggml_py.cli.main import build_parser
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["-eh"])
+    assert info.value.code == 0
     # a subcommand's flags are its parser's to check
     proc = run("ggml_py.bench", "model", "-ngl", "1")
     assert assert_one_line_error(proc, 2).startswith("ggml-bench model: error: unrecognized "

@@ -319,7 +319,11 @@ def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
 @pytest.mark.parametrize("keys, match", [
     ({"llama.rope.dimension_count": ([V.UINT32], 8)}, "rope.dimension_count 8 must equal the head size"),
     ({"llama.attention.key_length": ([V.UINT32], 16), "llama.attention.value_length": ([V.UINT32], 8)},
-     "attention.value_length 8 differs from the head size 16"),
+     "attention.value_length 8 differs from the head size 16$"),
+    ({"llama.attention.value_length": ([V.UINT32], 8)}, "attention.value_length 8 differs from the head size 16$"),
+    # llama.cpp's V heads default to embedding_length / head_count, not to key_length
+    ({"llama.attention.key_length": ([V.UINT32], 32)},
+     "attention.value_length is missing: llama.cpp takes it as embedding_length / head_count = 16"),
     ({"llama.attention.key_length": ([V.UINT32], 0)}, "'llama.attention.key_length' = 0 must be at least 1"),
     ({"llama.attention.head_count": ([V.UINT32], 3), "llama.attention.head_count_kv": ([V.UINT32], 1)},
      "embedding_length 64 is not a multiple of head_count 3 \\(and no attention.key_length"),
@@ -343,6 +347,19 @@ def test_the_head_size_comes_from_key_length():
     fields = gguf.GGUFReader(model_path("heads")).fields
     assert fields["llama.attention.key_length"].contents() == 24
     assert "llama.attention.key_length" not in gguf.GGUFReader(model_path("f32")).fields
+
+
+@pytest.mark.parametrize("head_dim", [0, 64])
+def test_unpacked_intermediates_give_the_same_logits(head_dim):
+    # packed=False gives every intermediate its own arena bytes, sized by an estimate that
+    # must hold for heads wider than n_embd / n_head too (8 heads of 64 in 64: Q is 512 wide)
+    path = scratch_path(f"wide-heads-{head_dim}.gguf")
+    write_random_llama(path, RandomLlamaSpec(n_vocab=300, n_head=8, n_head_kv=8, head_dim=head_dim,
+                                             n_ff=64, n_layer=1))
+    tokens = list(range(1, 65))
+    packed = forward_all(LlamaModel(path, n_ctx=128, kv_type=Type.F32, n_threads=1), tokens, 64)
+    unpacked = LlamaModel(path, n_ctx=128, kv_type=Type.F32, n_threads=1, packed=False)
+    np.testing.assert_array_equal(forward_all(unpacked, tokens, 64), packed)
 
 
 def test_weights_are_used_in_place():

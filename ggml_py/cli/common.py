@@ -46,9 +46,9 @@ class ArgumentParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def _unknown_one_dash_word(self, args):
-        """The first argument such as '-ngl' that is not one of this parser's flags, nor
-        the value of one; None if there is none. Stops at '--' and at a subcommand, whose
-        own parser checks the rest."""
+        """The first argument such as '-ngl' (or '-fa=1') that is not one of this parser's
+        flags, nor the value of one, nor one-letter switches run together ('-eh'); None if
+        there is none. Stops at '--' and at a subcommand, whose own parser checks the rest."""
         subcommands = {name for action in self._actions
                        if isinstance(action, argparse._SubParsersAction) for name in action.choices}
         takes_value = False
@@ -58,12 +58,18 @@ class ArgumentParser(argparse.ArgumentParser):
                 continue
             if arg == "--" or arg in subcommands:
                 return None
-            action = self._option_string_actions.get(arg.split("=", 1)[0])
+            name = arg.split("=", 1)[0]
+            action = self._option_string_actions.get(name)
             if action is not None:
                 takes_value = "=" not in arg and action.nargs != 0
-            elif re.fullmatch(r"-[A-Za-z][A-Za-z-]+", arg):
+            elif re.fullmatch(r"-[A-Za-z][A-Za-z-]+", name) and not self._switches(name):
                 return arg
         return None
+
+    def _switches(self, word):
+        """Whether '-eh' is one-letter flags that take no value, run together."""
+        actions = [self._option_string_actions.get("-" + letter) for letter in word[1:]]
+        return all(action is not None and action.nargs == 0 for action in actions)
 
 
 def positive_int(text):
