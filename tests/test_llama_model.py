@@ -676,8 +676,12 @@ def test_a_file_aligned_to_two_bytes_loads_with_aligned_weights():
 
 
 @pytest.mark.parametrize("changes, error, match", [
-    (dict(n_embd=60, n_head=4), ValueError, "heads of an even size"),     # head size 15
-    (dict(n_embd=64, n_head=3), ValueError, "heads of an even size"),
+    (dict(n_embd=60, n_head=4), ValueError, "the head size 15 must be even"),
+    (dict(n_embd=64, n_head=3), ValueError, r"must be n_head \(3\) heads, or head_dim given"),
+    (dict(n_embd=64, n_head=3, head_dim=5), ValueError, "the head size 5 must be even"),
+    (dict(head_dim=-2), ValueError, "head_dim must be at least 0"),
+    (dict(head_dim=4, n_head=4, weight_type="Q4_0"), ValueError,
+     "n_head [*] head_dim 16 is not a multiple of Q4_0's block of 32"),
     (dict(n_head=4, n_head_kv=3), ValueError, "multiple of n_head_kv"),
     (dict(n_head=0), ValueError, "n_head must be at least 1"),
     (dict(n_layer=-1), ValueError, "n_layer must be at least 1"),
