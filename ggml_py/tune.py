@@ -103,9 +103,10 @@ class ProfileTimes:
         return sum(interpolate(m_values, per_stage[s], m) for s in per_stage)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShapeTimes:
-    """All profiles benched for one (N, K, type) matrix."""
+    """All profiles benched for one (N, K, type) matrix (the matrix fixed: TuneData finds it
+    by its key)."""
     n: int
     k: int
     type: Type
@@ -123,16 +124,15 @@ class TuneData:
     model: str
     m_values: list
     thread_counts: list
-    shapes: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)        # ShapeTimes; appended to, never replaced
     system: dict = field(default_factory=current_system)
+    _by_key: dict = field(default=None, repr=False, compare=False)   # shapes by (N, K, type)
 
     def shape(self, n, k, type):
         """The ShapeTimes of (N, K, type), or None."""
-        key = (n, k, Type.of(type, "TuneData.shape"))
-        for s in self.shapes:
-            if s.key == key:
-                return s
-        return None
+        if self._by_key is None or len(self._by_key) != len(self.shapes):   # shapes added since
+            self._by_key = {s.key: s for s in self.shapes}
+        return self._by_key.get((n, k, Type.of(type, "TuneData.shape")))
 
     def estimates(self, n, k, type, m, n_threads):
         """[(estimated µs, TaskProfile)] for every benched profile, fastest first.
@@ -202,6 +202,7 @@ def check_writable(path, not_over=None):
 MAX_FILE_BYTES = 64 << 20   # far above any real tune file (a 70B model's is well under 1 MB)
 MAX_M = (1 << 31) - 1       # an M beyond any batch (and exact in the float estimates)
 MAX_TIME_US = 1e12          # 11.6 days: no product takes longer (larger times would sum to inf)
+MAX_SHAPES = 1024           # a model has a few dozen (N, K, type); more only makes loading slow
 
 
 class _DuplicateKey(ValueError):
@@ -362,10 +363,14 @@ def _from_json(obj, path, model, check_system):
     shapes = check.of_type(obj["shapes"], list, "shapes")
     if not shapes:
         check.fail("no shapes")
+    if len(shapes) > MAX_SHAPES:
+        check.fail(f"{len(shapes)} shapes, more than a model has (at most {MAX_SHAPES})")
+    seen = set()
     for s in shapes:
         shape = _shape_from_json(check.of_type(s, dict, "a shape"), check, data, check_system)
-        if data.shape(shape.n, shape.k, shape.type) is not None:
+        if shape.key in seen:
             check.fail(f"{_describe(shape)} appears twice")
+        seen.add(shape.key)
         data.shapes.append(shape)
     return data
 
