@@ -91,9 +91,11 @@ def _reader_class():
         def _get_field_parts(self, orig_offs, raw_type):
             # an array's count is checked against the bytes left before the reader
             # walks it item by item (2^40 one-byte items would take hours)
+            _check_value_type(int(raw_type), orig_offs - 4)
             if int(raw_type) == array_type:   # ints: a numpy scalar against an enum is slow
                 # (and numpy drops a KeyboardInterrupt raised while it compares them)
                 item_type = int(self._get(orig_offs, np.uint32)[0])
+                _check_value_type(item_type, orig_offs)
                 count = int(self._get(orig_offs + 4, np.uint64)[0])
                 scalar = self.gguf_scalar_to_np.get(item_type)
                 least = np.dtype(scalar).itemsize if scalar is not None else 8  # a string's length
@@ -124,6 +126,14 @@ def _reader_class():
     return Reader
 
 
+def _check_value_type(type_id, offset):
+    """A metadata value type id (at byte `offset`) that GGUF has, else _FileProblem."""
+    import gguf
+    if type_id not in gguf.GGUFValueType._value2member_map_:
+        raise _FileProblem(f"truncated or corrupt GGUF file (the metadata value type at byte "
+                           f"{offset} is {type_id}, which GGUF does not have)")
+
+
 def _check_tensor_infos(fields, alignment, data_start, file_size):
     """Tensor infos as llama.cpp's gguf reader wants them: unique names, known types,
     whole blocks per row, and data laid out in order, each tensor at the running sum
@@ -143,7 +153,9 @@ def _check_tensor_infos(fields, alignment, data_start, file_size):
             raise _FileProblem(f"tensor {name!r} has type id {raw}, a tensor type ggml_py does "
                                f"not know") from None
         ne = [int(d) for d in dims.tolist()]
-        if ne and ne[0] % block:
+        if not 1 <= len(ne) <= 4:
+            raise _FileProblem(f"tensor {name!r} has {len(ne)} dimensions (1 to 4)")
+        if ne[0] % block:
             raise _FileProblem(f"tensor {name!r} of type {qtype.name} has {ne[0]} elements per "
                                f"row, not a multiple of its block size {block}")
         if int(offset[0]) != expected:
@@ -235,6 +247,9 @@ def open_reader(path):
         reader = _reader_class()(path)
     except _FileProblem as e:
         raise ModelLoadError(f"{path}: {e}") from None
+    except UnicodeDecodeError as e:   # the reader decodes key and tensor names
+        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file (a key or tensor name is "
+                             f"not UTF-8 text: byte 0x{e.object[e.start]:02x})") from None
     except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
         raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
     problem = layout_problem(reader)

@@ -439,6 +439,21 @@ def bad_files():
     magic = scratch_path("magic.gguf")
     open(magic, "wb").write(b"GGML" + good[4:200])
     files.append((magic, "not a GGUF file"))
+    # a flipped bit in the first value's type; a key name that is not UTF-8 (numpy's and
+    # Python's own messages, "np.uint32(2056) is not a valid GGUFValueType", before)
+    key_length = struct.unpack_from("<Q", good, 24)[0]
+    at = 32 + key_length                                  # the first key's value type
+    for name, edit, fragment in [
+            ("value-type.gguf", good[:at] + struct.pack("<I", 2056) + good[at + 4:],
+             f"the metadata value type at byte {at} is 2056, which GGUF does not have"),
+            ("key-name.gguf", good[:32] + b"\xff" + good[33:],
+             "a key or tensor name is not UTF-8 text: byte 0xff")]:
+        open(scratch_path(name), "wb").write(edit)
+        files.append((scratch_path(name), fragment))
+    kvs, parts = gguf_parts(model_path("f32"))
+    parts[-1][1] = []                                     # a tensor of no dimensions
+    open(scratch_path("no-dims.gguf"), "wb").write(gguf_bytes(kvs, parts))
+    files.append((scratch_path("no-dims.gguf"), f"tensor '{parts[-1][0]}' has 0 dimensions (1 to 4)"))
     files.append((scratch_path("absent.gguf"), "no such file"))
     return files
 
