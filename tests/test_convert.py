@@ -409,6 +409,12 @@ def test_error_missing_or_misshapen_tensor(tmp_path, capsys):
     hf["model.extra.weight"] = np.zeros(3, np.float32)
     write_safetensors(d / "model.safetensors", hf, {})
     assert "unexpected tensor 'model.extra.weight'" in _error(capsys, [str(d)])
+    # a layer past num_hidden_layers (a config that says 2 layers of a 3-layer checkpoint)
+    del hf["model.extra.weight"]
+    hf[f"model.layers.{N_LAYER}.mlp.up_proj.weight"] = np.zeros((N_FF, N_EMBD), np.float32)
+    write_safetensors(d / "model.safetensors", hf, {})
+    assert (f"unexpected tensor 'model.layers.{N_LAYER}.mlp.up_proj.weight' for a {N_LAYER}-layer "
+            f"llama") in _error(capsys, [str(d)])
 
 
 def test_an_untied_config_without_lm_head_says_how_to_tie(tmp_path, capsys):
@@ -445,6 +451,8 @@ def _set_config(d: Path, **changes) -> None:
     ({"intermediate_size": "24"}, "intermediate_size is '24', not a positive integer"),
     ({"max_position_embeddings": 0}, "max_position_embeddings is 0"),
     ({"vocab_size": 2**40}, f"vocab_size is {2**40}, too large"),
+    ({"hidden_size": 2**31}, f"hidden_size is {2**31}, too large"),       # GGUF writes u32
+    ({"rms_norm_eps": 0.0}, "rms_norm_eps is 0.0, not a positive number"),
     ({"rope_theta": 10**400}, "rope_theta is 1000"),
     ({"rms_norm_eps": "tiny"}, "rms_norm_eps is 'tiny', not a positive number"),
     ({"rope_theta": -1.0}, "rope_theta is -1.0, not a positive number"),

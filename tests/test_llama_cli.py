@@ -424,6 +424,10 @@ def test_bench_model_table_and_json():
                "-r", 1, "--json")
     results = json.loads(proc.stdout)["results"]
     assert [r["test"] for r in results] == ["pp8", "tg2"] and results[0]["avg_ts"] > 0
+    # -p 0 leaves the prompt test out (as llama-bench), the generation test still runs
+    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
+               "-r", 1, "--json")
+    assert [r["test"] for r in json.loads(proc.stdout)["results"]] == ["tg2"]
 
 
 @pytest.mark.parametrize("text, low, high, expected", [
@@ -623,3 +627,27 @@ def test_tune_vs_oracle_refuses_a_tune_file_of_other_shapes(tmp_path):
                            "--threads", "1"], capture_output=True, text=True, env=ENV, cwd=tmp_path,
                           timeout=120)
     assert "has no times for 5 of the model's matrix shapes" in assert_one_line_error(proc, 1)
+
+
+def test_flag_values_at_their_edges_keep_their_meaning(capsys):
+    from ggml_py.cli import main as main_cli, perplexity as ppl_cli
+    from ggml_py.cli.common import thread_count
+    assert thread_count("256") == 256                       # MAX_THREADS itself is allowed
+
+    def text(*args):
+        assert main_cli.cli(["-m", model_path("f32"), "-p", "Hello", "-t", "1", *args]) == 0
+        return capsys.readouterr().out
+    sampled = ("-n", "8", "--temp", "1", "-s", "0")         # 0 is a seed, not "random"
+    assert text(*sampled) == text(*sampled)
+    greedy = ("-n", "24", "--temp", "0", "--repeat-penalty", "1.5")
+    plain = text("-n", "24", "--temp", "0")
+    assert text(*greedy, "--repeat-last-n", "0") == plain   # 0: no penalty
+    assert text(*greedy, "--repeat-last-n", "-1") != plain  # -1: the whole context
+    assert text("-n", "1", "-ctv", "f16")                   # the same type as -ctk's default
+
+    # --chunks past the text's end: the log counts the chunks there are
+    assert ppl_cli.cli(["-m", model_path("f32"), "-f", TEXT_FILE, "-c", "64", "--chunks", "100",
+                        "-t", "1"]) == 0
+    out, err = capsys.readouterr()
+    said = int(re.search(r"perplexity over (\d+) chunks", err).group(1))
+    assert said == len(re.findall(r"\[\d+\]", out)) < 100

@@ -880,7 +880,34 @@ BAD_BUILDS = {
     "tensor-int": (lambda c: _t(c, 3), TypeError, r"^new_tensor: a shape is a sequence"),
     "reshape-bool": (lambda c: gg.reshape(_t(c, (2, 3)), (6, True)), TypeError, r"^reshape: a shape is"),
     "view-negative": (lambda c: gg.view(_t(c, (2, 3)), (-1,)), ValueError, r"^view: negative dimension"),
+    # an empty view still has its offset checked against the data
+    "view-empty-past-the-end": (lambda c: gg.view(_t(c, (4,)), (0, 4), strides=(64, 4), offset=20),
+                                ValueError, r"^view: shape \(0, 4\) at offset 20 needs 20 bytes"),
+    "set_rows-2d-ids": (lambda c: gg.set_rows(_t(c, (4, 8)), _t(c, (2, 8)), _t(c, (1, 2), gg.I32)),
+                        ValueError, r"^set_rows: .* ids is \(1, 2\)"),
+    "scale-beyond-f32": (lambda c: gg.scale(_t(c, (4,)), 3.5e38), ValueError,
+                         r"^scale: s 3.5e\+38 is beyond float32's range"),
+    "transpose-q4_0": (lambda c: gg.transpose(_t(c, (32, 32), gg.Q4_0)), ValueError,
+                       r"cannot move its row axis"),
+    "permute-q4_0": (lambda c: gg.permute(_t(c, (32, 32), gg.Q4_0), (1, 0)), ValueError,
+                     r"^permute: a Q4_0 tensor cannot move its row axis"),
+    "from_buffer-f64-misaligned": (lambda c: c.from_buffer(_misaligned(32, 4), gg.F64, (4,)), ValueError,
+                                   r"^from_buffer: the buffer's address is not a multiple of 8 bytes"),
+    "from_buffer-complex": (lambda c: c.from_buffer(np.zeros(2, np.complex64), gg.F32, (4,)),
+                            TypeError, r"^from_buffer: a complex64 buffer does not hold F32 values"),
 }
+
+
+def _misaligned(nbytes, misalignment):
+    """uint8 bytes whose address is `misalignment` past a multiple of 64."""
+    raw = np.empty(nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + misalignment
+    return raw[start:start + nbytes]
+
+
+def test_edge_shapes_that_are_fine(ctx):
+    assert ctx.from_numpy(np.float32(3.0)).shape == (1,)          # a 0-d array: one element
+    assert gg.view(_t(ctx, (4,)), (3, 0), strides=(16, 4)).shape == (3, 0)   # empty, in range
 
 
 @pytest.mark.parametrize("case", BAD_BUILDS)
@@ -1293,3 +1320,8 @@ def test_task_profiles_agree_with_mul_mat(ctx):
     assert [p.name for p in gg.task_profiles(gg.Op.MUL_MAT, gg.Q4_0)][0] == "cpu"
     with pytest.raises(ValueError):
         gg.task_profiles(gg.Op.ADD, 99)
+
+
+def test_stage_flags_print_as_the_plan_shows_them():
+    flags = [gg.StageFlags(True, parallel, wait) for parallel in (False, True) for wait in (False, True)]
+    assert [str(f) for f in flags] == ["single", "single wait", "parallel", "parallel wait"]

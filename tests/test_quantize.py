@@ -339,6 +339,18 @@ def current_umask():
     return mask
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_outputs_get_the_permissions_a_plain_open_gives(tmp_path, umask):
+    from ggml_py.gguf_write import atomic_output
+    previous = os.umask(umask)
+    try:
+        with atomic_output(tmp_path / "out.gguf") as tmp:
+            open(tmp, "wb").write(b"x")
+    finally:
+        os.umask(previous)
+    assert os.stat(tmp_path / "out.gguf").st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_cli_errors_are_one_line(tmp_path):
     src = model_path("f32")
     for args, text, code in [((tmp_path / "none.gguf", tmp_path / "o.gguf", "Q4_0"), "no such file", 1),

@@ -292,6 +292,44 @@ def test_gguf_without_tokenizer_raises_value_error_naming_file(tmp_path):
         Tokenizer.from_gguf(path)
 
 
+def test_metadata_reader_edges(tmp_path):
+    path = tmp_path / "m.gguf"
+    # an array that ends exactly at the end of the file is whole
+    write_gguf(path, [("a", 9, struct.pack("<IQII", 4, 2, 5, 6))])
+    assert read_gguf_metadata(path) == {"a": [5, 6]}
+    # a string, or a string in an array, that runs past the end is refused, not cut short
+    for kind, value in ((8, struct.pack("<Q", 100) + b"abc"),
+                        (9, struct.pack("<IQQ", 8, 1, 100) + b"abc")):
+        write_gguf(path, [("a", kind, value)])
+        with pytest.raises(ValueError, match="m.gguf.*truncated"):
+            read_gguf_metadata(path)
+    # version 1 (32-bit lengths) is not read as version 3
+    write_gguf(path, [("a", 4, struct.pack("<I", 7))])
+    path.write_bytes(path.read_bytes()[:4] + struct.pack("<I", 1) + path.read_bytes()[8:])
+    with pytest.raises(ValueError, match="unsupported GGUF version 1"):
+        read_gguf_metadata(path)
+
+
+def test_a_reader_keeps_the_general_keys_the_special_tokens_depend_on(tmp_path):
+    # general.name makes a phi-3 model's </s> eat the spaces after it, from a path or a reader
+    gguf = pytest.importorskip("gguf")
+    path = write_spm_vocab(tmp_path / "phi3.gguf", SPECIAL_TOKENS, SPECIAL_TYPES, name="Phi-3 mini")
+    for source in (path, gguf.GGUFReader(str(path))):
+        tok = Tokenizer.from_gguf(source)
+        assert tok.tokenize("</s>   a", add_special=False, parse_special=True) == [2, 259, A]
+
+
+def test_byte_level_helpers_follow_llama_cpp():
+    from ggml_py import pretokenize as pt
+    # a lead byte of 0xF8 or more starts no sequence: one U+FFFD per byte
+    assert pt.llama_decode_utf8(b"\xf8\x80\x80\x80") == "\ufffd" * 4
+    # a character outside the byte map: llama.cpp's marker, its bytes in hex and then the text
+    assert pt.byte_decode("a\u4e00") == b"a[UNK_BYTE_0xe4b880a\xe4\xb8\x80]"
+    # clean_spaces: the space before each contraction goes ('ve too); trillion keeps spaces
+    assert pt.clean_spaces(b"we 've I 'm it 's") == b"we've I'm it's"
+    assert not pt.PRE_TOKENIZERS["trillion"].clean_spaces and pt.PRE_TOKENIZERS["gpt-2"].clean_spaces
+
+
 def test_unsupported_tokenizer_model_raises_value_error(tmp_path):
     fields = {"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["[PAD]", "a"]}
     with pytest.raises(ValueError, match="my-bert.gguf.*unsupported tokenizer model 'bert'"):

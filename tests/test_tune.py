@@ -27,6 +27,8 @@ def test_interpolate_inside_and_past_both_ends():
     assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0
     with pytest.raises(ValueError, match="two or more"):
         interpolate([4], [7.0], 100)
+    with pytest.raises(ValueError, match="bench needs two or more Ms"):
+        bench([(32, 32, gg.F32)], m_values=[1], thread_counts=(1,))
 
 
 def test_extend_to_rows_is_a_straight_line_per_stage():
@@ -34,6 +36,8 @@ def test_extend_to_rows_is_a_straight_line_per_stage():
     assert extend_to_rows(1000, [100, 200], times) == {"init": 5.0, "compute": pytest.approx(910.0)}
     assert extend_to_rows(64, [64], [{"compute": 3.0}]) == {"compute": 3.0}
     assert extend_to_rows(64, [16], [{"compute": 3.0}]) == {"compute": 12.0}   # one slice: in proportion
+    # a line that falls (the larger slice timed faster) is held at 0, never negative
+    assert extend_to_rows(100, [10, 20], [{"compute": 5.0}, {"compute": 1.0}]) == {"compute": 0.0}
 
 
 def test_times_bounded_in_m():
@@ -61,6 +65,8 @@ def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
     caches = [1 << 20, 32 << 20]   # L2 (both cores), LLC
     q4_row, f32_row = gg.row_bytes(gg.Q4_0, 2048), 4 * 2048
     assert row_counts(2048, 2048, 1, q4_row, caches) == [2048]            # cheap: whole
+    # exactly the flop budget (2 N K M = 2e8) is still measured whole
+    assert row_counts(10000, 10000, 1, 40000, [32 << 20]) == [10000]
     assert row_counts(32000, 2048, 512, q4_row, caches) == [32, 4000]     # a few rows and N/8
     assert row_counts(2048, 5632, 512, q4_row, caches) == [32, 1024]
     assert row_counts(1024, 5632, 512, q4_row, caches) == [1024]          # too few rows to sample
