@@ -205,6 +205,8 @@ def test_quantize_api_shapes_and_errors():
         gg.quantize(np.ones((2, 33), np.float32), gg.Q4_0)
     with pytest.raises(ValueError, match="needs"):
         gg.dequantize(q[:, :, :10], gg.Q4_0, x.shape)
+    with pytest.raises(ValueError, match=r"dequantize: Q4_0 \(2, 32\) needs 36 bytes, buffer has 41"):
+        gg.dequantize(np.zeros(41, np.uint8), gg.Q4_0, (2, 32))        # too many bytes too
     # (a negative dimension asked for "-144 bytes"; 2.5 was read as 2)
     with pytest.raises(ValueError, match=r"dequantize: negative dimension in shape \(-1, 256\)"):
         gg.dequantize(np.zeros(0, np.uint8), gg.Q4_0, (-1, 256))

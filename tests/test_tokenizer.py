@@ -303,6 +303,10 @@ def test_metadata_reader_edges(tmp_path):
         write_gguf(path, [("a", kind, value)])
         with pytest.raises(ValueError, match="m.gguf.*truncated"):
             read_gguf_metadata(path)
+    # a header cut short (16 to 23 bytes): one clear error, not struct's
+    path.write_bytes(b"GGUF" + struct.pack("<I", 3) + bytes(12))
+    with pytest.raises(ValueError, match="m.gguf: not a GGUF file \\(too short\\)"):
+        read_gguf_metadata(path)
     # version 1 (32-bit lengths) is not read as version 3
     write_gguf(path, [("a", 4, struct.pack("<I", 7))])
     path.write_bytes(path.read_bytes()[:4] + struct.pack("<I", 1) + path.read_bytes()[8:])
