@@ -2,7 +2,7 @@
 
     ggml-convert MODEL_DIR [--outfile OUT.gguf] [--outtype f32|f16|bf16]
 
-The directory holds ``config.json`` (``LlamaForCausalLM``, ``MistralForCausalLM``), the weights
+The directory holds ``config.json`` (a class of LLAMA_CLASSES), the weights
 (``*.safetensors``, or ``pytorch_model.bin`` which needs PyTorch) and the
 tokenizer (``tokenizer.model`` from SentencePiece, or ``tokenizer.json``).
 Tensors and metadata get llama.cpp's names, so llama.cpp and ggml_py load the

@@ -65,6 +65,7 @@ def _reader_class():
     import gguf
 
     array_type = int(gguf.GGUFValueType.ARRAY)
+    value_types = frozenset(int(t) for t in gguf.GGUFValueType)
 
     class Reader(gguf.GGUFReader):
         _itemsizes = {}
@@ -91,11 +92,14 @@ def _reader_class():
         def _get_field_parts(self, orig_offs, raw_type):
             # an array's count is checked against the bytes left before the reader
             # walks it item by item (2^40 one-byte items would take hours)
-            _check_value_type(int(raw_type), orig_offs - 4)
-            if int(raw_type) == array_type:   # ints: a numpy scalar against an enum is slow
-                # (and numpy drops a KeyboardInterrupt raised while it compares them)
+            raw_type = int(raw_type)   # a numpy scalar against an enum is slow (and numpy
+            # drops a KeyboardInterrupt raised while it compares them)
+            if raw_type not in value_types:    # (called for every item of an array too)
+                raise _bad_value_type(raw_type, orig_offs - 4)
+            if raw_type == array_type:
                 item_type = int(self._get(orig_offs, np.uint32)[0])
-                _check_value_type(item_type, orig_offs)
+                if item_type not in value_types:
+                    raise _bad_value_type(item_type, orig_offs)
                 count = int(self._get(orig_offs + 4, np.uint64)[0])
                 scalar = self.gguf_scalar_to_np.get(item_type)
                 least = np.dtype(scalar).itemsize if scalar is not None else 8  # a string's length
@@ -126,12 +130,10 @@ def _reader_class():
     return Reader
 
 
-def _check_value_type(type_id, offset):
-    """A metadata value type id (at byte `offset`) that GGUF has, else _FileProblem."""
-    import gguf
-    if type_id not in gguf.GGUFValueType._value2member_map_:
-        raise _FileProblem(f"truncated or corrupt GGUF file (the metadata value type at byte "
-                           f"{offset} is {type_id}, which GGUF does not have)")
+def _bad_value_type(type_id, offset):
+    """The error for a metadata value type id (at byte `offset`) that GGUF does not have."""
+    return _FileProblem(f"truncated or corrupt GGUF file (the metadata value type at byte "
+                        f"{offset} is {type_id}, which GGUF does not have)")
 
 
 def _check_tensor_infos(fields, alignment, data_start, file_size):
@@ -152,9 +154,9 @@ def _check_tensor_infos(fields, alignment, data_start, file_size):
         except (ValueError, KeyError):
             raise _FileProblem(f"tensor {name!r} has type id {raw}, a tensor type ggml_py does "
                                f"not know") from None
-        ne = [int(d) for d in dims.tolist()]
-        if not 1 <= len(ne) <= 4:
-            raise _FileProblem(f"tensor {name!r} has {len(ne)} dimensions (1 to 4)")
+        ne = [int(d) for d in dims.tolist()] or [1]   # no dimensions: one value, as llama.cpp
+        if len(ne) > 4:
+            raise _FileProblem(f"tensor {name!r} has {len(ne)} dimensions (at most 4)")
         if ne[0] % block:
             raise _FileProblem(f"tensor {name!r} of type {qtype.name} has {ne[0]} elements per "
                                f"row, not a multiple of its block size {block}")

@@ -24,7 +24,7 @@ import numpy as np
 from ggml_py import ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import aligned_bytes, build_forward, check_tune, default_threads, shared_pool
-from ggml_py.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
+from ggml_py.graph_alloc import ALIGN, STRUCT_BYTES, build_packed, plan_packed
 from ggml_py.kv_cache import KVCache
 from ggml_py.tensor import Context
 from ggml_py.types import Type
@@ -322,7 +322,11 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
         built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
         return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
                             buffer_bytes=built.buffer_bytes)
-    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=_context_bytes(c, T, K)))
+    # every result its own memory: the arena a first build (structs only) counts, each
+    # result aligned
+    plan = plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
+    arena = plan.other_bytes + plan.unpacked_bytes + ALIGN * len(plan.sizes)
+    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=arena))
     return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
 
 
@@ -368,18 +372,6 @@ def _leaf_bytes(c, T, K):
     """Arena bytes of one forward graph besides its results: structs and inputs."""
     n_tensors = c.n_layer * 64 + 32     # ~48 per layer, 14 more with every bias
     return n_tensors * STRUCT_BYTES + 4 * T * (K + 3) + 4096
-
-
-def _context_bytes(c, T, K):
-    """Arena bytes for one forward graph: every node's data plus tensor structs."""
-    f32 = 4
-    n_q = c.n_head * c.head_dim     # Q, its rope, copy, the attention output and its copy
-    # counts the bias sums too (3 E, 2 E_kv, 2 F more), whether or not the model has them
-    per_layer = T * (5 * c.n_embd + 6 * n_q + 7 * c.n_embd_kv + 5 * c.n_ff) * f32
-    per_layer += 2 * c.n_head * T * K * f32 + c.n_embd_kv * K * f32
-    per_layer += 64 * 1024                                       # ~40-54 tensor structs
-    rest = T * (2 * c.n_embd + c.n_vocab) * f32 + T * (K + 3) * f32 + 256 * 1024
-    return c.n_layer * per_layer + rest
 
 
 # ---- the model ------------------------------------------------------------------

@@ -124,15 +124,13 @@ class TuneData:
     model: str
     m_values: list
     thread_counts: list
-    shapes: list = field(default_factory=list)        # ShapeTimes; appended to, never replaced
+    shapes: list = field(default_factory=list)        # ShapeTimes
     system: dict = field(default_factory=current_system)
-    _by_key: dict = field(default=None, repr=False, compare=False)   # shapes by (N, K, type)
 
     def shape(self, n, k, type):
-        """The ShapeTimes of (N, K, type), or None."""
-        if self._by_key is None or len(self._by_key) != len(self.shapes):   # shapes added since
-            self._by_key = {s.key: s for s in self.shapes}
-        return self._by_key.get((n, k, Type.of(type, "TuneData.shape")))
+        """The ShapeTimes of (N, K, type), or None (a scan: a file has at most MAX_SHAPES)."""
+        key = (n, k, Type.of(type, "TuneData.shape"))
+        return next((s for s in self.shapes if s.key == key), None)
 
     def estimates(self, n, k, type, m, n_threads):
         """[(estimated µs, TaskProfile)] for every benched profile, fastest first.

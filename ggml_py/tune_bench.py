@@ -38,7 +38,7 @@ import numpy as np
 import ggml_py as gg
 from ggml_py.profiles import STAGES
 from ggml_py.tensor import type_traits
-from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData, distinct_profiles
+from ggml_py.tune import MAX_SHAPES, ProfileTimes, ShapeTimes, TuneData, distinct_profiles
 
 DEFAULT_M_VALUES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
 FLOP_BUDGET = 2e8         # products of fewer flops are measured whole
@@ -322,6 +322,9 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     if len(m_values) < 2:
         raise ValueError(f"bench needs two or more Ms (estimates interpolate between them), "
                          f"got {m_values}")
+    if len(set(shapes)) > MAX_SHAPES:   # a file that load would refuse
+        raise ValueError(f"bench: {len(set(shapes))} shapes, more than a tune file holds "
+                         f"({MAX_SHAPES})")
     rng = np.random.default_rng(seed)
     data = TuneData(model=model, m_values=m_values, thread_counts=sorted(set(thread_counts)))
     pools = {t: gg.ThreadPool(t) for t in thread_counts}

@@ -86,6 +86,7 @@ def test_main_greedy_equals_api():
     (["-m", "M", "-no-cnv"], "unrecognized argument '-no-cnv'"),
     (["-m", "M", "-xyz"], "unrecognized argument '-xyz' (see --help"),
     (["-m", "M", "-fa=1"], "unrecognized argument '-fa=1' (not read as '-f a=1'"),
+    (["-m", "M", "-ngl99"], "unrecognized argument '-ngl99' (not read as '-n gl99'"),
     # refused when parsed: nothing loaded, nothing echoed
     (["-m", "M", "-t", "999"], "-t/--threads: thread count must be at most 256, got 999"),
     (["-m", "M", "--repeat-last-n", "-5"], "must be at least -1"),

@@ -349,17 +349,21 @@ def test_the_head_size_comes_from_key_length():
     assert "llama.attention.key_length" not in gguf.GGUFReader(model_path("f32")).fields
 
 
-@pytest.mark.parametrize("head_dim", [0, 64])
+@pytest.mark.parametrize("head_dim", [0, 64, 2, "biases"])
 def test_unpacked_intermediates_give_the_same_logits(head_dim):
-    # packed=False gives every intermediate its own arena bytes, sized by an estimate that
-    # must hold for heads wider than n_embd / n_head too (8 heads of 64 in 64: Q is 512 wide)
-    path = scratch_path(f"wide-heads-{head_dim}.gguf")
-    write_random_llama(path, RandomLlamaSpec(n_vocab=300, n_head=8, n_head_kv=8, head_dim=head_dim,
-                                             n_ff=64, n_layer=1))
-    tokens = list(range(1, 65))
-    packed = forward_all(LlamaModel(path, n_ctx=128, kv_type=Type.F32, n_threads=1), tokens, 64)
-    unpacked = LlamaModel(path, n_ctx=128, kv_type=Type.F32, n_threads=1, packed=False)
-    np.testing.assert_array_equal(forward_all(unpacked, tokens, 64), packed)
+    # packed=False gives every intermediate its own arena bytes; a hand-made estimate of
+    # them ran short for heads wider (8 of 64 in 64: Q is 512 wide) or narrower (8 of 2)
+    # than n_embd / n_head, and for biases at 512 tokens
+    if head_dim == "biases":
+        path, tokens = biased_model_path(), [i % 512 for i in range(1, 513)]
+    else:
+        path, tokens = scratch_path(f"heads-of-{head_dim}.gguf"), list(range(1, 65))
+        write_random_llama(path, RandomLlamaSpec(n_vocab=300, n_head=8, n_head_kv=8,
+                                                 head_dim=head_dim, n_ff=64, n_layer=1))
+    n_ctx = len(tokens)
+    packed = forward_all(LlamaModel(path, n_ctx=n_ctx, kv_type=Type.F32, n_threads=1), tokens, n_ctx)
+    unpacked = LlamaModel(path, n_ctx=n_ctx, kv_type=Type.F32, n_threads=1, packed=False)
+    np.testing.assert_array_equal(forward_all(unpacked, tokens, n_ctx), packed)
 
 
 def test_weights_are_used_in_place():
@@ -450,10 +454,19 @@ def bad_files():
              "a key or tensor name is not UTF-8 text: byte 0xff")]:
         open(scratch_path(name), "wb").write(edit)
         files.append((scratch_path(name), fragment))
+    # a tensor of no dimensions is one value, as llama.cpp reads it (the reader failed on
+    # "tuple index out of range"); more than 4 are refused, as llama.cpp refuses them
     kvs, parts = gguf_parts(model_path("f32"))
-    parts[-1][1] = []                                     # a tensor of no dimensions
+    parts[-1][1] = []
     open(scratch_path("no-dims.gguf"), "wb").write(gguf_bytes(kvs, parts))
-    files.append((scratch_path("no-dims.gguf"), f"tensor '{parts[-1][0]}' has 0 dimensions (1 to 4)"))
+    files.append((scratch_path("no-dims.gguf"), f"tensor '{parts[-1][0]}' has shape (), expected"))
+    parts[-1][1] = [1, 1, 1, 1, 1]
+    open(scratch_path("5-dims.gguf"), "wb").write(gguf_bytes(kvs, parts))
+    files.append((scratch_path("5-dims.gguf"), f"tensor '{parts[-1][0]}' has 5 dimensions (at most 4)"))
+    parts[-1][1], parts[-1][2] = [], int(gguf.GGMLQuantizationType.Q8_0)
+    open(scratch_path("q8-no-dims.gguf"), "wb").write(gguf_bytes(kvs, parts))
+    files.append((scratch_path("q8-no-dims.gguf"), "has 1 elements per row, not a multiple of its "
+                  "block size 32"))
     files.append((scratch_path("absent.gguf"), "no such file"))
     return files
 

@@ -62,7 +62,7 @@ class ArgumentParser(argparse.ArgumentParser):
             action = self._option_string_actions.get(name)
             if action is not None:
                 takes_value = "=" not in arg and action.nargs != 0
-            elif re.fullmatch(r"-[A-Za-z][A-Za-z-]+", name) and not self._switches(name):
+            elif re.fullmatch(r"-[A-Za-z]{2}[A-Za-z0-9-]*", name) and not self._switches(name):
                 return arg
         return None
 
