@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ggml_py import ops
+from ggml_py import _core, ops
 from ggml_py.gguf_model import REQUIRED, USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.graph import aligned_bytes, build_forward, check_tune, default_threads, shared_pool
-from ggml_py.graph_alloc import ALIGN, STRUCT_BYTES, build_packed, plan_packed
+from ggml_py.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
 from ggml_py.kv_cache import KVCache
 from ggml_py.tensor import Context
 from ggml_py.types import Type
@@ -325,7 +325,7 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
     # every result its own memory: the arena a first build (structs only) counts, each
     # result aligned
     plan = plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
-    arena = plan.other_bytes + plan.unpacked_bytes + ALIGN * len(plan.sizes)
+    arena = plan.other_bytes + plan.unpacked_bytes + _core.ARENA_ALIGN * len(plan.sizes)
     ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=arena))
     return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
 

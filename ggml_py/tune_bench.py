@@ -322,9 +322,12 @@ def bench(shapes, model="", m_values=None, thread_counts=(1, 2), passes=1, seed=
     if len(m_values) < 2:
         raise ValueError(f"bench needs two or more Ms (estimates interpolate between them), "
                          f"got {m_values}")
-    if len(set(shapes)) > MAX_SHAPES:   # a file that load would refuse
-        raise ValueError(f"bench: {len(set(shapes))} shapes, more than a tune file holds "
-                         f"({MAX_SHAPES})")
+    # (n, k, type) each once, and no more than a tune file holds: load would refuse the file
+    shapes = [(n, k, gg.Type.of(type, "bench")) for n, k, type in shapes]
+    if len(set(shapes)) < len(shapes):
+        raise ValueError("bench: a shape is given twice")
+    if len(shapes) > MAX_SHAPES:
+        raise ValueError(f"bench: {len(shapes)} shapes, more than a tune file holds ({MAX_SHAPES})")
     rng = np.random.default_rng(seed)
     data = TuneData(model=model, m_values=m_values, thread_counts=sorted(set(thread_counts)))
     pools = {t: gg.ThreadPool(t) for t in thread_counts}

@@ -31,6 +31,8 @@ def test_interpolate_inside_and_past_both_ends():
         bench([(32, 32, gg.F32)], m_values=[1], thread_counts=(1,))
     with pytest.raises(ValueError, match="bench: 1025 shapes, more than a tune file holds"):
         bench([(32, n, gg.F32) for n in range(1, 1026)], m_values=[1, 2], thread_counts=(1,))
+    with pytest.raises(ValueError, match="bench: a shape is given twice"):
+        bench([[32, 32, gg.F32], (32, 32, "f32")], m_values=[1, 2], thread_counts=(1,))
 
 
 def test_extend_to_rows_is_a_straight_line_per_stage():
