@@ -7,7 +7,6 @@ Rows are the last axis and must be a whole number of blocks (32 elements, or
 256 for the K-quants). quantize uses the deterministic reference quantizer:
 the bytes are ggml's, so they can go into a GGUF file as they are.
 """
-import operator
 
 import numpy as np
 
