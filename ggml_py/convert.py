@@ -184,7 +184,8 @@ def read_config(model_dir: Path) -> LlamaParams:
     model_type = cfg.get("model_type")
     # the first class names the model, as llama.cpp's converter reads it; model_type only
     # where there is none
-    if archs[0] not in LLAMA_CLASSES if archs else model_type not in LLAMA_MODEL_TYPES:
+    is_llama = archs[0] in LLAMA_CLASSES if archs else model_type in LLAMA_MODEL_TYPES
+    if not is_llama:
         found = ", ".join(archs) or (model_type if isinstance(model_type, str) else "") or "none given"
         raise ConvertError(f"{path}: not a llama model (architectures: {found}); only "
                            f"{', '.join(LLAMA_CLASSES)} (one architecture) are supported")
