@@ -164,18 +164,27 @@ class Sampler:
         x = np.array(logits, np.float32).reshape(-1)
         if self.banned.size:
             x[self.banned] = -np.inf
-        apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
-        x[np.isnan(x)] = -np.inf     # a NaN never wins, and never poisons the softmax
-        if not (x > -np.inf).any():
-            raise ValueError("sample: no token can be drawn: every logit is NaN or -inf (damaged "
-                             "weights, penalties that push every token to -inf, or every token "
-                             "banned)")
-        if p.greedy:
-            return int(np.argmax(x))
-        ids, x = top_k(np.arange(len(x)), x, p.top_k)
-        ids, x = top_p(ids, x, p.top_p)
-        ids, x = min_p(ids, x, p.min_p)
-        with np.errstate(invalid="ignore"):
-            x = x / np.float32(p.temperature)
-        x[np.isnan(x)] = -np.inf     # -inf / inf (temperature inf): still never drawn
-        return int(ids[draw(x, self.rng)])
+        # float32 overflow to +-inf (huge logits or penalties) is taken as it comes, as
+        # llama.cpp's float math takes it; what it leads to is settled below, without warnings
+        with np.errstate(over="ignore", invalid="ignore"):
+            apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty,
+                            p.presence_penalty)
+            x[np.isnan(x)] = -np.inf     # a NaN never wins, and never poisons the softmax
+            if not (x > -np.inf).any():
+                raise ValueError("sample: no token can be drawn: every logit is NaN or -inf "
+                                 "(damaged weights, K/V values beyond an F16 KV cache's range, "
+                                 "penalties that push every token to -inf, or every token "
+                                 "banned)")
+            if p.greedy:
+                return int(np.argmax(x))
+            if x.max() == np.inf:        # +inf logits: the draw is among them alone, evenly
+                x = np.where(x == np.inf, np.float32(0), np.float32(-np.inf))
+            ids, x = top_k(np.arange(len(x)), x, p.top_k)
+            ids, x = top_p(ids, x, p.top_p)
+            ids, x = min_p(ids, x, p.min_p)
+            scaled = x / np.float32(p.temperature)
+        if not np.isfinite(scaled[0]):   # a temperature so small that the highest logit
+            # overflows (x is sorted): greedy, ties drawn evenly
+            scaled = np.where(x == x[0], np.float32(0), np.float32(-np.inf))
+        scaled[np.isnan(scaled)] = -np.inf     # -inf / inf (temperature inf): never drawn
+        return int(ids[draw(scaled, self.rng)])

@@ -183,6 +183,25 @@ def test_a_nan_logit_is_never_drawn_nor_poisons_the_draw():
     assert {hot.sample([1.0, 2.0, -np.inf, 0.0]) for _ in range(300)} == {0, 1, 3}
 
 
+
+@pytest.mark.filterwarnings("error")      # and numpy says nothing about the overflows
+def test_infinite_and_overflowing_logits_draw_sensibly():
+    inf = float("inf")
+    loose = dict(top_k=0, top_p=1.0, min_p=0.0)
+    s = Sampler(SamplingParams(seed=1, **loose))
+    assert {s.sample([1.0, inf, 2.0, 0.0]) for _ in range(50)} == {1}      # +inf wins
+    assert {s.sample([inf, 1.0, inf, 0.0]) for _ in range(200)} == {0, 2}  # evenly among them
+    assert {s.sample([3e38, -3e38, 3e38, 0.0]) for _ in range(200)} == {0, 2}
+    # a temperature so small that the highest logit overflows: greedy
+    for logits, best in (([1.0, 3.0, 2.0, 0.5], 1), ([-1.0, -3.0, -2.0, -0.5], 3)):
+        cold = Sampler(SamplingParams(seed=2, temperature=1e-39, **loose))
+        assert {cold.sample(logits) for _ in range(50)} == {best}
+    # a penalty of -inf lifts the tokens it penalises to +inf; -3e38 overflows there too
+    for penalty in (dict(presence_penalty=-inf), dict(frequency_penalty=-3e38)):
+        pushed = Sampler(SamplingParams(seed=3, **loose, **penalty))
+        pushed.accept_all([0, 0])
+        assert {pushed.sample([3.0, 5.0, 4.0, 1.0]) for _ in range(50)} == {0}
+
 def test_history_ids_outside_the_vocabulary_penalise_nothing():
     s = Sampler(SamplingParams(temperature=0, repeat_penalty=100.0))
     for token in (-1, 7, 2 ** 40):
