@@ -408,6 +408,7 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
     if mode not in (ROPE_NORMAL, ROPE_NEOX):
         raise ValueError(f"rope: mode must be ROPE_NORMAL (0) or ROPE_NEOX (2), got {mode}")
     _check_float("rope", "freq_base", freq_base, positive=True)
+    _check_float("rope", "freq_scale", freq_scale, positive=True)
     src = (a, pos)
     if freq_factors is not None:
         _check_tensor("rope", freq_factors=freq_factors)

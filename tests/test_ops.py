@@ -1237,7 +1237,14 @@ def test_soft_max_nan_fills_the_row(ctx):
      r"^rope: freq_base must be"),
     (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_base=-10000.0),
      r"^rope: freq_base must be"),
-], ids=["rms_norm-eps", "norm-eps", "norm-eps-nan", "rope-base-0", "rope-base-negative"])
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_scale=float("inf")),
+     r"^rope: freq_scale must be a finite number > 0, got inf"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_scale=float("nan")),
+     r"^rope: freq_scale must be"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, freq_scale=0.0),
+     r"^rope: freq_scale must be"),
+], ids=["rms_norm-eps", "norm-eps", "norm-eps-nan", "rope-base-0", "rope-base-negative",
+        "rope-scale-inf", "rope-scale-nan", "rope-scale-0"])
 def test_bad_op_parameters(ctx, build, pattern):
     with pytest.raises(ValueError, match=pattern):
         build(ctx)
