@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 import ggml_py as gg
-from ggml_py.cli.common import (ArgumentParser, file_name, positive_int, read_prompt_file, run,
-                                thread_count)
+from ggml_py.cli.common import (ArgumentParser, file_name, open_llama, positive_int,
+                                read_prompt_file, run, thread_count)
 from ggml_py.perplexity import perplexity, token_nll
 
 PROMPT = "ROMEO. But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
@@ -101,8 +101,8 @@ def main(argv=None):
                          "README's Benchmarks section)") from None
     text = read_prompt_file(args.file) if args.file else None     # a missing file: now
 
-    ours = gg.Llama(args.model, n_ctx=max(args.ctx_size, args.n_prompt + args.n_gen),
-                    n_threads=args.threads)
+    ours, _ = open_llama(args.model, n_ctx=max(args.ctx_size, args.n_prompt + args.n_gen),
+                         n_threads=args.threads)    # quiet past n_ctx_train, as llama.cpp's here
     if args.tune_file:
         ours.set_tune(args.tune_file)
     lc = llama_cpp_model(args.model, max(args.ctx_size, args.n_prompt + args.n_gen), args.threads)

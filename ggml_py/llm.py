@@ -11,6 +11,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
@@ -220,11 +221,12 @@ class Llama:
     make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
     see ggml_py/kv_cache.py for the members the model uses).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
-    ValueError / TypeError naming the argument for a bad one.
+    ValueError / TypeError naming the argument for a bad one. A context longer than the
+    model's training context is allowed with a UserWarning, as llama.cpp warns.
     """
 
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
-                 kv_pad=KV_PAD, verbose=False, make_cache=None):
+                 kv_pad=KV_PAD, make_cache=None):
         t0 = time.perf_counter()
         kv_type = Type.of(kv_type, "Llama: kv_type")
         if make_cache is not None and not callable(make_cache):
@@ -246,13 +248,15 @@ class Llama:
                                 make_cache=make_cache or default_cache)
         self.tokenizer = self.model.file.tokenizer()
         self.n_batch = n_batch
-        self.verbose = verbose
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # one call at a time reads or changes the sequence, the cache and the graphs'
         # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
         self._lock = threading.RLock()
         _live_llamas.add(self)
+        if self.n_ctx() > self.config.n_ctx_train:
+            warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
+                          f"-- possible training context overflow", stacklevel=2)
         self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
 
     def close(self):
@@ -337,10 +341,11 @@ class Llama:
         # bytes go through as they are: invalid UTF-8 is handled as llama.cpp handles it
         return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
 
-    def _input_ids(self, text_or_ids, add_bos):
-        """Token ids of a prompt or perplexity input: text is tokenized, ids are checked."""
+    def _input_ids(self, text_or_ids, add_bos, special):
+        """Token ids of a prompt or perplexity input: text is tokenized (special: control-token
+        texts become their ids), ids are checked."""
         if isinstance(text_or_ids, TEXT_TYPES):
-            return self.tokenize(text_or_ids, add_bos=add_bos)
+            return self.tokenize(text_or_ids, add_bos=add_bos, special=special)
         return token_ids(text_or_ids)
 
     def detokenize(self, tokens):
@@ -464,10 +469,12 @@ class Llama:
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
                         add_bos=True):
-        """Generated token ids (see generate), an iterator. The prompt is checked now
-        (ValueError if it is empty or does not fit the context) and evaluated on the
+        """Generated token ids (see generate), an iterator. A text prompt's control-token
+        texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
+        llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
+        is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
         first next(), reusing the cached prefix of the prompt."""
-        ids = self._input_ids(prompt, add_bos)
+        ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
         max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -500,7 +507,9 @@ class Llama:
                 return
             yield token
             n += 1
-            if self.n_tokens >= self.n_ctx() or (0 <= max_tokens <= n):
+            # as llama-cli and llama-cpp-python: a token that would take the last slot is the
+            # last one (prompt and generated tokens together are at most n_ctx)
+            if self.n_tokens + 1 >= self.n_ctx() or (0 <= max_tokens <= n):
                 return
             with self._lock:
                 if self.changes != mine:

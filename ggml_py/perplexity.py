@@ -66,7 +66,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
         raise ValueError("perplexity: n_chunks must be at least 1, or negative for all chunks; got 0")
     if llm.tokenizer.add_eos:
         raise ValueError(f"perplexity: {ADD_EOS_REFUSED}")
-    tokens = llm._input_ids(text, add_bos=True)
+    tokens = llm._input_ids(text, add_bos=True, special=False)   # as llama-perplexity
     llm._check_vocab(tokens)    # every id before the first chunk (and those of the tail no chunk scores)
     if n_ctx > llm.n_ctx():
         raise ValueError(f"perplexity: n_ctx {n_ctx} is larger than the model's context "

@@ -178,7 +178,7 @@ def test_presence_and_frequency_penalties():
                 if l.startswith("sampler params"))
     assert "frequency_penalty = 0.250, presence_penalty = 0.500" in line
     # a huge presence penalty: greedy text never repeats a token of the window
-    llm = gg.Llama()
+    llm = gg.Llama(n_ctx=256)
     ids = list(llm.generate_tokens("ROMEO.", gg.SamplingParams(temperature=0, presence_penalty=1e4,
                                                                repeat_last_n=-1), max_tokens=40))
     prompt = llm.tokenize("ROMEO.")
@@ -247,6 +247,19 @@ def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
     assert proc.stderr.splitlines()[-1].startswith("ggml-main: error: the prompt has")
 
 
+def test_main_stops_when_the_context_is_full():
+    # as llama-cli: prompt and generated tokens together fill the context, then a line says so
+    n_prompt = len(gg.Llama(model_path("f32"), n_ctx=16, n_threads=1).tokenize("Hello"))
+    args = ("-m", model_path("f32"), "-c", 16, "-p", "Hello", "--ignore-eos", "-s", 1, "-t", 1)
+    full = main(*args, "-n", -1)
+    assert full.returncode == 0 and "main: context full, stopping" in full.stderr, full.stderr
+    # the same tokens where -n ends it exactly there: no context-full line
+    exact = main(*args, "-n", 16 - n_prompt)
+    assert exact.returncode == 0 and exact.stdout == full.stdout, exact.stderr
+    assert "context full" not in exact.stderr
+    fewer = main(*args, "-n", 15 - n_prompt)
+    assert fewer.stdout != full.stdout and full.stdout.startswith(fewer.stdout.rstrip("\n"))
+
 def test_context_sizes():
     # -c 0: the model's training context; a larger one is warned about, as llama.cpp does
     proc = main("-m", model_path("f32"), "-c", 0, "-p", "Hi", "-n", 1, "-t", 1)
@@ -256,6 +269,7 @@ def test_context_sizes():
     assert proc.returncode == 0, proc.stderr
     assert "main: warning: n_ctx (1024) > n_ctx_train (512) -- possible training context " \
            "overflow" in proc.stderr
+    assert "Warning" not in proc.stderr       # one line of the program's own, not Python's
     proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", TEXT_FILE, "-c", 0,
                "--chunks", 1, "-t", 1)
     assert proc.returncode == 0, proc.stderr
@@ -429,6 +443,10 @@ def test_bench_model_table_and_json():
     proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
                "-r", 1, "--json")
     assert [r["test"] for r in json.loads(proc.stdout)["results"]] == ["tg2"]
+    # past the training context (512) without a word, as llama-bench
+    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 600, "-n", 0, "-t", 1,
+               "-r", 1)
+    assert proc.returncode == 0 and "pp600" in proc.stdout and proc.stderr == "", proc.stderr
 
 
 @pytest.mark.parametrize("text, low, high, expected", [

@@ -3,6 +3,7 @@ import math
 import os
 import pathlib
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -98,6 +99,19 @@ def test_generate_text_streams_pieces(llm):
     assert len(pieces) > 1 and "".join(pieces) == llm.detokenize(tokens)
 
 
+
+def test_a_text_prompt_reads_control_token_texts_as_tokens(llm):
+    # as llama-cpp-python's create_completion and llama-cli; perplexity keeps them text
+    greedy = gg.SamplingParams(temperature=0)
+    text = "Hi</s>there"
+    special, plain = llm.tokenize(text, special=True), llm.tokenize(text)
+    assert special != plain
+    assert list(llm.generate_tokens(text, greedy, max_tokens=6, ignore_eos=True)) == \
+        list(llm.generate_tokens(special, greedy, max_tokens=6, ignore_eos=True)) != \
+        list(llm.generate_tokens(plain, greedy, max_tokens=6, ignore_eos=True))
+    assert "".join(llm.generate(text, max_tokens=6, temperature=0, ignore_eos=True)) == \
+        llm.detokenize(list(llm.generate_tokens(special, greedy, max_tokens=6, ignore_eos=True)))
+
 def test_same_seed_same_text(llm):
     def text(seed):
         return "".join(llm.generate("The", max_tokens=16, temperature=1.0, seed=seed,
@@ -133,17 +147,20 @@ def test_generation_stops_when_context_is_full():
     prompt = small.tokenize("Hello")
     tokens = list(small.generate_tokens(prompt, gg.SamplingParams(temperature=0), max_tokens=-1,
                                         ignore_eos=True))
-    # every cache slot is used; the last token is sampled from the logits of a full context
-    assert small.n_tokens == 16 and len(prompt) + len(tokens) == 17
+    # as llama-cli and llama-cpp-python: prompt and generated tokens fill the context, the
+    # last one sampled and not evaluated
+    assert small.n_tokens == 15 and len(prompt) + len(tokens) == 16
     assert small.timings.prompt_tokens == len(prompt) and small.timings.eval_tokens == len(tokens) - 1
+    # a prompt of n_ctx - 1 tokens: one token
+    assert len(list(small.generate_tokens(list(range(1, 16)), max_tokens=-1, ignore_eos=True))) == 1
 
 
 def test_generate_max_tokens_none_runs_until_the_context_is_full():
     small = gg.Llama(model_path("f32"), n_ctx=16, n_threads=1)
     text = "".join(small.generate("Hello", max_tokens=None, temperature=0, ignore_eos=True))
-    assert small.n_tokens == 16 and text
+    assert small.n_tokens == 15 and text
     tokens = list(small.generate_tokens("Hello", max_tokens=None, ignore_eos=True))
-    assert small.n_tokens == 16 and len(tokens) == 16 - len(small.tokenize("Hello")) + 1
+    assert small.n_tokens == 15 and len(tokens) == 16 - len(small.tokenize("Hello"))
 
 
 @pytest.mark.parametrize("pieces, stops, expected", [
@@ -283,6 +300,17 @@ def test_llama_without_a_path_loads_the_bundled_model():
     assert text == "".join(llm.generate("ROMEO.", max_tokens=8, temperature=0)) and text.strip()
 
 
+
+def test_a_context_past_the_training_context_is_warned_about():
+    # as llama.cpp warns; the model's own context (512) or less is quiet
+    with pytest.warns(UserWarning, match=r"^n_ctx \(1024\) > n_ctx_train \(512\) -- possible "
+                                         r"training context overflow$"):
+        gg.Llama(model_path("f32"), n_ctx=1024, n_threads=1).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        gg.Llama(model_path("f32"), n_ctx=512, n_threads=1).close()
+        gg.Llama(model_path("f32"), n_ctx=0, n_threads=1).close()
+
 # ---- bad input: a clear TypeError / ValueError naming the argument ------------------
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -331,7 +359,8 @@ def test_training_context_of_zero_needs_an_n_ctx(tmp_path):
     write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())
     with pytest.raises(gg.ModelLoadError, match="context_length is 0"):
         gg.Llama(path, n_ctx=0)
-    assert gg.Llama(path, n_ctx=16, n_threads=1).n_ctx() == 16
+    with pytest.warns(UserWarning, match=r"n_ctx \(16\) > n_ctx_train \(0\)"):   # as llama.cpp
+        assert gg.Llama(path, n_ctx=16, n_threads=1).n_ctx() == 16
 
 
 def test_text_is_str_bytes_bytearray_or_memoryview(llm):

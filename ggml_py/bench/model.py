@@ -15,7 +15,7 @@ from ggml_py.bench.mulmat import read_bandwidth
 
 import ggml_py as gg
 from ggml_py.bundled import default_model_path
-from ggml_py.cli.common import count_list, file_name, positive_int, thread_list
+from ggml_py.cli.common import count_list, file_name, open_llama, positive_int, thread_list
 from ggml_py.cli.common import run as run_reporting_errors
 
 PROG = "ggml-bench model"
@@ -93,8 +93,9 @@ def bench_model(args):
     threads = args.threads or [gg.default_threads()]
     n_ctx = max([n for n in n_prompts + n_gens] + [1])
     args.model = args.model or default_model_path()
-    llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
-                   kv_type=args.cache_type_k)
+    # timed past the training context without a word, as llama-bench does
+    llm, _ = open_llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
+                        kv_type=args.cache_type_k)
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]

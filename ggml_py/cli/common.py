@@ -7,8 +7,10 @@ import re
 import signal
 import sys
 import threading
+import warnings
 
 from ggml_py.gguf_model import ModelLoadError
+from ggml_py.llm import Llama
 
 
 def console_script(main):
@@ -291,12 +293,13 @@ def resolve_ctx_size(args):
     return args.ctx_size
 
 
-def warn_past_training_context(llm, log, name):
-    """Warn, as llama.cpp does, when the context is longer than the model was trained on."""
-    n_ctx_train = llm.config.n_ctx_train
-    if llm.n_ctx() > n_ctx_train:
-        log(f"{name}: warning: n_ctx ({llm.n_ctx()}) > n_ctx_train ({n_ctx_train}) -- possible "
-            f"training context overflow")
+def open_llama(model, **kwargs):
+    """Llama(model, **kwargs) and the warnings its construction gave (a context longer
+    than the model's training context), for the program to log them as llama.cpp does."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        llm = Llama(model, **kwargs)
+    return llm, [str(w.message) for w in caught]
 
 
 def kv_type(parser, args):

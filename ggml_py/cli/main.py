@@ -12,8 +12,8 @@ import ggml_py as gg
 from ggml_py.bundled import default_model_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
                                 kv_type, number, positive_number, process_escapes,
-                                read_prompt_file, resolve_ctx_size, run, setup_tune,
-                                warn_past_training_context)
+                                open_llama, read_prompt_file, resolve_ctx_size, run,
+                                setup_tune)
 from ggml_py.perplexity import ADD_EOS_REFUSED
 from ggml_py.sampling import SamplingParams
 
@@ -91,14 +91,15 @@ def main(argv=None):
         prompt = process_escapes(prompt)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
-    llm = gg.Llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                   n_batch=args.batch_size, kv_type=cache_type)
+    llm, load_warnings = open_llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
+                                    n_batch=args.batch_size, kv_type=cache_type)
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
         f"{c.n_head}/{c.n_head_kv} heads of {c.head_dim}, vocab {c.n_vocab}, "
         f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
-    warn_past_training_context(llm, log, "main")
+    for message in load_warnings:
+        log(f"main: warning: {message}")
     if setup_tune(llm, args, log):
         return 0
 
@@ -136,11 +137,14 @@ def main(argv=None):
     try:
         out.write("".join(decoder.feed(t) for t in ids))
         out.flush()
+        n_generated = 0
         for token in generated:
             out.write(decoder.feed(token))
             out.flush()
+            n_generated += 1
         out.write(decoder.flush() + "\n")
-        if llm.n_tokens >= llm.n_ctx():
+        stopped_by_n = 0 <= args.n_predict <= n_generated
+        if len(ids) + n_generated >= llm.n_ctx() and not stopped_by_n:
             log("main: context full, stopping")
     except KeyboardInterrupt:
         out.write(decoder.flush() + "\n")

@@ -13,8 +13,8 @@ import time
 import ggml_py as gg
 from ggml_py.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, process_escapes, read_prompt_file, resolve_ctx_size, run,
-                                setup_tune, warn_past_training_context)
+                                kv_type, open_llama, process_escapes, read_prompt_file,
+                                resolve_ctx_size, run, setup_tune)
 from ggml_py.perplexity import ADD_EOS_REFUSED
 
 PROG = "ggml-perplexity"
@@ -65,11 +65,12 @@ def main(argv=None):
     if args.escape:    # llama.cpp escapes params.prompt, which holds the -f text
         text = process_escapes(text)
 
-    llm = gg.Llama(args.model, n_ctx=n_ctx, n_threads=args.threads, n_batch=args.batch_size,
-                   kv_type=cache_type)
+    llm, load_warnings = open_llama(args.model, n_ctx=n_ctx, n_threads=args.threads,
+                                    n_batch=args.batch_size, kv_type=cache_type)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
-    warn_past_training_context(llm, log, "perplexity")
+    for message in load_warnings:
+        log(f"perplexity: warning: {message}")
     if setup_tune(llm, args, log):
         return 0
     if llm.tokenizer.add_eos:
