@@ -7,9 +7,11 @@ Build switches (environment variables, read only here):
   GGML_PY_BLAS=0            build without OpenBLAS (no BLAS mul_mat profiles)
 
 BLAS is OpenBLAS from the scipy-openblas32 wheel (headers + library, symbols
-prefixed scipy_). The extension finds it at run time through an rpath relative
-to its own location (site-packages/ggml_py -> site-packages/scipy_openblas32/lib)
-and, for in-place builds, the absolute path it was built against.
+prefixed scipy_). At run time ggml_py imports scipy_openblas32 before the
+extension, which loads the library wherever that package is installed; an rpath
+relative to the extension (site-packages/ggml_py -> site-packages/scipy_openblas32/lib)
+is the fallback. No absolute path is recorded: pip builds in a temporary
+environment that is gone after the build.
 """
 import glob
 import os
@@ -25,7 +27,7 @@ def compile_args():
     if os.environ.get("GGML_PY_SANITIZE") == "thread":
         args += ["-O1", "-g", "-fsanitize=thread"]
     else:
-        args += ["-O3"]
+        args += ["-O3", "-g0"]   # no debug info (Python's own CFLAGS may ask for -g): 5x smaller
     if os.environ.get("GGML_PY_NATIVE", "1") != "0":
         args += ["-march=native"]
     return args
@@ -43,10 +45,9 @@ def blas_config():
     if os.environ.get("GGML_PY_BLAS", "1") == "0":
         return [], [], [], [], []
     import scipy_openblas32
-    lib_dir = scipy_openblas32.get_lib_dir()
-    rpaths = ["$ORIGIN/../scipy_openblas32/lib", lib_dir]
-    return ([("GGML_PY_USE_BLAS", "1")], [scipy_openblas32.get_include_dir()], [lib_dir],
-            [scipy_openblas32.get_library()], [f"-Wl,-rpath,{p}" for p in rpaths])
+    return ([("GGML_PY_USE_BLAS", "1")], [scipy_openblas32.get_include_dir()],
+            [scipy_openblas32.get_lib_dir()], [scipy_openblas32.get_library()],
+            ["-Wl,-rpath,$ORIGIN/../scipy_openblas32/lib"])
 
 
 def cython_directives():

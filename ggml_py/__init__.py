@@ -21,7 +21,35 @@ import os
 # setting wins.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
-from ggml_py import _core  # noqa: E402
+# The extension links scipy-openblas32's library. Importing that package loads the
+# library (its documented pre-loading), so the extension finds it wherever pip put the
+# package: the extension's rpath alone finds it only beside ggml_py in one site-packages,
+# not from an editable install or an in-place build (the extension stays in the
+# checkout) nor from `pip install --target` / `--user`.
+try:
+    import scipy_openblas32  # noqa: E402, F401
+except ImportError:          # needed only by a build with BLAS, whose import says so
+    pass
+
+
+def _import_core():
+    """The compiled extension, or an ImportError that says where it is missing (a
+    checkout's unbuilt ggml_py/ shadows an installed one under `python -m pytest`)."""
+    try:
+        from ggml_py import _core
+    except ImportError as exc:
+        here = os.path.dirname(os.path.abspath(__file__))
+        if any(name.startswith("_core.") and name.endswith((".so", ".pyd"))
+               for name in os.listdir(here)):
+            raise
+        raise ImportError(f"ggml_py's compiled extension is not built in {here} (importing "
+                          f"the source tree?): build it there with `pip install -e .` or "
+                          f"`python setup.py build_ext --inplace`, or run from another folder "
+                          f"to use the installed ggml_py") from exc
+    return _core
+
+
+_core = _import_core()
 from ggml_py.types import Op, Type, check_against_core  # noqa: E402
 
 check_against_core(_core)
