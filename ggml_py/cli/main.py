@@ -43,14 +43,24 @@ def prompt_taken_whole(argv):
     return out
 
 
+class PromptSource(argparse.Action):
+    """-p and -f both set the prompt, in the order given: the later one wins, as in llama.cpp."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.prompt_from = self.dest
+
+
 def build_parser():
     """The flags of ggml-main: the shared model flags plus llama-cli's prompt and sampling flags."""
     p = ArgumentParser(prog=PROG, description="Generate text with a llama-architecture GGUF model.")
     add_model_arguments(p, ctx_default=2048)
-    p.add_argument("-p", "--prompt", default="",
+    p.add_argument("-p", "--prompt", default="", action=PromptSource,
                    help="prompt to start generation with (special tokens such as <s> are parsed)")
-    p.add_argument("-f", "--file", type=file_name, metavar="FNAME",
-                   help="a file holding the prompt, less one trailing newline (overrides -p)")
+    p.add_argument("-f", "--file", type=file_name, metavar="FNAME", action=PromptSource,
+                   help="a file holding the prompt, less one trailing newline (the later of "
+                        "-p and -f is the prompt)")
+    p.set_defaults(prompt_from="prompt")
     p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
                    help="tokens to predict (default: -1 = until end of text or full context)")
     p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
@@ -86,7 +96,7 @@ def main(argv=None):
     args.model = args.model or default_model_path()
     resolve_ctx_size(args)
     cache_type = kv_type(parser, args)
-    prompt = args.prompt if args.file is None else read_prompt_file(args.file)
+    prompt = args.prompt if args.prompt_from == "prompt" else read_prompt_file(args.file)
     if args.escape:    # as llama.cpp: on by default, for -p and -f alike
         prompt = process_escapes(prompt)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
