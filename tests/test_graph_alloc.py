@@ -153,3 +153,31 @@ def test_offsets_are_aligned_and_the_best_fitting_block_is_taken():
     assert graph_alloc._allocate(free, 2048, 64) == (512, 2048)
     assert free == [(0, 256), (1024, 128)]
     assert graph_alloc._allocate(free, 2048, 100) == (1024, 2048) and free == [(0, 256), (1124, 28)]
+
+
+def test_a_view_read_later_keeps_its_source_alive():
+    # a view aliases its source: a result made after the view must not take the
+    # source's bytes while the view is still to be read
+    x_values = np.arange(64, dtype=np.float32).reshape(8, 8) / 10
+
+    def build_with_view(ctx):
+        x = ctx.from_numpy(x_values, name="x")
+        v = gg.view(gg.add(x, x), (4, 8))                             # read at the end
+        c = gg.mul(gg.view(x, (4, 8)), gg.view(x, (4, 8)))            # made after the view
+        return ctx, gg.add(v, c)
+
+    packed = build_packed(build_with_view, lambda r: [r[-1]], 64 << 10)
+    packed.graph.compute(n_threads=1)
+    assert np.array_equal(packed.result[-1].numpy(), 2 * x_values[:4] + x_values[:4] ** 2)
+
+
+def test_a_graph_of_views_only_packs_into_no_buffer():
+    def views_only(ctx):
+        x = ctx.from_numpy(np.arange(16, dtype=np.float32).reshape(4, 4), name="x")
+        return ctx, gg.view(x, (2, 4))
+
+    for buffer_for in (None, gg.graph.aligned_bytes):
+        packed = build_packed(views_only, lambda r: [r[-1]], 64 << 10, buffer_for)
+        packed.graph.compute(n_threads=1)
+        assert packed.buffer_bytes == 0
+        assert packed.result[-1].numpy().tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]

@@ -58,6 +58,22 @@ def test_truncate_past_the_end_changes_nothing():
     assert cache.n_past == 5 and (cache.slot_pos[5:] == -1).all()
 
 
+def test_truncate_below_zero_empties_the_cache():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(5, dtype=np.int32))
+    cache.truncate(-1)
+    assert cache.n_past == 0 and (cache.slot_pos == -1).all()
+
+
+def test_clear_leaves_nothing_for_rollback():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.array([0, 1], np.int32))
+    cache.begin(np.array([2, 3], np.int32))
+    cache.clear()
+    cache.rollback()
+    assert cache.n_past == 0 and (cache.slot_pos == -1).all()
+
+
 def test_truncate_leaves_nothing_for_rollback():
     cache = KVCache(1, 16, 2, 4)
     cache.begin(np.arange(8, dtype=np.int32))

@@ -10,13 +10,14 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 
 from llama_models import DATA, N_VOCAB, model_path, scratch_path, vocab
 
 import ggml_py as gg
 from ggml_py.cli.common import int_list, process_escapes, read_prompt_file, thread_list
-from ggml_py.random_model import RandomLlamaSpec, write_random_llama
+from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
 from ggml_py.tune_bench import bench
 
 # Subprocesses import the ggml_py these tests import (installed, or built in place),
@@ -670,3 +671,67 @@ def test_flag_values_at_their_edges_keep_their_meaning(capsys):
     out, err = capsys.readouterr()
     said = int(re.search(r"perplexity over (\d+) chunks", err).group(1))
     assert said == len(re.findall(r"\[\d+\]", out)) < 100
+
+
+# ---- flag edges and defaults of llama.cpp's programs, each pinned by a test of its own --
+
+def test_main_repeat_last_n_of_minus_two_is_refused():
+    # as llama.cpp: -1 (the whole context) is the lowest window; -2 is refused when parsed
+    line = assert_one_line_error(main("--repeat-last-n", -2, "-p", "ROMEO."), code=2)
+    assert "--repeat-last-n: must be at least -1" in line
+
+
+def test_main_long_prompt_flag_takes_a_dashed_value_too():
+    # as llama-cli: the word after --prompt is the prompt, as after -p, even "-ROMEO."
+    assert verbose_prompt_tokens("--prompt", "-ROMEO.") == verbose_prompt_tokens("-p", "-ROMEO.")
+
+
+def test_main_seed_zero_is_a_seed():
+    # as llama.cpp: only a negative -s draws a random seed; 0 gives the same text every run
+    runs = [main("-p", "ROMEO.", "-n", 8, "-s", 0, "-t", 1) for _ in range(2)]
+    assert runs[0].returncode == 0 and "seed = 0\n" in runs[0].stderr, runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+
+
+def test_main_generates_until_the_context_is_full_without_n():
+    # llama.cpp's default -n is -1: no limit but end of text (ignored here) or a full context
+    proc = main("-p", "ROMEO.", "-c", 160, "--ignore-eos", "-s", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_predict = -1," in proc.stderr and "main: context full, stopping" in proc.stderr
+
+
+def test_main_the_later_of_prompt_and_file_is_the_prompt(tmp_path):
+    # as llama.cpp (common/arg.cpp sets params.prompt flag by flag, in order)
+    (tmp_path / "juliet.txt").write_text("JULIET.\n")
+    assert (verbose_prompt_tokens("-p", "ROMEO.", "-f", tmp_path / "juliet.txt")
+            == verbose_prompt_tokens("-p", "JULIET."))
+    assert (verbose_prompt_tokens(f"--file={tmp_path / 'juliet.txt'}", "--prompt=ROMEO.")
+            == verbose_prompt_tokens("-p", "ROMEO."))
+
+
+def test_perplexity_without_an_error_bar_prints_no_plus_minus(tmp_path):
+    # a model whose logits are all 0: every token scores log(n_vocab), the variance is 0 and
+    # the error NaN; llama-perplexity then prints the estimate alone and a warning line
+    spec = RandomLlamaSpec(n_vocab=N_VOCAB)
+    weights = random_weights(spec)
+    weights["output_norm.weight"] = np.zeros_like(weights["output_norm.weight"])
+    write_random_llama(tmp_path / "uniform.gguf", spec, vocab=vocab(), weights=weights)
+    proc = run("ggml_py.cli.perplexity", "-m", tmp_path / "uniform.gguf", "-f", TEXT_FILE,
+               "-c", 16, "--chunks", 2, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"Final estimate: PPL = {N_VOCAB}.0000"
+    assert "Unexpected negative standard deviation of log(prob)" in proc.stderr
+
+
+def test_perplexity_reads_control_token_texts_as_text(tmp_path):
+    # as llama-perplexity (common_tokenize with parse_special false): "<s>" in the file is
+    # three characters of text, not the BOS token
+    text = "ROMEO. <s> Ay me! " * 20
+    (tmp_path / "s.txt").write_text(text)
+    llm = gg.Llama(model_path("f32"), n_ctx=64)
+    as_text, as_special = (len(llm.tokenize(text, special=s)) // 16 for s in (False, True))
+    assert as_text != as_special
+    proc = run("ggml_py.cli.perplexity", "-m", model_path("f32"), "-f", tmp_path / "s.txt",
+               "-c", 16, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert f"calculating perplexity over {as_text} chunks, n_ctx=16," in proc.stderr

@@ -111,6 +111,13 @@ def test_last_rows_only(n_out):
     np.testing.assert_allclose(last, all_rows[-n_out:], atol=1e-5, rtol=0)
 
 
+def test_more_output_rows_than_tokens_are_refused_and_the_cache_untouched():
+    model = LlamaModel(model_path("f32"), n_ctx=64, kv_type=Type.F32, n_threads=1)
+    with pytest.raises(ValueError, match=r"^forward: n_out must be in 1\.\.3, got 5$"):
+        model.forward(TOKENS[:3], np.arange(3), n_out=5)
+    assert model.cache.n_past == 0
+
+
 # ---- graphs built once, nothing allocated per call --------------------------------
 
 def test_graphs_are_cached_and_calls_allocate_nothing():
@@ -330,11 +337,20 @@ def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
     ({"llama.attention.layer_norm_rms_epsilon": None}, "layer_norm_rms_epsilon"),
     ({"llama.expert_used_count": ([V.UINT32], 2)}, "expert_used_count is set but expert_count is not"),
     ({"llama.block_count": ([V.UINT32], 513)}, "block_count 513 is more than 512"),
+    ({"llama.attention.head_count": ([V.UINT32], 8), "llama.attention.head_count_kv": ([V.UINT32], 3)},
+     "head_count 8 is not a multiple of head_count_kv 3"),
+    ({"llama.expert_count": ([V.UINT32], 1)}, "mixture-of-experts llama models are not supported"),
     ({"llama.rope.scaling.attn_factor": ([V.FLOAT32], 0.0)}, "attn_factor' = 0.0 must be a finite number > 0"),
 ])
 def test_files_llama_cpp_refuses_are_refused(keys, match):
     with pytest.raises(ModelLoadError, match=match):
         LlamaConfig.from_gguf(GGUFModelFile(edited_model("llama-cpp-refuses.gguf", keys=keys)))
+
+
+def test_512_blocks_are_llama_cpps_limit_not_past_it():
+    keys = {"llama.block_count": ([V.UINT32], 512)}
+    path = edited_model("blocks-512.gguf", keys=keys)
+    assert LlamaConfig.from_gguf(GGUFModelFile(path)).n_layer == 512
 
 
 def test_the_head_size_comes_from_key_length():
@@ -565,6 +581,39 @@ def test_metadata_of_any_integer_width_is_read():
 def test_file_type_name_never_fails(typed, name):
     path = edited_model("ftype.gguf", keys={"general.file_type": typed})
     assert GGUFModelFile(path).file_type_name() == name
+
+
+def test_without_a_file_type_norms_do_not_count(tmp_path):
+    # the type of most bytes among matrices, as llama.cpp guesses it: 1-D tensors left out
+    path = tmp_path / "guess.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("a.weight", np.zeros((16, 32), np.float16))     # 1,024 bytes of F16
+    w.add_tensor("b.weight", np.zeros((10, 25), np.float32))     # 1,000 bytes of F32
+    w.add_tensor("norm.weight", np.zeros(64, np.float32))        # + 256 bytes of F32, 1-D
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+    assert GGUFModelFile(path).file_type_name() == "F16"
+
+
+def test_a_quantized_norm_weight_is_refused_by_name(tmp_path):
+    from ggml_py.quants import quantize
+    spec = RandomLlamaSpec(n_vocab=512)
+    weights = random_weights(spec)
+    norm = np.ascontiguousarray(weights["blk.0.attn_norm.weight"])
+    weights["blk.0.attn_norm.weight"] = (quantize(norm, Type.Q8_0), gguf.GGMLQuantizationType.Q8_0)
+    write_random_llama(tmp_path / "qnorm.gguf", spec, weights=weights)
+    with pytest.raises(ModelLoadError, match="tensor 'blk.0.attn_norm.weight' is Q8_0; norm "
+                                             "weights must be F32, F16 or BF16"):
+        LlamaModel(tmp_path / "qnorm.gguf", n_ctx=16, n_threads=1)
+
+
+@pytest.mark.parametrize("weight_type, file_type", [("Q3_K", 11), ("Q4_K", 14), ("Q5_K", 16)])
+def test_a_random_k_quant_model_records_llama_cpps_small_file_type(tmp_path, weight_type,
+                                                                   file_type):
+    # MOSTLY_Q3_K_S, MOSTLY_Q4_K_S, MOSTLY_Q5_K_S
+    path = tmp_path / "k.gguf"
+    write_random_llama(path, RandomLlamaSpec(n_vocab=512, n_embd=256, n_ff=512,
+                                             weight_type=weight_type))
+    assert GGUFModelFile(path).get("general.file_type") == file_type
 
 
 def resized_vocab(n):

@@ -258,6 +258,11 @@ def test_perplexity_matches_reference(llm, reference):
     assert [(i, n) for i, n, _ in seen] == [(0, 3), (1, 3), (2, 3)]
     assert seen[-1][2] == result.ppl == float(result)
     assert result.n_scored == 3 * 31 and len(result.chunk_ppl) == 3
+    # an odd n_ctx scores from n_ctx // 2, as llama.cpp's `first = n_ctx/2`
+    odd = llm.perplexity(tokens[:66], n_ctx=33)
+    assert odd.n_scored == 2 * 16
+    assert odd.ppl == pytest.approx(reference_perplexity(reference, tokens[:66], 33,
+                                                         llm.token_bos())[0], rel=1e-5)
 
 
 def test_perplexity_needs_two_contexts(llm):
@@ -719,6 +724,8 @@ def test_perplexity_of_uniform_logits_has_no_error_bar_and_does_not_fail():
     result = uniform.perplexity(list(range(1, 65)), n_ctx=32)
     assert result.ppl == pytest.approx(uniform.n_vocab(), rel=1e-6)
     assert math.isnan(result.error) or result.error < 1e-3
+    # a variance of exactly 0 (two tokens scored alike): no error bar, not +/- 0
+    assert math.isnan(uniform.perplexity(list(range(1, 9)), n_ctx=4).error)
 
 
 def test_a_complete_stop_string_ends_the_text_at_once():

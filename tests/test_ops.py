@@ -956,6 +956,18 @@ def test_empty_tensors_compute(ctx, case):
         np.testing.assert_array_equal(got, 0.0)       # empty dot products
 
 
+
+def test_nodes_are_in_ggmls_order(ctx):
+    # depth first, a node's first source's subtree before its second's, as ggml_build_forward
+    x = ctx.from_numpy(np.ones((4, 4), np.float32), name="x")
+    a, b = gg.silu(x), gg.scale(x, 2.0)
+    a.name, b.name = "a", "b"
+    y = gg.add(a, b)
+    y.name = "y"
+    assert [t.name for t in gg.build_forward(y).nodes] == ["a", "b", "y"]
+    z = gg.add(b, a)     # a and b already built: order from this root's first source
+    assert [t.name for t in gg.build_forward(z).nodes][:2] == ["b", "a"]
+
 def test_graphs_are_made_of_tensors_only():
     class LooksLikeANode:
         op = gg.Op.ADD

@@ -204,10 +204,15 @@ def test_infinite_and_overflowing_logits_draw_sensibly():
 
 def test_history_ids_outside_the_vocabulary_penalise_nothing():
     s = Sampler(SamplingParams(temperature=0, repeat_penalty=100.0))
-    for token in (-1, 7, 2 ** 40):
+    for token in (-1, 3, 7, 2 ** 40):                # 3: one past the last id
         s.accept(token)
     assert s.sample([1.0, 0.0, 5.0]) == 2          # -1 penalised the last token before
 
+
+
+def test_temperature_zero_is_greedy():
+    assert SamplingParams(temperature=0).greedy and SamplingParams(temperature=-1).greedy
+    assert not SamplingParams(temperature=1e-6).greedy
 
 def test_the_chain_filters_in_llama_cpps_order_then_applies_the_temperature():
     logits = np.array([2.0, 1.0, 0.0, -1.0], np.float32)   # p 0.64, 0.24, 0.09, 0.03

@@ -341,7 +341,7 @@ def test_unsupported_tokenizer_model_raises_value_error(tmp_path):
 
 
 def write_spm_vocab(path: Path, tokens: list, types: list[int], scores: list[float] | None = None,
-                    name: str = "tiny", add_eos: bool = False) -> Path:
+                    name: str = "tiny", add_eos: bool = False, bos_id: int = 1) -> Path:
     """A vocabulary-only SentencePiece GGUF file (BOS 1, EOS 2, UNK 0) that llama.cpp loads too."""
     gguf = pytest.importorskip("gguf")
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -350,7 +350,7 @@ def write_spm_vocab(path: Path, tokens: list, types: list[int], scores: list[flo
     writer.add_token_list(tokens)                    # str, or bytes for a text that is not UTF-8
     writer.add_token_scores(scores or [0.0] * len(tokens))
     writer.add_token_types(types)
-    writer.add_bos_token_id(1)
+    writer.add_bos_token_id(bos_id)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
     writer.add_add_eos_token(add_eos)
@@ -709,3 +709,111 @@ def test_detokenize_wants_integer_token_ids():
         spm.token_to_piece("1")
     with pytest.raises(IndexError, match="out of range"):
         spm.detokenize([32000])
+
+
+# -- small vocabularies: what llama.cpp does at the edges --------------------
+# The expected ids are llama.cpp's own (llama_tokenize on the same files) unless said otherwise.
+
+def write_bpe_vocab(path: Path, tokens: list[str], merges: list[str], add_bos: bool | None = None) -> Path:
+    """A vocabulary-only byte-level BPE GGUF file (gpt-2 pre-tokenizer, no special ids) that llama.cpp loads too."""
+    gguf = pytest.importorskip("gguf")
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_name("tiny-bpe")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * len(tokens))
+    writer.add_token_merges(merges)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+def test_a_merge_listed_twice_keeps_its_first_rank(tmp_path):
+    """llama.cpp fills bpe_ranks with emplace, so the first "a b" (rank 0) wins over its
+    repeat (rank 2) and merges before "b c" (rank 1): "abc" is "ab" "c", not "a" "bc"."""
+    path = write_bpe_vocab(tmp_path / "dup.gguf", ["a", "b", "c", "ab", "bc", "abc"], ["a b", "b c", "a b"])
+    assert Tokenizer.from_gguf(path).tokenize("abc", add_special=False) == [3, 2]
+
+
+def test_built_in_special_ids_past_a_small_vocabulary_are_dropped(tmp_path):
+    """gpt2's default BOS/EOS id 11 is not a token of a 6-token vocabulary: llama.cpp
+    disables it ("out of vocab range, disabling"), so there is no BOS, EOS or EOG."""
+    tok = Tokenizer.from_gguf(write_bpe_vocab(tmp_path / "small.gguf", ["a", "b", "c", "d", "e", "ab"], ["a b"]))
+    assert (tok.bos_id, tok.eos_id, tok.eog_ids) == (None, None, frozenset())
+    assert tok.tokenize("ab") == [5]
+
+
+def test_add_bos_token_without_a_bos_token_is_refused(tmp_path):
+    """llama.cpp loads such a file and then aborts in llama_tokenize (GGML_ASSERT on the BOS id)."""
+    path = write_bpe_vocab(tmp_path / "no-bos.gguf", ["a", "b", "c", "d", "e", "ab"], ["a b"], add_bos=True)
+    with pytest.raises(TokenizerError, match="no-bos.gguf: tokenizer.ggml.add_bos_token is true, "
+                                             "but there is no BOS token$"):
+        Tokenizer.from_gguf(path)
+
+
+def test_a_special_id_one_past_the_vocabulary_is_ignored(tmp_path):
+    """llama.cpp keeps the default for an id >= n_vocab ("bad special token ... using default id 1")."""
+    path = write_spm_vocab(tmp_path / "bos.gguf", SPECIAL_TOKENS, SPECIAL_TYPES, bos_id=len(SPECIAL_TOKENS))
+    tok = Tokenizer.from_gguf(path)
+    assert tok.bos_id == 1
+    assert tok.tokenize("a") == [1, 259, A]
+
+
+def test_fewer_scores_than_tokens_is_refused(tmp_path):
+    """llama.cpp reads a score for every token, past the end of a short array; refused here."""
+    path = write_tiny_spm(tmp_path / "scores.gguf", scores=(GGUF_ARRAY, gguf_array(6, [0.0] * 10)))
+    with pytest.raises(TokenizerError, match=f"scores.gguf: 10 scores for {len(TINY_TOKENS)} tokens$"):
+        Tokenizer.from_gguf(path)
+
+
+def test_special_tokens_are_matched_longest_first_by_utf8_length(tmp_path):
+    """llama.cpp sorts them by the byte length of their text: "\u00e9\u00e9a" (5 bytes, 3
+    characters) is split out of "\u00e9\u00e9abcd" before "abcd" (4 bytes, 4 characters)."""
+    tokens = SPECIAL_TOKENS + ["\u00e9\u00e9a", "abcd"]
+    tok = Tokenizer.from_gguf(write_spm_vocab(tmp_path / "long.gguf", tokens, SPECIAL_TYPES + [4, 4]))
+    eea = len(SPECIAL_TOKENS)
+    assert tok.tokenize("\u00e9\u00e9abcd", add_special=False) == [eea, 259, B, B + 1, 3 + ord("d")]
+
+
+def test_lstrip_and_rstrip_strip_ascii_whitespace_only(tmp_path):
+    """llama.cpp strips with C isspace(): a no-break space (bytes C2 A0, here byte tokens)
+    next to a special token stays text, and stripping stops at it."""
+    nbsp = [3 + 0xC2, 3 + 0xA0]
+    mask = len(SPECIAL_TOKENS)
+    path = write_spm_vocab(tmp_path / "mask.gguf", SPECIAL_TOKENS + ["[MASK]"], SPECIAL_TYPES + [4],
+                           name="modern-bert")                   # [MASK] eats the spaces before it
+    tok = Tokenizer.from_gguf(path)
+    assert tok.tokenize("a [MASK]", add_special=False) == [259, A, mask]
+    assert tok.tokenize("a\t\u00a0 [MASK]", add_special=False) == [259, A, 3 + ord("\t")] + nbsp + [mask]
+    phi3 = special_vocab(tmp_path, name="Phi-3 mini")          # <|end|> eats the spaces after it
+    assert phi3.tokenize("a<|end|> \u00a0b", add_special=False, parse_special=True) == \
+        [259, A, END, 259] + nbsp + [B]
+
+
+def test_of_several_end_of_turn_texts_the_lowest_id_is_eot(tmp_path):
+    """llama.cpp takes the first it meets walking a hash map, so no order is fixed there;
+    here the lowest id wins, whichever text it has. Both still end the generation."""
+    base, types = SPECIAL_TOKENS[:END], SPECIAL_TYPES[:END]   # without <|end|>, <|endoftext|>
+    for n, texts in enumerate((["<|im_end|>", "<|eot_id|>"], ["<|eot_id|>", "<|im_end|>"])):
+        path = write_spm_vocab(tmp_path / f"eot{n}.gguf", base + texts, types + [3, 3])
+        tok = Tokenizer.from_gguf(path)
+        first = len(base)
+        assert tok.eot_id == first, texts
+        assert {first, first + 1} <= tok.eog_ids
+
+
+def test_incremental_decoder_holds_a_space_two_bytes_into_a_contraction():
+    """gpt-2 sets clean_spaces: " 've" loses its space, " 'v" does not, so after " 'v" the
+    space is not final yet; it must come out as detokenize gives it once "e" arrives."""
+    gpt2 = tokenizer("gpt-2")
+    ids = [gpt2.tokenize(piece, add_special=False) for piece in ("I", " '", "v", "e")]
+    assert all(len(i) == 1 for i in ids)
+    ids = [i[0] for i in ids]
+    decoder = gpt2.decoder()
+    pieces = [decoder.feed(i) for i in ids] + [decoder.flush()]
+    assert pieces[2] == ""                                   # " 'v": held back
+    assert "".join(pieces) == gpt2.detokenize(ids) == "I've"

@@ -435,6 +435,22 @@ def test_the_plan_runs_the_nodes_own_flags_whatever_the_file_says(tmp_path):
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-5, atol=1e-4)
 
 
+
+def test_a_profile_whose_stages_differ_from_the_nodes_is_not_taken(tmp_path):
+    # same ids, but each profile's INIT valid where the node's is not (or the other way
+    # round): another code path than the one benched, so no estimate is trusted
+    obj = synthetic_data().to_json()
+    for profile in obj["shapes"][0]["profiles"]:
+        now_valid = 1 - profile["stages"][0][0]
+        profile["stages"][0] = [now_valid, 0, 0]
+        for times in profile["times_us"].values():
+            times.pop("init", None)
+            if now_valid:
+                times["init"] = [1.0] * 7
+    data = tune.load(write_json(tmp_path / "paths.json", obj), check_system=False)
+    graph, _, _ = mul_mat_graph(64)
+    assert graph.plan(2, tune=data).rows[-1].reason == "fallback"
+
 def test_save_replaces_a_file_whole_or_not_at_all(tmp_path, monkeypatch):
     path = tmp_path / "t.json"
     synthetic_data().save(path)
