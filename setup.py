@@ -10,7 +10,7 @@ BLAS is OpenBLAS from the scipy-openblas32 wheel (headers + library, symbols
 prefixed scipy_). At run time ggml_py imports scipy_openblas32 before the
 extension, which loads the library wherever that package is installed; an rpath
 relative to the extension (site-packages/ggml_py -> site-packages/scipy_openblas32/lib)
-is the fallback. No absolute path is recorded: pip builds in a temporary
+is the fallback. No absolute path is added here: pip builds in a temporary
 environment that is gone after the build.
 """
 import glob

@@ -38,14 +38,15 @@ def _import_core():
     try:
         from ggml_py import _core
     except ImportError as exc:
+        from importlib.machinery import EXTENSION_SUFFIXES
         here = os.path.dirname(os.path.abspath(__file__))
-        if any(name.startswith("_core.") and name.endswith((".so", ".pyd"))
-               for name in os.listdir(here)):
-            raise
-        raise ImportError(f"ggml_py's compiled extension is not built in {here} (importing "
-                          f"the source tree?): build it there with `pip install -e .` or "
-                          f"`python setup.py build_ext --inplace`, or run from another folder "
-                          f"to use the installed ggml_py") from exc
+        if any(os.path.exists(os.path.join(here, "_core" + suffix))
+               for suffix in EXTENSION_SUFFIXES):
+            raise      # built for this Python, and failing for another reason: say that
+        raise ImportError(f"ggml_py's compiled extension is not built for this Python in "
+                          f"{here} (importing the source tree?): build it there with `pip "
+                          f"install -e .` or `python setup.py build_ext --inplace`, or run "
+                          f"from another folder to use the installed ggml_py") from exc
     return _core
 
 
@@ -68,7 +69,7 @@ from ggml_py.ops import (  # noqa: E402
 
 from ggml_py.gguf_model import ModelLoadError  # noqa: E402
 from ggml_py.sampling import Sampler, SamplingParams  # noqa: E402
-from ggml_py.llm import Llama  # noqa: E402
+from ggml_py.llm import Llama, TrainingContextWarning  # noqa: E402
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1

@@ -209,6 +209,10 @@ class Timings:
             self.eval_tokens += n_tokens
 
 
+class TrainingContextWarning(UserWarning):
+    """A context longer than the model's training context (allowed, as in llama.cpp)."""
+
+
 class Llama:
     """A llama-architecture GGUF model, ready to tokenize, evaluate and generate.
 
@@ -222,7 +226,8 @@ class Llama:
     see ggml_py/kv_cache.py for the members the model uses).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
     ValueError / TypeError naming the argument for a bad one. A context longer than the
-    model's training context is allowed with a UserWarning, as llama.cpp warns.
+    model's training context is allowed with a TrainingContextWarning (a UserWarning),
+    as llama.cpp warns.
     """
 
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
@@ -256,7 +261,8 @@ class Llama:
         _live_llamas.add(self)
         if self.n_ctx() > self.config.n_ctx_train:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
-                          f"-- possible training context overflow", stacklevel=2)
+                          f"-- possible training context overflow", TrainingContextWarning,
+                          stacklevel=2)
         self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
 
     def close(self):

@@ -166,7 +166,7 @@ class Sampler:
             x[self.banned] = -np.inf
         # float32 overflow to +-inf (huge logits or penalties) is taken as it comes, as
         # llama.cpp's float math takes it; what it leads to is settled below, without warnings
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             apply_penalties(x, self.history, p.repeat_penalty, p.frequency_penalty,
                             p.presence_penalty)
             x[np.isnan(x)] = -np.inf     # a NaN never wins, and never poisons the softmax
@@ -184,7 +184,7 @@ class Sampler:
             ids, x = min_p(ids, x, p.min_p)
             scaled = x / np.float32(p.temperature)
         if not np.isfinite(scaled[0]):   # a temperature so small that the highest logit
-            # overflows (x is sorted): greedy, ties drawn evenly
+            # overflows, or that is 0 in float32 (x is sorted): greedy, ties drawn evenly
             scaled = np.where(x == x[0], np.float32(0), np.float32(-np.inf))
         scaled[np.isnan(scaled)] = -np.inf     # -inf / inf (temperature inf): never drawn
         return int(ids[draw(scaled, self.rng)])

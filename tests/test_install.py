@@ -44,12 +44,15 @@ def test_blas_is_found_wherever_ggml_py_is_installed(tmp_path):
 
 def test_an_unbuilt_source_tree_says_so(tmp_path):
     # `python -m pytest` in a checkout puts its unbuilt ggml_py/ before the installed one
+    # (a build for another Python left there does not count)
     (tmp_path / "ggml_py").mkdir()
     shutil.copy(os.path.join(PACKAGE, "__init__.py"), tmp_path / "ggml_py")
+    (tmp_path / "ggml_py" / "_core.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")
     proc = run_python("import ggml_py", tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == (
-        f"ImportError: ggml_py's compiled extension is not built in {tmp_path / 'ggml_py'} "
+        f"ImportError: ggml_py's compiled extension is not built for this Python in "
+        f"{tmp_path / 'ggml_py'} "
         f"(importing the source tree?): build it there with `pip install -e .` or "
         f"`python setup.py build_ext --inplace`, or run from another folder to use the "
         f"installed ggml_py")

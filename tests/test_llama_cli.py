@@ -277,6 +277,22 @@ def test_context_sizes():
     assert "n_ctx=512," in proc.stderr and proc.stdout.startswith("[1]")
 
 
+
+def test_open_llama_logs_the_context_warning_and_shows_the_others(monkeypatch):
+    import warnings
+    from ggml_py.cli import common
+    real = common.Llama
+
+    def noisy(*args, **kwargs):
+        warnings.warn("something else", DeprecationWarning)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(common, "Llama", noisy)
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        _, logged = common.open_llama(model_path("f32"), n_ctx=1024, n_threads=1)
+    assert logged == ["n_ctx (1024) > n_ctx_train (512) -- possible training context overflow"]
+    assert [(w.category, str(w.message)) for w in shown] == [(DeprecationWarning, "something else")]
+
 def test_a_model_without_a_training_context_needs_c(tmp_path):
     path = tmp_path / "ctx0.gguf"
     write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())

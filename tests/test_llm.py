@@ -308,7 +308,8 @@ def test_llama_without_a_path_loads_the_bundled_model():
 
 def test_a_context_past_the_training_context_is_warned_about():
     # as llama.cpp warns; the model's own context (512) or less is quiet
-    with pytest.warns(UserWarning, match=r"^n_ctx \(1024\) > n_ctx_train \(512\) -- possible "
+    with pytest.warns(gg.TrainingContextWarning,
+                      match=r"^n_ctx \(1024\) > n_ctx_train \(512\) -- possible "
                                          r"training context overflow$"):
         gg.Llama(model_path("f32"), n_ctx=1024, n_threads=1).close()
     with warnings.catch_warnings():

@@ -194,8 +194,9 @@ def test_infinite_and_overflowing_logits_draw_sensibly():
     assert {s.sample([3e38, -3e38, 3e38, 0.0]) for _ in range(200)} == {0, 2}
     # a temperature so small that the highest logit overflows: greedy
     for logits, best in (([1.0, 3.0, 2.0, 0.5], 1), ([-1.0, -3.0, -2.0, -0.5], 3)):
-        cold = Sampler(SamplingParams(seed=2, temperature=1e-39, **loose))
-        assert {cold.sample(logits) for _ in range(50)} == {best}
+        for temperature in (1e-39, 1e-50):           # 1e-50: 0 in float32
+            cold = Sampler(SamplingParams(seed=2, temperature=temperature, **loose))
+            assert {cold.sample(logits) for _ in range(50)} == {best}
     # a penalty of -inf lifts the tokens it penalises to +inf; -3e38 overflows there too
     for penalty in (dict(presence_penalty=-inf), dict(frequency_penalty=-3e38)):
         pushed = Sampler(SamplingParams(seed=3, **loose, **penalty))

@@ -10,7 +10,7 @@ import threading
 import warnings
 
 from ggml_py.gguf_model import ModelLoadError
-from ggml_py.llm import Llama
+from ggml_py.llm import Llama, TrainingContextWarning
 
 
 def console_script(main):
@@ -294,12 +294,16 @@ def resolve_ctx_size(args):
 
 
 def open_llama(model, **kwargs):
-    """Llama(model, **kwargs) and the warnings its construction gave (a context longer
-    than the model's training context), for the program to log them as llama.cpp does."""
+    """Llama(model, **kwargs) and the messages of its TrainingContextWarnings (a context
+    longer than the model's training context), for the program to log as llama.cpp does;
+    other warnings are shown as Python shows them."""
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", TrainingContextWarning)
         llm = Llama(model, **kwargs)
-    return llm, [str(w.message) for w in caught]
+    for w in caught:
+        if not issubclass(w.category, TrainingContextWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return llm, [str(w.message) for w in caught if issubclass(w.category, TrainingContextWarning)]
 
 
 def kv_type(parser, args):
