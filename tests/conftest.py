@@ -107,13 +107,16 @@ def same_bits(a, b):
         np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
-def compute(out, *, threads=THREADS, fill=True, before=None, graph=None):
+def compute(out, *, threads=THREADS, fill=True, before=None, graph=None, exact=True):
     """Compute out's graph at each thread count and return out's values.
 
     Asserts the results are bitwise equal across thread counts: every output
     element is computed by exactly one thread, so the split must not matter.
     fill: poison the output first (not for ops that update their target in
     place); before: a callable run before each compute (e.g. to reset a target).
+    exact=False: equal within float32 rounding (blas-mt: OpenBLAS splits its
+    sgemm among its threads its own way, and with some of its kernels the last
+    bits follow the split).
     """
     graph = graph or gg.build_forward(out)
     results = []
@@ -125,8 +128,12 @@ def compute(out, *, threads=THREADS, fill=True, before=None, graph=None):
         graph.compute(n_threads=n)
         results.append(out.numpy().copy())
     for n, r in zip(threads[1:], results[1:]):
-        assert same_bits(results[0], r), \
-            f"n_threads={n} gives other bits than n_threads={threads[0]}"
+        if exact:
+            assert same_bits(results[0], r), \
+                f"n_threads={n} gives other bits than n_threads={threads[0]}"
+        else:   # NaN (a poisoned output left unwritten) fails the comparison
+            assert np.abs(r - results[0]).max() <= 1e-5 * np.abs(results[0]).max(), \
+                f"n_threads={n} gives other values than n_threads={threads[0]}"
     return results[0]
 
 

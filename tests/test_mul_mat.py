@@ -98,7 +98,8 @@ def test_blocked_tiles_equal_vec_dot(t):
 def test_work_chunks_cover_every_output_once(profile):
     """The threads take work in chunks from a shared counter (several per
     thread, the last one short): over 1, 2, 3 and 8 threads every output is
-    written (the output is poisoned first), with the same bits, and right."""
+    written (the output is poisoned first), with the same bits (blas-mt: values;
+    its sgemm is split by OpenBLAS), and right."""
     n, k, m, batch = 1000, 64, 20, 2       # cpu: 63 x 3 tiles per batch, 378 items
     rng = np.random.default_rng(7)
     w = rng.standard_normal((batch, n, k)).astype(np.float32)
@@ -106,7 +107,7 @@ def test_work_chunks_cover_every_output_once(profile):
     ctx = gg.Context(mem_size=16 << 20)
     y = gg.mul_mat(ctx.from_numpy(w, type=gg.Q8_0), ctx.from_numpy(x))
     y.profile = next(p for p in y.profiles() if p.name == profile)
-    out = compute(y)
+    out = compute(y, exact=profile != "blas-mt")
     stored = stored_weights(w.reshape(-1, k), gg.Q8_0).reshape(w.shape)
     ref = x.astype(np.float64) @ stored.transpose(0, 2, 1)
     assert nmse(out, ref) <= NMSE_MAX
