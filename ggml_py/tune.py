@@ -22,6 +22,7 @@ import secrets
 import stat
 from dataclasses import dataclass, field
 
+from ggml_py._core import MAX_THREADS
 from ggml_py.profiles import STAGES, TaskProfile, task_profiles
 from ggml_py.system import blas, kernels, system_info
 from ggml_py.types import Op, Type
@@ -75,18 +76,24 @@ def current_system():
 
 def interpolate(xs, ys, x):
     """Piecewise-linear y(x) through (xs, ys), xs ascending (two or more); linear past
-    both ends, but never below 0 and never falling past the last x (a larger M never
-    takes less time: a last segment that falls, from noise, would reach 0)."""
+    both ends, never below 0. Past the last x the line runs from the last point back
+    to the nearest earlier point below it: a last stretch that is flat (a time held
+    down to a later, lower one) or falls (noise) would otherwise stop the growth, or
+    reach 0, however far past the benched Ms the run goes; with no earlier point
+    below, the last y."""
     if len(xs) < 2:
         raise ValueError(f"interpolate needs two or more points, got {len(xs)}")
+    if x > xs[-1]:
+        below = [i for i in range(len(xs) - 1) if ys[i] < ys[-1]]
+        if not below:
+            return max(0.0, ys[-1])
+        i = below[-1]
+        return ys[-1] + (ys[-1] - ys[i]) / (xs[-1] - xs[i]) * (x - xs[-1])
     i = 1
     while i < len(xs) - 1 and xs[i] < x:
         i += 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    slope = (y1 - y0) / (x1 - x0)
-    if x > x1:
-        return max(0.0, y1 + max(slope, 0.0) * (x - x1))
-    return max(0.0, y0 + slope * (x - x0))
+    return max(0.0, y0 + (y1 - y0) / (x1 - x0) * (x - x0))
 
 
 @dataclass
@@ -240,7 +247,9 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
         data = _from_json(obj, path, model, check_system)
     except TuneFileError:
         raise
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
+    except KeyError as exc:
+        raise TuneFileError(f"{path}: malformed tune file (no {str(exc.args[0])!r:.40} key)") from None
+    except (TypeError, ValueError, IndexError, AttributeError, OverflowError) as exc:
         raise TuneFileError(f"{path}: malformed tune file ({type(exc).__name__}: {exc})") from None
     missing = [s for s in (shapes or ()) if data.shape(*s) is None]
     if missing:
@@ -319,7 +328,7 @@ class _Malformed:
 
     def thread_counts(self, values):
         """A set of thread counts >= 1, in any order (older files wrote them as given)."""
-        values = [self.integer(v, "thread_counts", 1)
+        values = [self.integer(v, "thread_counts", 1, MAX_THREADS)
                   for v in self.of_type(values, list, "thread_counts")]
         if not values:
             self.fail("thread_counts is empty")
@@ -394,7 +403,8 @@ def _shape_from_json(s, check, data, check_system):
         p = check.of_type(p, dict, f"{where} profile")
         flags = check.of_type(p["stages"], list, f"{where} stages")
         if len(flags) != len(STAGES) or not all(
-                isinstance(f, list) and len(f) == 3 and all(x in (0, 1) for x in f) for f in flags):
+                isinstance(f, list) and len(f) == 3 and all(type(x) is int and x in (0, 1) for x in f)
+                for f in flags):
             check.fail(f"{where}: stages must be {len(STAGES)} lists of 3 flags (0 or 1)")
         profile = TaskProfile._from_raw((check.integer(p["id"], "profile id", 0),
                                          check.of_type(p["name"], str, "profile name"),
@@ -415,13 +425,14 @@ def _shape_from_json(s, check, data, check_system):
             times[n_threads] = {st: check.times(per[st], len(data.m_values),
                                                 f"{where} {profile.name} {st}") for st in valid}
         shape.profiles.append(ProfileTimes(profile, times))
-    if check_system:
-        # as ggml-tune benches: a profile missing at a thread count (damage, or an edit)
-        # would otherwise leave the choice to the others without a word
-        for t in data.thread_counts:
-            benched = [p.name for p in distinct_profiles(list(real.values()), t)]
-            timed = [pt.profile.name for pt in shape.profiles if t in pt.times_us]
-            if sorted(timed) != sorted(benched):
-                check.fail(f"{where}: times at {threads_text([t])} for {', '.join(timed) or 'no profile'}; "
-                           f"ggml-tune benches {', '.join(benched)}")
+    # as ggml-tune benches: a profile missing at a thread count (damage, or an edit)
+    # would otherwise leave the choice to the others without a word. This build's
+    # profiles with check_system; else (a file from another machine) the file's own
+    known = list(real.values()) if check_system else [pt.profile for pt in shape.profiles]
+    for t in data.thread_counts:
+        benched = [p.name for p in distinct_profiles(known, t)]
+        timed = [pt.profile.name for pt in shape.profiles if t in pt.times_us]
+        if sorted(timed) != sorted(benched):
+            check.fail(f"{where}: times at {threads_text([t])} for {', '.join(timed) or 'no profile'}; "
+                       f"ggml-tune benches {', '.join(benched)}")
     return shape

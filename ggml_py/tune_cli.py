@@ -187,6 +187,9 @@ def run_analyze(argv):
     p.add_argument("--plot", metavar="PNG", help="also draw time vs M per profile (matplotlib)")
     args = p.parse_args(argv)
     path = plot_path(args.plot) if args.plot is not None else None
+    if path is not None and os.path.exists(path) and os.path.exists(args.file) \
+            and os.path.samefile(path, args.file):
+        raise ValueError(f"--plot {path}: is the tune file being read")
     data = tune.load(args.file, check_system=False)
     analyze(data)
     if path is not None:

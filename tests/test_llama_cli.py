@@ -522,6 +522,11 @@ def test_tune_bench_save_then_schedule_with_the_file(tmp_path):
     assert tuned.returncode == 0 and plain.returncode == 0, tuned.stderr + plain.stderr
     assert f"tune: scheduling MUL_MAT profiles with {tune_file}" in tuned.stderr
     assert tuned.stdout == plain.stdout      # profiles change speed, not the greedy text
+    # the file's Ms end at 8, the batches of this run (-c 64, default -b) at 64: said once
+    assert tuned.stderr.count(f"tune: {tune_file} was benched up to M=8; batches of up to 64 "
+                              f"tokens are estimated past it (ggml-tune --m-max 6 benches them)") == 1
+    within = main(*args, "-b", 8, "--tune-file", tune_file)
+    assert within.returncode == 0 and "estimated past it" not in within.stderr
 
     # a tune file for other shapes, or a corrupt one, is refused and the run falls back
     other = main("-m", model_path("q8_0"), "-p", "Hi", "-n", 2, "-t", 2, "--tune-file", tune_file)

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import shutil
 import threading
 
 import numpy as np
@@ -22,9 +23,16 @@ def test_interpolate_inside_and_past_both_ends():
     assert interpolate(xs, ys, 16) == pytest.approx(100.0)   # last segment's slope: 5 per M
     assert interpolate([2, 4], [10.0, 30.0], 1) == pytest.approx(0.0)
     assert interpolate([2, 4], [10.0, 40.0], 1) == 0.0     # clamped: the line gives -5
-    # past the last M a falling last segment (noise) stays at the last time, never 0
-    assert interpolate([1, 2, 4, 8], [7446.0, 7734.0, 15467.0, 8109.0], 16) == 8109.0
-    assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0
+    # past the last M the line runs back to the nearest earlier time below the last one:
+    # a falling last segment (noise) neither reaches 0 nor stops the growth ...
+    assert interpolate([1, 2, 4, 8], [7446.0, 7734.0, 15467.0, 8109.0], 16) == \
+        pytest.approx(8109.0 + (8109.0 - 7734.0) / 6 * 8)
+    # ... nor does a flat one (a time held down to the later one): a file benched up to
+    # M=4 keeps growing at M=512 (it stayed at 844.3, 180 times too low)
+    assert interpolate([1, 2, 4], [422.3, 844.3, 844.3], 512) == \
+        pytest.approx(844.3 + (844.3 - 422.3) / 3 * 508)
+    assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0      # nothing below the last: flat
+    assert interpolate([1, 2, 4], [5.0, 5.0, 5.0], 64) == 5.0
     with pytest.raises(ValueError, match="two or more"):
         interpolate([4], [7.0], 100)
     with pytest.raises(ValueError, match="bench needs two or more Ms"):
@@ -270,7 +278,7 @@ def write_json(path, obj):
     # finite, but summed over the stages it would be inf: every profile tied
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(compute=[1e308] * 7), "one time in"),
     (lambda o: o["shapes"][0].update(type="Q9_9"), "malformed"),
-    (lambda o: o["shapes"][0].pop("n"), "malformed"),
+    (lambda o: o["shapes"][0].pop("n"), r"malformed tune file \(no 'n' key\)"),
     (lambda o: o["shapes"][0]["profiles"][0].update(stages=[[1, 1, 0]]), "stages"),
     # values of the wrong kind, which Python would otherwise take in its stride
     (lambda o: o.update(system=["a", "list"]), "system must be an object"),
@@ -314,12 +322,36 @@ def write_json(path, obj):
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"].update({"02": o["shapes"][0]["profiles"][0]["times_us"]["2"]}),
      "'02' threads"),
     (lambda o: o["shapes"][0]["profiles"][0]["times_us"].update({"\u0661": {}}), "threads; the keys are"),
+    # more threads than a pool may have; flags written as JSON booleans
+    (lambda o: o.update(thread_counts=[1, 2, 257]), "thread_counts must be <= 256"),
+    (lambda o: o["shapes"][0]["profiles"][0].update(stages=[[True, True, False]] * 2 + [[0, 0, 0]]),
+     "3 lists of 3 flags"),
 ])
 def test_bad_files_are_rejected_with_a_reason(tmp_path, edit, match):
     obj = synthetic_data().to_json()
     edit(obj)
     with pytest.raises(TuneFileError, match=match):
         tune.load(write_json(tmp_path / "bad.json", obj))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda o: o.update(thread_counts=[1, 2, 3]), "times at 3 threads for no profile"),
+    # blas-mt is blas at one thread: a column of it there is not what ggml-tune writes
+    (lambda o: o["shapes"][0]["profiles"][2]["times_us"].update({"1": {"compute": [1.0] * 7}}),
+     "times at 1 thread for cpu, blas, blas-mt; ggml-tune benches cpu, blas"),
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"].pop("2"),
+     "times at 2 threads for blas, blas-mt; ggml-tune benches cpu, blas, blas-mt"),
+])
+def test_a_file_from_another_machine_is_still_checked_whole(tmp_path, edit, match):
+    # ggml-tune analyze reads files of other machines (check_system=False): their
+    # profiles are not this build's, but every one of them must be timed where ggml-tune
+    # times it, or the table would show a winner among what is left
+    obj = synthetic_data().to_json()
+    obj["system"].update(cpu="Another CPU", blas="another BLAS")
+    assert tune.load(write_json(tmp_path / "good.json", obj), check_system=False).shapes
+    edit(obj)
+    with pytest.raises(TuneFileError, match=match):
+        tune.load(write_json(tmp_path / "bad.json", obj), check_system=False)
 
 
 def test_a_key_twice_in_one_object_is_rejected(tmp_path):
@@ -688,6 +720,12 @@ def test_analyze_plot_paths(tmp_path, capsys, monkeypatch):
         assert tune_main(["analyze", str(path), "--plot", str(bad)]) == 1
         captured = capsys.readouterr()
         assert match in captured.err and captured.out == ""     # refused before any CSV
+    # a tune file named like a picture, drawn over itself: refused, the file kept
+    shutil.copy(path, tmp_path / "t.png")
+    for bad in (tmp_path / "t.png", tmp_path / "." / "t.png"):
+        assert tune_main(["analyze", str(tmp_path / "t.png"), "--plot", str(bad)]) == 1
+        assert "is the tune file being read" in capsys.readouterr().err
+    assert (tmp_path / "t.png").read_bytes() == path.read_bytes()
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 1
     assert "--plot needs matplotlib" in capsys.readouterr().err

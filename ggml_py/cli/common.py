@@ -272,6 +272,11 @@ def setup_tune(llm, args, log):
         try:
             llm.set_tune(args.tune_file)
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
+            benched, m_max = llm.model.tune.m_values[-1], min(args.batch_size, llm.n_ctx())
+            if m_max > benched:
+                log(f"tune: {args.tune_file} was benched up to M={benched}; batches of up to "
+                    f"{m_max} tokens are estimated past it (ggml-tune --m-max "
+                    f"{min((m_max - 1).bit_length(), 12)} benches them)")
         except tune.TuneFileError as exc:
             log(f"tune: {exc}; using the fallback rule")
     return False
