@@ -658,6 +658,7 @@ cdef class ThreadPool:
 # signal handler runs between its steps.
 
 cdef dict _runs = {}              # thread id -> graph runs it is inside (nested: a signal handler's)
+cdef dict _holds = {}             # thread id -> CGraphs whose nodes its computes hold (queued ones too)
 cdef int _forks = 0               # forks pending (from their hook to their return)
 cdef object _fork_kept = None     # (thread id, exception type) a signal handler raised in a fork's wait
 FORK_POLL_S = 0.002               # how often a fork, or a run held back by one, looks again
@@ -723,6 +724,14 @@ def _fork_done_in_child():
     global _runs, _forks, _fork_kept
     cdef unsigned long me = PyThread_get_thread_ident()
     _runs = {me: _runs[me]} if me in _runs else {}
+    # the other threads' computes, running or queued for a pool, will never end here:
+    # their graphs' nodes are let go (else computing them, or setting a profile, would
+    # say another thread computes them, for ever)
+    for thread_id, graphs in list(_holds.items()):
+        if thread_id != me:
+            for g in graphs:
+                (<CGraph> g)._hold_profiles(-1)
+            del _holds[thread_id]
     _forks = 0
     _fork_kept = None
 
@@ -736,7 +745,7 @@ if hasattr(os, "register_at_fork"):
 # graphs
 
 cdef int _abort_requested(void *data) noexcept nogil:
-    # Runs the Python signal handlers (main thread only); a raised exception
+    # Runs the Python signal handlers (installed for main-thread computes only); a raised exception
     # (KeyboardInterrupt) is kept to be re-raised once the executor has stopped.
     with gil:
         try:
@@ -824,7 +833,10 @@ cdef class CGraph:
             plan.stage_ns = <int64_t *> (<uintptr_t> stage_ns.ctypes.data)
         plan.lookahead = lookahead
         plan.failed_node = &failed_node
-        if abort_interval_ms >= 0:
+        # Python runs signal handlers in the main thread only: elsewhere the check would
+        # only take the GIL, and a daemon thread's compute still running after the
+        # interpreter has finalized would crash taking it (PyGILState_Ensure)
+        if abort_interval_ms >= 0 and threading.current_thread() is threading.main_thread():
             plan.abort_callback = _abort_requested
             plan.abort_data = <void *> raised
             plan.abort_interval_ns = <int64_t> (abort_interval_ms * 1e6)
@@ -832,6 +844,8 @@ cdef class CGraph:
             raise ValueError("compute: the ThreadPool is closed")
         self._check_not_computing()
         self._hold_profiles(1)
+        cdef unsigned long me = PyThread_get_thread_ident()
+        _holds.setdefault(me, []).append(self)
         try:
             # the work buffer was sized before the profiles were held: a profile set in
             # between (another thread) may need more, which no kernel must find out
@@ -855,7 +869,12 @@ cdef class CGraph:
                 if pool is not None:
                     pool._unlock()
         finally:
-            self._hold_profiles(-1)
+            held = _holds.get(me)
+            if held is not None and self in held:   # (unless a fork child let it go)
+                held.remove(self)
+                if not held:
+                    del _holds[me]
+                self._hold_profiles(-1)
         if status == GGML_PY_STATUS_ABORTED:
             if raised:
                 raise raised[0]

@@ -258,6 +258,7 @@ class Llama:
         # one call at a time reads or changes the sequence, the cache and the graphs'
         # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
         self._lock = threading.RLock()
+        self._decoding = False    # a decode is running (the lock's holder is inside it)
         _live_llamas.add(self)
         if self.n_ctx() > self.config.n_ctx_train:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
@@ -274,7 +275,7 @@ class Llama:
         lock = self._lock
         if isinstance(lock, _Closed):
             return
-        with contextlib.nullcontext() if isinstance(lock, _CutByFork) else lock:
+        with contextlib.nullcontext() if isinstance(lock, _CutByFork) else self._turn("close"):
             self.model = self._lock = _Closed()
             self.tokens = []
             self.changes += 1
@@ -285,6 +286,18 @@ class Llama:
 
     def __exit__(self, *exc):
         self.close()
+
+    @contextlib.contextmanager
+    def _turn(self, what):
+        """This Llama's lock for one call (threads take turns). The lock is reentrant
+        (perplexity evaluates), so a signal handler that calls in while this thread is
+        inside a decode would get in and change the sequence under it: RuntimeError."""
+        with self._lock:
+            if self._decoding:
+                raise RuntimeError(f"{what}: this Llama is in the middle of an evaluation in "
+                                   f"this thread (a signal handler called in); use it after "
+                                   f"that call returns")
+            yield
 
     def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
         raise TypeError("Llama cannot be copied or pickled: a copy would share its KV cache and "
@@ -331,7 +344,7 @@ class Llama:
             from ggml_py.tune_bench import model_shapes
             name, shapes = model_shapes(self.model.file)
             data = tune.load(os.fsdecode(data), model=name, shapes=shapes, n_threads=self.n_threads())
-        with self._lock:              # the graphs are planned again: not under a running eval
+        with self._turn("set_tune"):   # the graphs are planned again: not under a running eval
             self.model.set_tune(data)
 
     # ---- text <-> ids -----------------------------------------------------------
@@ -362,7 +375,7 @@ class Llama:
 
     def reset(self):
         """Start a new sequence (the cache is emptied)."""
-        with self._lock:
+        with self._turn("reset"):
             self.tokens = []
             self.model.cache.clear()
             self.changes += 1
@@ -372,7 +385,7 @@ class Llama:
         (len(tokens), n_vocab), a copy. Counted in timings."""
         tokens = token_ids(tokens)
         out = np.empty((len(tokens), self.n_vocab()), np.float32)
-        with self._lock:
+        with self._turn("eval"):
             self._timed_decode(tokens, prompt=len(tokens) > 1, out=out)
         return out
 
@@ -419,6 +432,14 @@ class Llama:
             raise RuntimeError(f"the model's cache does not hold this Llama's sequence of "
                                f"{self.n_tokens} tokens; call reset() to start over")
         self.changes += 1
+        self._decoding = True
+        try:
+            return self._decode_batches(tokens, out, first_output)
+        finally:
+            self._decoding = False
+
+    def _decode_batches(self, tokens, out, first_output):
+        """_decode's work, checks done: the batches, one forward each."""
         logits = None
         for start in range(0, len(tokens), self.n_batch):
             batch = tokens[start:start + self.n_batch]
@@ -429,10 +450,10 @@ class Llama:
                 else len(batch) - 1
             try:
                 logits = self.model.forward(batch, positions, n_out=len(batch) - lo)
-            except BaseException:
+                self.tokens.extend(batch)
+            except BaseException:   # (a signal handler's exception may come between the two)
                 self.model.cache.truncate(self.n_tokens)   # drop rows a half-run batch wrote
                 raise
-            self.tokens.extend(batch)
             if out is not None and end > first_output:
                 out[start + lo - first_output:end - first_output] = logits
         return logits[-1]
@@ -494,7 +515,7 @@ class Llama:
 
     def _generate(self, ids, sampler, max_tokens):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
-        with self._lock:                  # one call at a time changes the sequence
+        with self._turn("generate"):      # one call at a time changes the sequence
             keep = self._common_prefix(ids)
             self.tokens = self.tokens[:keep]
             self.model.cache.truncate(keep)
@@ -517,7 +538,7 @@ class Llama:
             # last one (prompt and generated tokens together are at most n_ctx)
             if self.n_tokens + 1 >= self.n_ctx() or (0 <= max_tokens <= n):
                 return
-            with self._lock:
+            with self._turn("generate"):
                 if self.changes != mine:
                     raise RuntimeError("generate: this Llama's sequence was changed by another "
                                        "call (eval, generate, perplexity or reset) while the "
@@ -541,6 +562,6 @@ class Llama:
         of n_ctx tokens evaluated in batches of n_batch (None: this Llama's), at most
         n_chunks of them (negative: all); a PerplexityResult (see ggml_py.perplexity)."""
         from ggml_py.perplexity import perplexity
-        with self._lock:
+        with self._turn("perplexity"):
             return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
                               callback=callback)

@@ -800,3 +800,28 @@ def test_token_nll_sums_the_exponentials_in_double_as_llama_cpp():
     x[0, 1::2] = np.log(np.float32(0.1))
     exps = np.exp(x[0] - x[0].max()).astype(np.float64)     # expf of each, as llama.cpp
     assert abs(token_nll(x, np.array([0]))[0] - math.log(exps.sum())) < 1e-12
+
+
+def test_a_signal_handler_cannot_change_a_llama_inside_its_eval():
+    """The Llama's lock is reentrant (perplexity evaluates under it), so a signal handler
+    calling reset() in the middle of an eval got in: the eval returned wrong logits for
+    most rows, without an error. Now the handler's call raises, the eval stops at a batch,
+    and the sequence evaluated so far is whole."""
+    import signal
+    llm = gg.Llama(n_ctx=256, n_threads=1, n_batch=8)     # the bundled model
+    ids = llm.tokenize(pathlib.Path(default_text_path()).read_text()[:4000])[:200]
+    want = llm.eval(ids)
+    llm.reset()
+    old = signal.signal(signal.SIGALRM, lambda signum, frame: llm.reset())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)   # again and again during the eval
+        with pytest.raises(RuntimeError, match="reset: this Llama is in the middle of an "
+                                               "evaluation in this thread"):
+            llm.eval(ids)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    n = llm.n_tokens
+    assert n % 8 == 0 and n == llm.model.cache.n_past and llm.tokens == ids[:n]
+    rest = llm.eval(ids[n:])             # carries on where the eval stopped, as if whole
+    np.testing.assert_allclose(rest, want[n:], rtol=1e-5, atol=1e-5)

@@ -610,6 +610,26 @@ waiting.join()
 print("both computes done")
 """
 
+FORK_WITH_A_COMPUTE_QUEUED = LONG_GRAPH.replace("N_NODES", "400") + """
+short = gg.build_forward(gg.mul_mat(a, b))
+pool = gg.ThreadPool(2)
+running = threading.Thread(target=lambda: long.compute(pool=pool))
+running.start()
+time.sleep(0.05)
+queued = threading.Thread(target=lambda: short.compute(pool=pool))   # waits for the pool
+queued.start()
+time.sleep(0.05)
+pid = os.fork()                  # waits for `running`; `queued` then holds the pool, not run
+if pid == 0:
+    short.compute(n_threads=2)   # its nodes are not another thread's here: no such thread
+    short.nodes[-1].profile = short.nodes[-1].profile
+    print("the child computed the queued graph", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+running.join()
+queued.join()
+"""
+
 FORK_INTERRUPTED = LONG_GRAPH.replace("N_NODES", "300") + """
 started = threading.Event()
 def run():
@@ -695,6 +715,9 @@ def test_a_fork_waits_for_the_computes_of_other_threads(tmp_path):
     # a compute interrupted as it ends (a signal handler raising) leaves no run counted
     out = run_script(FORK_AFTER_INTERRUPTED_COMPUTES, tmp_path, "a fork after interrupted computes")
     assert out.strip() == "forked after some interrupted computes"
+    # a graph another thread was waiting to compute is the child's to compute
+    out = run_script(FORK_WITH_A_COMPUTE_QUEUED, tmp_path, "a fork with a compute queued")
+    assert out.strip() == "the child computed the queued graph"
     # Ctrl-C while the fork waits: the fork still waits, then the KeyboardInterrupt comes
     out = run_script(FORK_INTERRUPTED, tmp_path, "a fork interrupted while it waited")
     assert sorted(out.splitlines()) == ["KeyboardInterrupt after the fork", "compute done"]
@@ -728,3 +751,36 @@ def test_force_ref_reads_the_usual_spellings(value, on):
                           timeout=120, env=dict(os.environ, GGML_PY_FORCE_REF=value),
                           cwd=tempfile.gettempdir())   # the installed package, not a source tree
     assert proc.stdout.strip() == str(on), proc.stderr
+
+
+DAEMON_COMPUTING_AT_EXIT = """
+import ctypes, threading, time
+import numpy as np
+import ggml_py as gg
+ctypes.CDLL(SLOW_EXIT)            # a C exit handler: the process lives on after Python ends
+ctx = gg.Context(mem_size=256 << 20)
+x = ctx.from_numpy(np.random.default_rng(0).random((4096, 4096), np.float32))
+graph = gg.build_forward(*[gg.gelu(x) for _ in range(2)])     # nodes of tens of ms
+def loop():
+    while True:
+        graph.compute(n_threads=1)
+threading.Thread(target=loop, daemon=True).start()
+time.sleep(0.2)
+print("main done")
+"""
+
+
+def test_a_daemon_thread_computing_when_python_exits(tmp_path):
+    # a daemon thread's compute went on after the interpreter had finalized and took
+    # the GIL for the signal check (only the main thread runs handlers): a segfault
+    import shutil
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the slow exit handler")
+    source = tmp_path / "slow_exit.c"
+    source.write_text("#include <unistd.h>\n"
+                      "__attribute__((destructor)) static void slow(void) { usleep(500000); }\n")
+    library = tmp_path / "libslow_exit.so"
+    subprocess.run([cc, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    script = DAEMON_COMPUTING_AT_EXIT.replace("SLOW_EXIT", repr(str(library)))
+    assert run_script(script, tmp_path, "a daemon thread computing at exit") == "main done\n"
