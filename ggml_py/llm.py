@@ -256,9 +256,9 @@ class Llama:
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # one call at a time reads or changes the sequence, the cache and the graphs'
-        # buffers (Python threads sharing a Llama take turns); reentrant for perplexity
+        # buffers (Python threads sharing a Llama take turns; see _turn)
         self._lock = threading.RLock()
-        self._decoding = False    # a decode is running (the lock's holder is inside it)
+        self._in_turn = False     # a call holds the lock (a nested one is refused)
         _live_llamas.add(self)
         if self.n_ctx() > self.config.n_ctx_train:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
@@ -289,15 +289,20 @@ class Llama:
 
     @contextlib.contextmanager
     def _turn(self, what):
-        """This Llama's lock for one call (threads take turns). The lock is reentrant
-        (perplexity evaluates), so a signal handler that calls in while this thread is
-        inside a decode would get in and change the sequence under it: RuntimeError."""
+        """This Llama for one call: other threads wait for it; a call from inside it in
+        this thread (a signal handler, or perplexity's callback, calling in) would change
+        the sequence under it, and raises RuntimeError. (The lock is reentrant so that
+        the nested call gets here to be refused, instead of waiting for itself.)"""
         with self._lock:
-            if self._decoding:
-                raise RuntimeError(f"{what}: this Llama is in the middle of an evaluation in "
-                                   f"this thread (a signal handler called in); use it after "
-                                   f"that call returns")
-            yield
+            if self._in_turn:
+                raise RuntimeError(f"{what}: this Llama is in the middle of another call in "
+                                   f"this thread (a signal handler or a callback called in); "
+                                   f"use it after that call returns")
+            self._in_turn = True
+            try:
+                yield
+            finally:
+                self._in_turn = False
 
     def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
         raise TypeError("Llama cannot be copied or pickled: a copy would share its KV cache and "
@@ -376,9 +381,13 @@ class Llama:
     def reset(self):
         """Start a new sequence (the cache is emptied)."""
         with self._turn("reset"):
-            self.tokens = []
-            self.model.cache.clear()
-            self.changes += 1
+            self._reset()
+
+    def _reset(self):
+        """reset, within a call that holds the Llama."""
+        self.tokens = []
+        self.model.cache.clear()
+        self.changes += 1
 
     def eval(self, tokens):
         """Evaluate tokens (integer ids) after the current sequence; logits
@@ -432,14 +441,6 @@ class Llama:
             raise RuntimeError(f"the model's cache does not hold this Llama's sequence of "
                                f"{self.n_tokens} tokens; call reset() to start over")
         self.changes += 1
-        self._decoding = True
-        try:
-            return self._decode_batches(tokens, out, first_output)
-        finally:
-            self._decoding = False
-
-    def _decode_batches(self, tokens, out, first_output):
-        """_decode's work, checks done: the batches, one forward each."""
         logits = None
         for start in range(0, len(tokens), self.n_batch):
             batch = tokens[start:start + self.n_batch]
@@ -562,6 +563,5 @@ class Llama:
         of n_ctx tokens evaluated in batches of n_batch (None: this Llama's), at most
         n_chunks of them (negative: all); a PerplexityResult (see ggml_py.perplexity)."""
         from ggml_py.perplexity import perplexity
-        with self._turn("perplexity"):
-            return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
-                              callback=callback)
+        return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
+                          callback=callback)

@@ -55,9 +55,16 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
     n_batch: tokens per evaluation (None: llm.n_batch), capped at n_ctx.
     n_chunks: score at most this many chunks (negative: all of them; 0 is refused).
     callback(i, n_chunk, running_ppl, seconds) is called after each chunk (seconds: its
-    evaluation and scoring, less the one-off building of graphs). Counted in llm.timings.
+    evaluation and scoring, less the one-off building of graphs; the Llama is busy: a call
+    into it from there raises RuntimeError). Counted in llm.timings. Holds the Llama
+    throughout (other threads' calls wait) and leaves its sequence empty.
     Raises ValueError if the text is shorter than 2 * n_ctx tokens.
     """
+    with llm._turn("perplexity"):
+        return _perplexity(llm, text, n_ctx, n_batch, n_chunks, callback)
+
+
+def _perplexity(llm, text, n_ctx, n_batch, n_chunks, callback):
     import time
     n_ctx = checked_int("perplexity: n_ctx", n_ctx, low=4)
     if n_batch is not None:
@@ -91,7 +98,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
             chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
             if add_bos:
                 chunk = [llm.token_bos()] + chunk[1:]
-            llm.reset()
+            llm._reset()
             built = llm.model.build_s
             llm._timed_decode(chunk, prompt=True, out=logits, first_output=first)
             built = llm.model.build_s - built     # a graph built once, not a chunk's work
@@ -109,7 +116,7 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
                 callback(i, n_chunk, running[-1], time.perf_counter() - t0 - built)
     finally:
         llm.n_batch = saved_batch
-        llm.reset()
+        llm._reset()
     mean, mean2 = nll / count, nll2 / count
     ppl = math.exp(mean)
     var = mean2 - mean * mean

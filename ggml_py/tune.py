@@ -22,7 +22,7 @@ import secrets
 import stat
 from dataclasses import dataclass, field
 
-from ggml_py._core import MAX_THREADS
+from ggml_py._core import MAX_THREADS, check_thread_count
 from ggml_py.profiles import STAGES, TaskProfile, task_profiles
 from ggml_py.system import blas, kernels, system_info
 from ggml_py.types import Op, Type
@@ -88,7 +88,7 @@ def interpolate(xs, ys, x):
         if not below:
             return max(0.0, ys[-1])
         i = below[-1]
-        return ys[-1] + (ys[-1] - ys[i]) / (xs[-1] - xs[i]) * (x - xs[-1])
+        return max(0.0, ys[-1] + (ys[-1] - ys[i]) / (xs[-1] - xs[i]) * (x - xs[-1]))
     i = 1
     while i < len(xs) - 1 and xs[i] < x:
         i += 1
@@ -230,6 +230,8 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     shapes: when given, (N, K, type) triples the file must all cover.
     n_threads: when given, a thread count the file must have been benched at.
     """
+    if n_threads is not None:
+        n_threads = check_thread_count(n_threads, "load")
     try:
         raw = _read_at_most(path, MAX_FILE_BYTES + 1)
     except OSError as exc:

@@ -537,6 +537,20 @@ def test_tune_bench_save_then_schedule_with_the_file(tmp_path):
     assert bad.returncode == 0 and "truncated" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_the_tune_file_hint_stays_within_what_ggml_tune_benches():
+    from types import SimpleNamespace
+    from ggml_py.cli.common import setup_tune
+    lines = []
+    for batch, ctx, hint in ((100, 4096, "ggml-tune --m-max 7 benches them"),
+                             (8192, 8192, "ggml-tune benches up to --m-max 12, M=4096")):
+        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx,
+                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4])))
+        args = SimpleNamespace(tune=False, tune_file="t.json", batch_size=batch)
+        assert setup_tune(llm, args, lines.append) is False
+        assert lines[-1] == (f"tune: t.json was benched up to M=4; batches of up to {min(batch, ctx)} "
+                             f"tokens are estimated past it ({hint})")
+
+
 def test_perplexity_with_tune_at_start_up():
     args = ("-m", model_path("q4_0"), "-f", TEXT_FILE, "-c", 32, "-b", 32, "--chunks", 2, "-t", 2)
     tuned = run("ggml_py.cli.perplexity", *args, "--tune")

@@ -802,26 +802,45 @@ def test_token_nll_sums_the_exponentials_in_double_as_llama_cpp():
     assert abs(token_nll(x, np.array([0]))[0] - math.log(exps.sum())) < 1e-12
 
 
-def test_a_signal_handler_cannot_change_a_llama_inside_its_eval():
-    """The Llama's lock is reentrant (perplexity evaluates under it), so a signal handler
-    calling reset() in the middle of an eval got in: the eval returned wrong logits for
-    most rows, without an error. Now the handler's call raises, the eval stops at a batch,
-    and the sequence evaluated so far is whole."""
+def test_a_call_from_inside_another_call_of_a_llama_is_refused():
+    """The Llama's lock is reentrant, so a signal handler calling reset() in the middle
+    of an eval got in: the eval returned wrong logits for most rows, without an error.
+    Now the handler's call raises, the eval stops at a batch with the tokens evaluated
+    so far kept, and the sequence carries on from there as if whole."""
     import signal
     llm = gg.Llama(n_ctx=256, n_threads=1, n_batch=8)     # the bundled model
     ids = llm.tokenize(pathlib.Path(default_text_path()).read_text()[:4000])[:200]
     want = llm.eval(ids)
     llm.reset()
-    old = signal.signal(signal.SIGALRM, lambda signum, frame: llm.reset())
+
+    def handler(signum, frame):
+        if llm.n_tokens >= 24:            # a few batches in: something to keep
+            llm.reset()
+    old = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.002, 0.002)   # again and again during the eval
-        with pytest.raises(RuntimeError, match="reset: this Llama is in the middle of an "
-                                               "evaluation in this thread"):
+        signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)   # again and again during the eval
+        with pytest.raises(RuntimeError, match="reset: this Llama is in the middle of another "
+                                               "call in this thread"):
             llm.eval(ids)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     n = llm.n_tokens
-    assert n % 8 == 0 and n == llm.model.cache.n_past and llm.tokens == ids[:n]
-    rest = llm.eval(ids[n:])             # carries on where the eval stopped, as if whole
+    assert 24 <= n < len(ids) and n % 8 == 0
+    assert n == llm.model.cache.n_past and llm.tokens == ids[:n]
+    rest = llm.eval(ids[n:])
     np.testing.assert_allclose(rest, want[n:], rtol=1e-5, atol=1e-5)
+
+    # perplexity holds the Llama from its start to its end: its callback cannot change it
+    calls = []
+
+    def callback(*args):
+        try:
+            llm.eval([1, 2])
+        except RuntimeError as exc:
+            calls.append(str(exc))
+    text = pathlib.Path(default_text_path()).read_text()[:20000]
+    alone = llm.perplexity(text, n_ctx=64, n_chunks=3).ppl
+    assert llm.perplexity(text, n_ctx=64, n_chunks=3, callback=callback).ppl == alone
+    assert len(calls) == 3 and all(c.startswith("eval: this Llama is in the middle") for c in calls)
+    assert llm.n_tokens == 0

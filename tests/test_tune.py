@@ -33,6 +33,7 @@ def test_interpolate_inside_and_past_both_ends():
         pytest.approx(844.3 + (844.3 - 422.3) / 3 * 508)
     assert interpolate([1, 2], [10.0, 4.0], 512) == 4.0      # nothing below the last: flat
     assert interpolate([1, 2, 4], [5.0, 5.0, 5.0], 64) == 5.0
+    assert interpolate([1, 2], [-10.0, -5.0], 2.5) == 0.0    # never below 0 there either
     with pytest.raises(ValueError, match="two or more"):
         interpolate([4], [7.0], 100)
     with pytest.raises(ValueError, match="bench needs two or more Ms"):
@@ -352,6 +353,15 @@ def test_a_file_from_another_machine_is_still_checked_whole(tmp_path, edit, matc
     edit(obj)
     with pytest.raises(TuneFileError, match=match):
         tune.load(write_json(tmp_path / "bad.json", obj), check_system=False)
+
+
+def test_load_checks_its_thread_count(tmp_path):
+    path = tmp_path / "t.json"
+    synthetic_data().save(path)
+    assert tune.load(path, n_threads=2).thread_counts == [1, 2]
+    with pytest.raises(ValueError, match="load: n_threads must be in 1..256, got 0") as info:
+        tune.load(path, n_threads=0)        # asked wrongly: not the file's fault
+    assert not isinstance(info.value, TuneFileError)
 
 
 def test_a_key_twice_in_one_object_is_rejected(tmp_path):

@@ -274,9 +274,11 @@ def setup_tune(llm, args, log):
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
             benched, m_max = llm.model.tune.m_values[-1], min(args.batch_size, llm.n_ctx())
             if m_max > benched:
+                m_max_flag = (m_max - 1).bit_length()
+                hint = (f"ggml-tune --m-max {m_max_flag} benches them" if m_max_flag <= 12
+                        else "ggml-tune benches up to --m-max 12, M=4096")
                 log(f"tune: {args.tune_file} was benched up to M={benched}; batches of up to "
-                    f"{m_max} tokens are estimated past it (ggml-tune --m-max "
-                    f"{min((m_max - 1).bit_length(), 12)} benches them)")
+                    f"{m_max} tokens are estimated past it ({hint})")
         except tune.TuneFileError as exc:
             log(f"tune: {exc}; using the fallback rule")
     return False
