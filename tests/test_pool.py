@@ -3,6 +3,7 @@ workers that really sleep during `wait` stages, Ctrl-C, pool lifetime."""
 import faulthandler
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -770,17 +771,17 @@ print("main done")
 """
 
 
+CC = os.environ.get("CC", "cc")    # as tests/test_tsan.py builds its C
+
+
+@pytest.mark.skipif(shutil.which(CC) is None, reason="no C compiler to build the slow exit handler")
 def test_a_daemon_thread_computing_when_python_exits(tmp_path):
     # a daemon thread's compute went on after the interpreter had finalized and took
     # the GIL for the signal check (only the main thread runs handlers): a segfault
-    import shutil
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler to build the slow exit handler")
     source = tmp_path / "slow_exit.c"
     source.write_text("#include <unistd.h>\n"
                       "__attribute__((destructor)) static void slow(void) { usleep(500000); }\n")
     library = tmp_path / "libslow_exit.so"
-    subprocess.run([cc, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
+    subprocess.run([CC, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
     script = DAEMON_COMPUTING_AT_EXIT.replace("SLOW_EXIT", repr(str(library)))
     assert run_script(script, tmp_path, "a daemon thread computing at exit") == "main done\n"

@@ -252,11 +252,11 @@ def setup_tune(llm, args, log):
 
     from ggml_py import tune
     from ggml_py.tune_bench import bench, model_shapes
+    m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
         if args.tune_file is not None:
             tune.check_writable(args.tune_file, not_over=llm.model.file.path)
         name, shapes = model_shapes(llm.model.file)
-        m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
@@ -272,7 +272,7 @@ def setup_tune(llm, args, log):
         try:
             llm.set_tune(args.tune_file)
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
-            benched, m_max = llm.model.tune.m_values[-1], min(args.batch_size, llm.n_ctx())
+            benched = llm.model.tune.m_values[-1]
             if m_max > benched:
                 m_max_flag = (m_max - 1).bit_length()
                 hint = (f"ggml-tune --m-max {m_max_flag} benches them" if m_max_flag <= 12
@@ -307,10 +307,13 @@ def open_llama(model, **kwargs):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         llm = Llama(model, **kwargs)
+    messages = []
     for w in caught:
-        if not issubclass(w.category, TrainingContextWarning):
+        if issubclass(w.category, TrainingContextWarning):
+            messages.append(str(w.message))
+        else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
-    return llm, [str(w.message) for w in caught if issubclass(w.category, TrainingContextWarning)]
+    return llm, messages
 
 
 def kv_type(parser, args):
