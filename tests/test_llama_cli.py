@@ -546,9 +546,21 @@ def test_the_tune_file_hint_stays_within_what_ggml_tune_benches():
         llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx,
                               model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4])))
         args = SimpleNamespace(tune=False, tune_file="t.json", batch_size=batch)
-        assert setup_tune(llm, args, lines.append) is False
+        setup_tune(llm, args, lines.append)
         assert lines[-1] == (f"tune: t.json was benched up to M=4; batches of up to {min(batch, ctx)} "
                              f"tokens are estimated past it ({hint})")
+
+
+def test_tune_at_start_up_benches_nothing_for_a_refused_prompt_or_text():
+    # the prompt's and the text's checks come first: a run that cannot go ahead is refused at once
+    long_prompt = main("-m", model_path("q4_0"), "-c", 8, "-p", "ROMEO. " * 20, "-t", 1, "--tune")
+    short_text = run("ggml_py.cli.perplexity", "-m", model_path("q4_0"), "-f", TEXT_FILE,
+                     "-c", 4096, "-t", 1, "--tune")
+    for proc, error in ((long_prompt, "ggml-main: error: the prompt has"),
+                        (short_text, "ggml-perplexity: error: you need at least 8192 tokens")):
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr
+        assert proc.stderr.strip().splitlines()[-1].startswith(error)
+        assert "tune: benched" not in proc.stderr
 
 
 def test_perplexity_with_tune_at_start_up():

@@ -242,8 +242,9 @@ def add_model_arguments(parser, ctx_default):
 
 
 def setup_tune(llm, args, log):
-    """Apply --tune / --tune-file to a loaded Llama. Returns True when the program
-    should exit now (--tune with --tune-file: bench, save, done).
+    """Apply --tune / --tune-file to a loaded Llama: --tune benches its shapes and
+    schedules with the data or, with --tune-file, saves them there (the program then
+    exits); --tune-file alone loads the file.
 
     A tune file that cannot be used (corrupt, another CPU, model or version) is
     reported in one line and the run goes on with ggml's fallback rule.
@@ -266,8 +267,8 @@ def setup_tune(llm, args, log):
         if args.tune_file is not None:
             data.save(args.tune_file)
             log(f"tune: saved {args.tune_file}")
-            return True
-        llm.set_tune(data)
+        else:
+            llm.set_tune(data)
     elif args.tune_file is not None:
         try:
             llm.set_tune(args.tune_file)
@@ -281,7 +282,6 @@ def setup_tune(llm, args, log):
                     f"{m_max} tokens are estimated past it ({hint})")
         except tune.TuneFileError as exc:
             log(f"tune: {exc}; using the fallback rule")
-    return False
 
 
 def resolve_ctx_size(args):

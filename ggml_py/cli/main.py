@@ -110,7 +110,8 @@ def main(argv=None):
         f"{llm.model.file.file_type_name()}, in {1e3 * llm.timings.load_s:.2f} ms")
     for message in load_warnings:
         log(f"main: warning: {message}")
-    if setup_tune(llm, args, log):
+    if args.tune and args.tune_file is not None:    # bench, save the file, exit
+        setup_tune(llm, args, log)
         return 0
 
     if llm.tokenizer.add_eos:
@@ -129,6 +130,7 @@ def main(argv=None):
     # checks now that the prompt fits the context: nothing is echoed for one that does not
     generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
                                     ignore_eos=args.ignore_eos)
+    setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
     if args.verbose_prompt:
         log(f"main: prompt: '{prompt}'")
         log(f"main: number of tokens in prompt = {len(ids)}")

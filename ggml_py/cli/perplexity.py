@@ -71,7 +71,8 @@ def main(argv=None):
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
     for message in load_warnings:
         log(f"perplexity: warning: {message}")
-    if setup_tune(llm, args, log):
+    if args.tune and args.tune_file is not None:    # bench, save the file, exit
+        setup_tune(llm, args, log)
         return 0
     if llm.tokenizer.add_eos:
         raise ValueError(ADD_EOS_REFUSED)
@@ -82,6 +83,7 @@ def main(argv=None):
     if len(tokens) < 2 * n_ctx:
         raise ValueError(f"you need at least {2 * n_ctx} tokens to evaluate perplexity with a "
                          f"context of {n_ctx}; the data file tokenizes to only {len(tokens)} tokens")
+    setup_tune(llm, args, log)    # after the text's checks: a refused text benches nothing
     n_chunk = len(tokens) // n_ctx if args.chunks < 0 else min(args.chunks, len(tokens) // n_ctx)
     log(f"perplexity: calculating perplexity over {n_chunk} chunks, n_ctx={n_ctx}, "
         f"batch_size={min(args.batch_size, n_ctx)}, n_seq=1")
