@@ -240,6 +240,21 @@ def build_forward(*outputs):
     return Graph(topological_order(outputs))
 
 
+def _check_sources_first(nodes):
+    """ValueError unless every node's computed sources are nodes before it (a compute
+    runs the nodes in list order: a source after its user, or left out, is read
+    before it is written)."""
+    done = set()
+    for i, t in enumerate(nodes):
+        for s in t.src:
+            if s is not None and s.op != Op.NONE and id(s) not in done:
+                where = "comes after it" if any(s is n for n in nodes) else "is not in the graph"
+                raise ValueError(f"Graph: node {i} ({t.op.name} {t.shape}) reads a {s.op.name} "
+                                 f"{s.shape} that {where}; build_forward(outputs) lists every "
+                                 f"node after its sources")
+        done.add(id(t))
+
+
 class Graph:
     """Nodes (op != NONE) and leafs of a computation, in topological order."""
 
@@ -250,6 +265,7 @@ class Graph:
                 raise TypeError(f"Graph: expected Tensors, got {type(t).__name__}")
         self.nodes = [t for t in tensors if t.op != Op.NONE]
         self.leafs = [t for t in tensors if t.op == Op.NONE]
+        _check_sources_first(self.nodes)
         self._cgraph = _core.CGraph(self.nodes)
         self._work = None
         self._stage_ns = None          # int64 (nodes * stages): profiled times, summed

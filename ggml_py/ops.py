@@ -12,8 +12,8 @@ import struct
 import threading
 
 from ggml_py import _core
-from ggml_py.tensor import (MAX_DIMS, Tensor, data_alignment, ne_of_shape, packed_nbytes, row_bytes,
-                            type_traits)
+from ggml_py.tensor import (MAX_DIMS, Tensor, data_alignment, exact_shape, ne_of_shape,
+                            packed_nbytes, row_bytes, type_traits)
 from ggml_py.types import Op, Type
 
 # types the element-wise copy converts between (others copy only to their own type)
@@ -165,7 +165,20 @@ def cpy(a, b):
     if by_rows and (a._ne[0] != b._ne[0] or not _packed_rows(a) or not _packed_rows(b)):
         raise ValueError(f"cpy: a is {a.type.name} {a.shape} but b is {b.type.name} {b.shape}: "
                          f"a quantized copy needs packed rows of the same length")
+    if _may_overlap(a, b):   # as numpy's b[...] = a: all of a is read before b is written
+        a = dup(a)
     return _new(Op.CPY, (a, b), b.type, b._ne, b.ndim, nb=b._nb, view_of=b)
+
+
+def _may_overlap(a, b):
+    """Whether a and b span common bytes, other than as the very same tensor (a copy of
+    which onto itself changes nothing): a copy between them needs a copy of a first,
+    or it reads elements it has already written (in an order that depends on the threads)."""
+    if _nelements(a) == 0 or _nelements(b) == 0:
+        return False
+    if (a.data_ptr, a.type, a._ne, a._nb) == (b.data_ptr, b.type, b._ne, b._nb):
+        return False
+    return a.data_ptr < b.data_ptr + b.nbytes and b.data_ptr < a.data_ptr + a.nbytes
 
 
 def _nelements(t):
@@ -385,6 +398,7 @@ def set_rows(dst, src, ids):
             or src._ne[2] != dst._ne[2] or src._ne[3] != dst._ne[3]:
         raise ValueError(f"set_rows: dst is {dst.shape}, src is {src.shape}, ids is {ids.shape}: "
                          f"src must be (len(ids), row length of dst)")
+    src, ids = (dup(t) if _may_overlap(t, dst) else t for t in (src, ids))   # read before written
     return _new(Op.SET_ROWS, (src, ids, dst), dst.type, dst._ne, dst.ndim,
                 nb=dst._nb, view_of=dst)
 
@@ -450,6 +464,7 @@ def concat(a, b, axis=0):
 def view(a, shape, strides=None, offset=0):
     """A view of a's data: numpy-order shape and byte strides, at byte offset."""
     _check_tensor("view", a=a)
+    shape = exact_shape(shape, "view")    # an iterator is read once, here
     ne = ne_of_shape(shape, "view")
     offset = _int("view", "offset", offset)
     traits = type_traits(a.type)
@@ -467,7 +482,7 @@ def view(a, shape, strides=None, offset=0):
         raise ValueError("view: negative offset or stride")
     align = data_alignment(a.type)
     if offset % align or any(s % align for s in nb):
-        raise ValueError(f"view: offset {offset} and strides {tuple(reversed(nb[:len(tuple(shape))]))} "
+        raise ValueError(f"view: offset {offset} and strides {tuple(reversed(nb[:len(shape)]))} "
                          f"must be multiples of {align} bytes, where {a.type.name} data starts")
     extent = offset + row_bytes(a.type, ne[0]) + sum((ne[i] - 1) * nb[i] for i in range(1, MAX_DIMS))
     if 0 in ne:
@@ -475,7 +490,7 @@ def view(a, shape, strides=None, offset=0):
     if extent > a.nbytes:
         raise ValueError(f"view: shape {tuple(shape)} at offset {offset} needs {extent} bytes, "
                          f"a {a.shape} has {a.nbytes}")
-    return _new(Op.VIEW, (a,), a.type, ne, len(tuple(shape)), nb=nb, view_of=a, view_offset=offset)
+    return _new(Op.VIEW, (a,), a.type, ne, len(shape), nb=nb, view_of=a, view_offset=offset)
 
 
 def _contiguous_nb(type, ne):
@@ -489,11 +504,12 @@ def reshape(a, shape):
     _check_tensor("reshape", a=a)
     if not a.is_contiguous:
         raise ValueError(f"reshape: a {a.shape} is not contiguous (take cont() first)")
+    shape = exact_shape(shape, "reshape")
     ne = ne_of_shape(shape, "reshape")
     if ne[0] * ne[1] * ne[2] * ne[3] != _nelements(a):
         raise ValueError(f"reshape: cannot reshape {a.shape} into {tuple(shape)}: element counts differ")
     row_bytes(a.type, ne[0])
-    return _new(Op.RESHAPE, (a,), a.type, ne, len(tuple(shape)), nb=_contiguous_nb(a.type, ne),
+    return _new(Op.RESHAPE, (a,), a.type, ne, len(shape), nb=_contiguous_nb(a.type, ne),
                 view_of=a)
 
 

@@ -173,9 +173,10 @@ class Context(_core.Context):
     def new_tensor(self, type, shape, name=None):
         """A new zero-filled leaf tensor of `type` with numpy-order `shape`."""
         type = Type.of(type, "new_tensor")
+        shape = exact_shape(shape, "new_tensor")    # an iterator is read once, here
         ne = ne_of_shape(shape, "new_tensor")
         packed_nbytes(type, ne)
-        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(tuple(shape)))
+        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(shape))
         if name:
             t.name = name
         return t
@@ -188,7 +189,8 @@ class Context(_core.Context):
         array = np.asarray(array)
         if array.ndim == 0:
             array = array.reshape(1)
-        src_type = TYPES_OF_DTYPES.get(array.dtype)
+        # a copy: values in the other byte order (">f4") are read as numpy reads them
+        src_type = TYPES_OF_DTYPES.get(array.dtype.newbyteorder("="))
         if type is None:
             if src_type is None:
                 raise TypeError(f"from_numpy: dtype {array.dtype} has no tensor type; "
@@ -218,6 +220,7 @@ class Context(_core.Context):
         any type (quantized blocks, BF16 bits).
         """
         type = Type.of(type, "from_buffer")
+        shape = exact_shape(shape, "from_buffer")
         ne = ne_of_shape(shape, "from_buffer")
         expected = packed_nbytes(type, ne)
         buffer = np.asarray(buffer)
@@ -236,7 +239,7 @@ class Context(_core.Context):
             raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "
                              f"bytes, buffer has {buffer.nbytes} "
                              f"({'contiguous' if buffer.flags.c_contiguous else 'not contiguous'})")
-        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(tuple(shape)),
+        t = _core.new_tensor(Tensor, self, int(type), ne, None, len(shape),
                              external=buffer)
         if name:
             t.name = name

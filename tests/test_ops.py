@@ -534,6 +534,36 @@ def test_set_rows(ctx, rng, dst_shape, k, dst_type, layout):
     assert same_bits(got, want)
 
 
+@pytest.mark.parametrize("n_threads", [1, 2, 4])
+def test_a_copy_from_memory_it_overwrites_reads_all_of_it_first(ctx, n_threads):
+    # as numpy's a[...] = a.T and d[[1, 2]] = d[[0, 1]]: the source is read whole before
+    # the destination is written, at every thread count
+    a0 = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+    a = ctx.from_numpy(a0)
+    y = gg.cpy(gg.transpose(a), a)
+    assert gg.Op.DUP in [t.op for t in gg.build_forward(y).nodes]
+    gg.build_forward(y).compute(n_threads=n_threads)
+    assert np.array_equal(a.numpy(), a0.T)
+
+    d0 = np.arange(12, dtype=np.float32).reshape(4, 3)
+    d = ctx.from_numpy(d0)
+    gg.build_forward(gg.set_rows(d, gg.view(d, (2, 3)), ctx.from_numpy(np.array([1, 2], np.int32)))
+                     ).compute(n_threads=n_threads)
+    want = d0.copy()
+    want[[1, 2]] = d0[[0, 1]]
+    assert np.array_equal(d.numpy(), want)
+
+
+def test_copies_between_disjoint_parts_of_one_tensor_copy_nothing_extra(ctx):
+    b0 = np.arange(8, dtype=np.float32)
+    b = ctx.from_numpy(b0)
+    top, bottom = gg.view(b, (4,)), gg.view(b, (4,), offset=16)
+    for y in (gg.cpy(top, bottom), gg.cpy(b, b)):     # apart, or the very same elements
+        assert [t.op for t in gg.build_forward(y).nodes if t.op == gg.Op.DUP] == []
+    gg.build_forward(gg.cpy(top, bottom)).compute(n_threads=2)
+    assert np.array_equal(b.numpy(), np.r_[b0[:4], b0[:4]])
+
+
 def test_a_row_id_into_no_rows_says_so(ctx):
     ids = ctx.from_numpy(np.array([0], np.int32))
     y = gg.get_rows(ctx.new_tensor(gg.F32, (0, 3)), ids)
@@ -967,6 +997,34 @@ def test_nodes_are_in_ggmls_order(ctx):
     assert [t.name for t in gg.build_forward(y).nodes] == ["a", "b", "y"]
     z = gg.add(b, a)     # a and b already built: order from this root's first source
     assert [t.name for t in gg.build_forward(z).nodes][:2] == ["b", "a"]
+
+def test_a_graph_lists_every_node_after_its_sources(ctx):
+    a = ctx.from_numpy(np.ones((2, 2), np.float32))
+    x = gg.add(a, a)
+    y = gg.mul(x, x)
+    with pytest.raises(ValueError, match=r"node 0 \(MUL \(2, 2\)\) reads a ADD \(2, 2\) that "
+                                         r"comes after it"):
+        gg.Graph([y, x])
+    with pytest.raises(ValueError, match="reads a ADD .* that is not in the graph"):
+        gg.Graph([y])
+    g = gg.Graph([a, x, y])
+    g.compute(n_threads=1)
+    assert np.array_equal(y.numpy(), np.full((2, 2), 4.0, np.float32))
+
+
+def test_a_shape_may_be_any_iterable_of_integers(ctx):
+    a = ctx.from_numpy(np.arange(6, dtype=np.float32))
+    for t in (gg.reshape(a, iter([2, 3])), gg.view(a, (d for d in (2, 3))),
+              ctx.new_tensor(gg.F32, iter([2, 3])),
+              ctx.from_buffer(np.zeros(6, np.float32), gg.F32, iter([2, 3]))):
+        assert t.shape == (2, 3) and t.ndim == 2
+
+
+def test_from_numpy_reads_values_in_the_other_byte_order(ctx):
+    for dtype, type in ((">f4", gg.F32), (">f2", gg.F16), (">i4", gg.I32)):
+        t = ctx.from_numpy(np.arange(5).astype(dtype))
+        assert t.type == type and np.array_equal(t.numpy(), np.arange(5))
+
 
 def test_graphs_are_made_of_tensors_only():
     class LooksLikeANode:
