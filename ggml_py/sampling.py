@@ -72,18 +72,26 @@ def apply_penalties(logits, history, repeat_penalty, frequency_penalty=0.0, pres
     ids, counts = np.unique(np.asarray(history, np.int64), return_counts=True)
     inside = (ids >= 0) & (ids < len(logits))      # ids not in the vocabulary: no token to penalise
     ids, counts = ids[inside], counts[inside]
+    # in float32, step by step, as llama.cpp: logit -= count * freq + (count > 0) * presence
+    repeat, freq, presence = (np.float32(v) for v in (repeat_penalty, frequency_penalty,
+                                                       presence_penalty))
     x = logits[ids]
-    x = np.where(x <= 0, x * repeat_penalty, x / repeat_penalty)
-    logits[ids] = x - counts * frequency_penalty - presence_penalty
+    x = np.where(x <= 0, x * repeat, x / repeat)
+    logits[ids] = x - (counts.astype(np.float32) * freq + presence)
     return logits
 
 
 def top_k(ids, logits, k):
-    """The k highest candidates, sorted by logit (all of them, sorted, if k <= 0)."""
+    """The k highest candidates, sorted by logit (all of them, sorted, if k <= 0); among
+    equal logits the earlier candidates (the lower ids) come first and survive the cut.
+    logits: float32 without NaN (Sampler makes NaN -inf first)."""
     n = len(logits)
     if 0 < k < n:
-        part = np.argpartition(-logits, k - 1)[:k]
-        ids, logits = ids[part], logits[part]
+        kth = -np.partition(-logits, k - 1)[k - 1]          # the k-th highest logit
+        above = np.flatnonzero(logits > kth)
+        tied = np.flatnonzero(logits == kth)[:k - len(above)]
+        keep = np.sort(np.concatenate([above, tied]))       # in candidate order
+        ids, logits = ids[keep], logits[keep]
     order = np.argsort(-logits, kind="stable")
     return ids[order], logits[order]
 

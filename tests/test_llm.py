@@ -748,7 +748,33 @@ def test_generate_reuses_only_the_prompts_common_prefix():
     assert got == list(fresh.generate(b, max_tokens=6, temperature=0))
     before = llm.timings.prompt_tokens
     list(llm.generate(b, max_tokens=1, temperature=0))                 # the same prompt again:
-    assert llm.timings.prompt_tokens - before == 1                     # only its last token runs
+    assert llm.timings.prompt_tokens - before == 0                     # its logits are kept
+
+
+def test_the_same_prompt_again_starts_from_the_same_logits(monkeypatch):
+    # a 40-token prompt runs as one batch (BLAS from 32 tokens); its last token alone would
+    # run with Q8_0-rounded activations: other logits, and another text for the same seed
+    prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, N_VOCAB, 39)]
+    seen = []
+    sample = Sampler.sample
+    monkeypatch.setattr(Sampler, "sample",
+                        lambda self, logits: seen.append(logits.copy()) or sample(self, logits))
+
+    def first_logits_and_text(llm):
+        seen.clear()
+        text = list(llm.generate(prompt, max_tokens=8, temperature=0.8, seed=3, ignore_eos=True))
+        return seen[0], text
+
+    llm = gg.Llama(model_path("q8_0"), n_ctx=128, n_threads=1)
+    logits, text = first_logits_and_text(llm)
+    for grow in ([], [5, 6]):        # called again, or after the sequence grew past the prompt
+        llm.eval(grow) if grow else None
+        again, again_text = first_logits_and_text(llm)
+        assert np.array_equal(again, logits) and again_text == text
+    # the prompt's last token alone (the rows before it reused) is not what its batch gave
+    list(llm.generate(prompt[:-1] + [7], max_tokens=1))
+    other, _ = first_logits_and_text(llm)
+    assert not np.array_equal(other, logits)
 
 
 def test_max_tokens_zero_generates_nothing():

@@ -54,6 +54,31 @@ def test_top_k_of_all_but_one_drops_the_lowest():
     assert top_k(np.arange(5), LOGITS, 4)[0].tolist() == [1, 3, 0, 4]
 
 
+def test_top_k_keeps_the_lowest_ids_among_ties():
+    flat = np.zeros(1000, np.float32)
+    assert top_k(np.arange(1000), flat, 40)[0].tolist() == list(range(40))
+    x = np.array([1, 1, -1, 2, 0, 1, 2, -3, 2, 1], np.float32)   # 2 at 3, 6, 8; 1 at 0, 1, 5, 9
+    assert top_k(np.arange(10), x, 1)[0].tolist() == [3]          # greedy's choice
+    assert top_k(np.arange(10), x, 5)[0].tolist() == [3, 6, 8, 0, 1]
+    top_1 = Sampler(SamplingParams(temperature=0.8, top_k=1, seed=1))
+    assert top_1.sample(x) == Sampler(SamplingParams(temperature=0)).sample(x) == 3
+
+
+def test_penalties_are_float32_steps_as_llama_cpp():
+    # logit -= float(count) * freq + float(count > 0) * presence, all in float32
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 5, 1000).astype(np.float32)
+    history = rng.integers(0, 1000, 3000)
+    ids, counts = np.unique(history, return_counts=True)
+    for freq, presence in ((0.1, 0.1), (0.3, 0.7), (1.1, 0.0), (0.0, 0.3)):
+        want = x.copy()
+        v = want[ids]
+        v = np.where(v <= 0, v * np.float32(1.1), v / np.float32(1.1))
+        want[ids] = v - (counts.astype(np.float32) * np.float32(freq) + np.float32(presence))
+        got = apply_penalties(x.copy(), history, 1.1, freq, presence)
+        assert got.tobytes() == want.tobytes()
+
+
 def test_the_last_vocabulary_id_is_penalised_too():
     x = LOGITS.copy()
     apply_penalties(x, [4], repeat_penalty=2.0)
