@@ -37,12 +37,12 @@ import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
-from ggml_py.gguf_write import atomic_output, names_a_directory
+from ggml_py.gguf_write import atomic_output, names_a_directory, write_streamed
 from ggml_py.pretokenize import CONTRACTIONS_ANY_CASE, RE_GPT2, PRE_TOKENIZERS
 
 
@@ -243,8 +243,27 @@ def _safetensors_entry(info) -> tuple:
     return dtype, offsets[0], offsets[1], tuple(shape)
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (name, float32 array) from a .safetensors file (memory-mapped).
+@dataclass(frozen=True)
+class CheckpointTensor:
+    """A checkpoint's tensor, read when its values are needed, so that a conversion holds
+    one tensor in memory at a time: its numpy-order shape now, float32 values from load()."""
+    shape: tuple
+    load: Callable[[], np.ndarray]
+
+    def then(self, change: Callable[[np.ndarray], np.ndarray]) -> CheckpointTensor:
+        """This tensor with `change` applied to its values when they are loaded."""
+        return CheckpointTensor(self.shape, lambda: change(self.load()))
+
+
+def _widened(array: np.ndarray, bf16: bool) -> np.ndarray:
+    """float32 values of a stored array (BF16: its uint16 bits widened by a 16-bit shift)."""
+    if bf16:
+        array = (array.astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(array, dtype=np.float32)
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Yield (name, CheckpointTensor) from a .safetensors file (memory-mapped).
 
     The format is an 8-byte little-endian header length, a JSON header
     ``{name: {"dtype", "shape", "data_offsets": [begin, end]}}`` and the raw
@@ -272,13 +291,13 @@ def read_safetensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
         if end - begin != count * np.dtype(dtype).itemsize or end > len(data):
             raise ConvertError(f"{path}: tensor {name!r}: data size does not match its shape")
         array = data[begin:end].view(dtype).reshape(shape)
-        if info["dtype"] == "BF16":
-            array = (array.astype(np.uint32) << 16).view(np.float32)
-        yield name, np.asarray(array, dtype=np.float32)
+        yield name, CheckpointTensor(shape, lambda a=array, bf16=info["dtype"] == "BF16":
+                                     _widened(a, bf16))
 
 
-def read_pytorch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
-    """Yield (name, float32 array) from a pytorch_model.bin (needs PyTorch)."""
+def read_pytorch_bin(path: Path) -> Iterator[tuple[str, CheckpointTensor]]:
+    """Yield (name, CheckpointTensor) from a pytorch_model.bin (needs PyTorch; the file
+    is loaded whole, its tensors widened to float32 one at a time)."""
     try:
         import torch
     except ImportError:
@@ -289,7 +308,8 @@ def read_pytorch_bin(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     except Exception as e:  # torch raises many types for a bad file
         raise ConvertError(f"{path}: cannot load ({type(e).__name__}: {e})") from None
     for name, tensor in state.items():
-        yield name, tensor.detach().to(torch.float32).numpy()
+        yield name, CheckpointTensor(tuple(tensor.shape),
+                                     lambda t=tensor: t.detach().to(torch.float32).numpy())
 
 
 # (files, their index, reader), tried in this order
@@ -297,10 +317,10 @@ _WEIGHT_FORMATS = (("*.safetensors", "model.safetensors.index.json", read_safete
                    ("pytorch_model*.bin", "pytorch_model.bin.index.json", read_pytorch_bin))
 
 
-def _read_files(files: list[Path], reader) -> tuple[dict[str, np.ndarray], dict[str, Path]]:
+def _read_files(files: list[Path], reader) -> tuple[dict[str, CheckpointTensor], dict[str, Path]]:
     """({HF name: array}, {HF name: its file}) of `files`; a name in two files is an error
     (a stale copy beside the real weights must not win silently)."""
-    weights: dict[str, np.ndarray] = {}
+    weights: dict[str, CheckpointTensor] = {}
     source: dict[str, Path] = {}
     for f in files:
         for name, array in reader(f):
@@ -311,7 +331,7 @@ def _read_files(files: list[Path], reader) -> tuple[dict[str, np.ndarray], dict[
     return weights, source
 
 
-def _read_indexed(index: Path, reader) -> dict[str, np.ndarray]:
+def _read_indexed(index: Path, reader) -> dict[str, CheckpointTensor]:
     """The tensors of a sharded checkpoint: exactly the files the index's weight_map names,
     each tensor in the file it names, and no tensor it does not list."""
     weight_map = _json_object(index).get("weight_map")
@@ -331,8 +351,8 @@ def _read_indexed(index: Path, reader) -> dict[str, np.ndarray]:
     return weights
 
 
-def read_weights(model_dir: Path) -> dict[str, np.ndarray]:
-    """Every tensor of the checkpoint, {HF name: float32 array}: with an index
+def read_weights(model_dir: Path) -> dict[str, CheckpointTensor]:
+    """Every tensor of the checkpoint, {HF name: CheckpointTensor}: with an index
     (model.safetensors.index.json) the files it names, else all *.safetensors files;
     else the same for pytorch_model*.bin (pytorch_model.bin.index.json)."""
     for pattern, index_name, reader in _WEIGHT_FORMATS:
@@ -418,9 +438,9 @@ def expected_shapes(p: LlamaParams) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.ndarray]:
-    """HF tensors -> {gguf name: float32 array} in llama.cpp's order and layout."""
-    out: dict[str, np.ndarray] = {}
+def map_tensors(weights: dict[str, CheckpointTensor], p: LlamaParams) -> dict[str, CheckpointTensor]:
+    """HF tensors -> {gguf name: CheckpointTensor} in llama.cpp's order and layout."""
+    out: dict[str, CheckpointTensor] = {}
     for hf_name, array in weights.items():
         name = gguf_name(hf_name, p.n_layer)
         if name is not None and not (name == "output.weight" and p.tied):
@@ -443,7 +463,8 @@ def map_tensors(weights: dict[str, np.ndarray], p: LlamaParams) -> dict[str, np.
     for name in shapes:
         if not p.adjacent_rope and name.endswith(("attn_q.weight", "attn_k.weight",
                                                   "attn_q.bias", "attn_k.bias")):
-            out[name] = permute_rope_rows(out[name], p.n_head if ".attn_q." in name else p.n_head_kv)
+            n_head = p.n_head if ".attn_q." in name else p.n_head_kv
+            out[name] = out[name].then(lambda w, n=n_head: permute_rope_rows(w, n))
     return {name: out[name] for name in shapes}
 
 
@@ -838,10 +859,10 @@ def _to_bf16(x: np.ndarray) -> np.ndarray:
     return np.where(nan, ((u >> 16) | 64).astype(np.uint16), rounded)
 
 
-def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab: Vocab,
+def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, CheckpointTensor], vocab: Vocab,
                outtype: str, name: str, log=print) -> None:
     """Write a llama GGUF to `path`: hyper-parameters, tokenizer, then the tensors as
-    `outtype` (1-D tensors stay F32); `log` gets one line per tensor."""
+    `outtype` (1-D tensors stay F32), one at a time; `log` gets one line per tensor."""
     import gguf
 
     from ggml_py.gguf_write import add_llama_hparams
@@ -875,23 +896,19 @@ def write_gguf(path: Path, p: LlamaParams, tensors: dict[str, np.ndarray], vocab
     if vocab.chat_template:
         w.add_chat_template(vocab.chat_template)
 
-    for tname, array in tensors.items():
-        # 1-D tensors (norms) stay F32 in every output type, as in llama.cpp.
-        if outtype == "f16" and array.ndim > 1:
-            w.add_tensor(tname, array.astype(np.float16))
-            kind = "F16"
-        elif outtype == "bf16" and array.ndim > 1:
-            w.add_tensor(tname, _to_bf16(array), raw_shape=array.shape,
-                         raw_dtype=gguf.GGMLQuantizationType.BF16)
-            kind = "BF16"
-        else:
-            w.add_tensor(tname, np.ascontiguousarray(array, dtype=np.float32))
-            kind = "F32"
-        log(f"  {tname:<28} {str(list(array.shape)):<14} {kind}")
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    def stored(tname: str, t: CheckpointTensor):
+        """(gguf type, make) of a tensor: 1-D tensors (norms) stay F32 in every output
+        type, as in llama.cpp."""
+        kind = outtype if len(t.shape) > 1 else "f32"
+        change = {"f32": lambda x: x, "f16": lambda x: x.astype(np.float16), "bf16": _to_bf16}[kind]
+
+        def make():
+            data = change(t.load())
+            log(f"  {tname:<28} {str(list(t.shape)):<14} {kind.upper()}")
+            return data
+        return gguf.GGMLQuantizationType[kind.upper()], make
+
+    write_streamed(w, [(tname, t.shape, *stored(tname, t)) for tname, t in tensors.items()])
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -934,7 +951,7 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         raise   # `log`'s reader went away, not the output file (for console_script)
     except OSError as e:
         raise ConvertError(f"{out}: cannot write ({e.strerror or e})") from None
-    n_params = sum(a.size for a in tensors.values())
+    n_params = sum(math.prod(t.shape) for t in tensors.values())
     log(f"wrote {out}: {len(tensors)} tensors, {n_params:,} parameters, "
         f"{out.stat().st_size / 1e6:.2f} MB ({outtype.upper()})")
     return out

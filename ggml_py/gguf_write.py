@@ -2,10 +2,14 @@
 and how it reaches the disk (whole or not at all)."""
 import contextlib
 import errno
+import math
 import os
 import secrets
+import signal
+import threading
 
 import gguf
+import numpy as np
 
 
 def names_a_directory(path):
@@ -18,7 +22,8 @@ def names_a_directory(path):
 @contextlib.contextmanager
 def atomic_output(path):
     """Yield a new, empty temporary path beside `path`; when the block completes it is
-    renamed to `path`, and when the block raises it is removed.
+    renamed to `path`, and when the block raises, or SIGTERM comes (see
+    _termination_raises; the process then exits with status 143), it is removed.
 
     A failed run leaves neither a half-written file nor a damaged old one, and the
     inputs of a run (memory-mapped) are never truncated under it. The temporary file
@@ -37,12 +42,63 @@ def atomic_output(path):
         except FileExistsError:
             continue
     try:
-        yield tmp
+        with _termination_raises():
+            yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _termination_raises():
+    """Within the block, SIGTERM (`kill`, `timeout`, a service manager stopping the job)
+    raises SystemExit(143) rather than killing the process at once, so that the block's
+    cleanup runs; only in the main thread, and only where SIGTERM has its default action
+    (a program's own handler is left alone). The default is put back after."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def write_streamed(writer, tensors):
+    """Write a GGUF's header, metadata and tensors, the tensors one at a time, and close it.
+
+    tensors: [(name, numpy-order shape, gguf.GGMLQuantizationType, make)], in file order;
+    make() returns the tensor's data (a numpy array of exactly its bytes) and is called
+    only when that tensor is written, so that no more than one is held in memory.
+    """
+    for name, shape, qtype, _ in tensors:
+        writer.add_tensor_info(name, shape, np.dtype(np.float32), tensor_nbytes(shape, qtype),
+                               raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for name, shape, qtype, make in tensors:
+        data = np.ascontiguousarray(make())
+        if data.nbytes != tensor_nbytes(shape, qtype):
+            raise ValueError(f"{name}: {data.nbytes} bytes of data for {qtype.name} "
+                             f"{tuple(shape)}, which takes {tensor_nbytes(shape, qtype)}")
+        writer.write_tensor_data(data)
+        del data     # let it go before the next one is made
+    writer.close()
+
+
+def tensor_nbytes(shape, qtype):
+    """Bytes of a tensor of `qtype` with numpy-order `shape` (rows of whole blocks)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    return math.prod(shape[:-1]) * (shape[-1] // block) * size
 
 
 def add_llama_hparams(writer, *, n_vocab, n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv,

@@ -29,6 +29,7 @@ when complete; an output that is the input file is refused.
 
     python -m ggml_py.quantize_model IN OUT TYPE     # the same as ggml-quantize
 """
+import collections
 import os
 import re
 import sys
@@ -37,10 +38,11 @@ from dataclasses import dataclass
 
 import gguf
 import numpy as np
+from tqdm import tqdm
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError, open_reader
-from ggml_py.gguf_write import atomic_output
+from ggml_py.gguf_write import atomic_output, write_streamed
 from ggml_py.quants import dequantize, quantize
 from ggml_py.tensor import type_traits
 from ggml_py.types import Type
@@ -228,7 +230,11 @@ def copy_metadata(reader, writer, file_type):
             # the writer lays the tensor data out to its own alignment, not to the key
             writer.add_custom_alignment(int(reader.alignment))
             continue
-        writer.add_key_value(key, field_value(field), *field_types(field))
+        vtype, sub_type = field_types(field)
+        if sub_type == gguf.GGUFValueType.ARRAY:
+            raise QuantizeError(f"metadata {key!r} is an array of arrays, which cannot be "
+                                f"written here")
+        writer.add_key_value(key, field_value(field), vtype, sub_type)
     # last, in llama.cpp's order: its output and ours are then the same bytes
     writer.add_uint32("general.quantization_version", gguf.GGML_QUANT_VERSION)
     writer.add_uint32("general.file_type", int(file_type))
@@ -399,40 +405,35 @@ def check_finite(name, type, data, shape=None):
     return data
 
 
-def add_tensors(writer, reader, types, progress):
-    """Add every tensor of `reader` to `writer` in its type of `types` ({name: type}):
-    re-typed, or copied unchanged where the type stays. Returns {type name: count}."""
-    counts = {}
-    tensors = sorted(reader.tensors, key=lambda t: (layer_of(t.name), t.name))  # llama.cpp's order
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(tensors), unit="tensor", desc="quantize", file=sys.stderr)
-    for t in tensors:
+def tensor_plan(reader, types, made=lambda: None):
+    """[(name, numpy-order shape, gguf type, make)] for gguf_write.write_streamed: every
+    tensor of `reader` in its type of `types` ({name: type}), in llama.cpp's order; make()
+    re-types the tensor (or copies it, where the type stays) when it is written, then
+    calls made()."""
+    def make(t, new, shape):
+        def data():
+            check_input(t)
+            if int(new) == int(t.tensor_type):
+                out = np.asarray(t.data)
+            else:
+                values = to_f32(t).reshape(shape)
+                if new == Type.F32:
+                    out = check_finite(t.name, new, values)
+                elif new == Type.F16:
+                    with np.errstate(over="ignore"):      # reported by check_finite, in one line
+                        out = check_finite(t.name, new, values.astype(np.float16))
+                else:
+                    out = check_finite(t.name, new, quantize(values, new), shape)
+            made()
+            return out
+        return data
+
+    plan = []
+    for t in sorted(reader.tensors, key=lambda t: (layer_of(t.name), t.name)):  # llama.cpp's order
         shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
         new = types[t.name]
-        check_input(t)
-        if int(new) == int(t.tensor_type):
-            writer.add_tensor(t.name, np.asarray(t.data), raw_shape=t.data.shape,
-                              raw_dtype=t.tensor_type)
-        else:
-            values = to_f32(t).reshape(shape)
-            if new == Type.F32:
-                writer.add_tensor(t.name, check_finite(t.name, new, values))
-            elif new == Type.F16:
-                with np.errstate(over="ignore"):      # reported by check_finite, in one line
-                    half = values.astype(np.float16)
-                writer.add_tensor(t.name, check_finite(t.name, new, half))
-            else:
-                data = check_finite(t.name, new, quantize(values, new), shape)
-                writer.add_tensor(t.name, data, raw_shape=data.shape,
-                                  raw_dtype=gguf.GGMLQuantizationType(int(new)))
-        counts[new.name] = counts.get(new.name, 0) + 1
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    return counts
+        plan.append((t.name, shape, gguf.GGMLQuantizationType(int(new)), make(t, new, shape)))
+    return plan
 
 
 def unknown_type(name):
@@ -467,17 +468,16 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
         with atomic_output(dst) as tmp:
             writer = Writer(tmp, "llama")
             copy_metadata(reader, writer, target.ftype)
-            counts = add_tensors(writer, reader, types, progress)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
+            with tqdm(total=len(types), unit="tensor", desc="quantize", file=sys.stderr,
+                      disable=not progress) as bar:
+                write_streamed(writer, tensor_plan(reader, types, made=bar.update))
     except BrokenPipeError:
         raise   # the progress bar's reader went away, not the output (for console_script)
     except OSError as exc:
         raise QuantizeError(f"{dst}: cannot write ({exc.strerror or exc})") from None
     except QuantizeError as exc:     # a tensor's data: name the input file too
         raise QuantizeError(f"{src}: {exc}") from None
+    counts = collections.Counter(t.name for t in types.values())
     size_in, size_out = os.path.getsize(src), os.path.getsize(dst)
     log(f"ggml-quantize: {src} ({size_in / 2**20:.2f} MiB) -> {dst} ({size_out / 2**20:.2f} MiB), "
         f"{target.name}; tensors: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))

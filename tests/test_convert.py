@@ -532,7 +532,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, c
     def disk_full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", disk_full)
     message = _error(capsys, [str(d), "--outfile", str(out)])
     assert message.endswith("out.gguf: cannot write (No space left on device)")
     assert out.read_bytes() == b"the previous output"

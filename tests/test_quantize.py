@@ -309,7 +309,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, m
     def disk_full(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full)
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensor_data", disk_full)
     with pytest.raises(QuantizeError, match="out.gguf: cannot write \\(No space left on device\\)"):
         quantize_file(model_path("f32"), dst, "Q4_0", progress=False, log=lambda *a: None)
     assert dst.read_bytes() == b"the previous output"
@@ -323,7 +323,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, m
 
 def test_an_output_named_as_a_directory_is_refused_before_the_work(tmp_path, monkeypatch):
     import ggml_py.quantize_model as qm
-    monkeypatch.setattr(qm, "add_tensors", lambda *a: pytest.fail("quantized before the check"))
+    monkeypatch.setattr(qm, "tensor_plan", lambda *a, **k: pytest.fail("quantized before the check"))
     (tmp_path / "folder").mkdir()
     (tmp_path / "file.gguf").write_bytes(b"old")
     for dst in (f"{tmp_path}/new/", f"{tmp_path}/file.gguf/", tmp_path / "folder"):
@@ -349,6 +349,67 @@ def test_outputs_get_the_permissions_a_plain_open_gives(tmp_path, umask):
     finally:
         os.umask(previous)
     assert os.stat(tmp_path / "out.gguf").st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
+    script = ("import os, signal, sys, time\n"
+              "from ggml_py.gguf_write import atomic_output\n"
+              "with atomic_output(sys.argv[1]) as tmp:\n"
+              "    open(tmp, 'w').write('half')\n"
+              "    os.kill(os.getpid(), signal.SIGTERM)\n"
+              "    time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.gguf")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_write_streamed_makes_each_tensor_only_when_it_is_written(tmp_path):
+    import weakref
+    from ggml_py.gguf_write import write_streamed
+    made = []
+
+    def make(i):
+        def data():
+            assert all(ref() is None for ref in made)    # the one before is let go
+            a = np.full((4, 32), i, np.float32)
+            made.append(weakref.ref(a))
+            return a
+        return data
+
+    writer = gguf.GGUFWriter(str(tmp_path / "s.gguf"), "llama")
+    write_streamed(writer, [(f"t{i}", (4, 32), gguf.GGMLQuantizationType.F32, make(i))
+                            for i in range(3)])
+    tensors = gguf.GGUFReader(tmp_path / "s.gguf").tensors
+    assert [t.name for t in tensors] == ["t0", "t1", "t2"] and len(made) == 3
+    assert all(np.array_equal(np.asarray(t.data), np.full((4, 32), i)) for i, t in enumerate(tensors))
+    writer = gguf.GGUFWriter(str(tmp_path / "bad.gguf"), "llama")
+    with pytest.raises(ValueError, match=r"t: 64 bytes of data for Q8_0 \(2, 32\), which takes 68"):
+        write_streamed(writer, [("t", (2, 32), gguf.GGMLQuantizationType.Q8_0,
+                                 lambda: np.zeros(64, np.uint8))])
+
+
+def test_an_array_of_arrays_in_the_metadata_is_refused_in_one_line(tmp_path):
+    from ggml_py.quantize_model import field_types, field_value
+    reader = gguf.GGUFReader(model_path("f32"))
+    writer = gguf.GGUFWriter(str(tmp_path / "nested.gguf"), "llama")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            writer.add_key_value(key, field_value(field), *field_types(field))
+    writer.add_key_value("x.nested", [[1, 2], [3]], gguf.GGUFValueType.ARRAY,
+                         gguf.GGUFValueType.ARRAY)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, np.array(t.data), raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    proc = run_cli(tmp_path / "nested.gguf", tmp_path / "out.gguf", "Q8_0")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"ggml-quantize: error: {tmp_path / 'nested.gguf'}: metadata 'x.nested' is an array "
+        f"of arrays, which cannot be written here")
+    assert os.listdir(tmp_path) == ["nested.gguf"]
 
 
 def test_cli_errors_are_one_line(tmp_path):
