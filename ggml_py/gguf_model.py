@@ -228,6 +228,9 @@ def open_reader(path):
     """A gguf.GGUFReader of the GGUF file `path`, its header checked as llama.cpp checks
     it (layout_problem and the reader's own checks); ModelLoadError saying why not."""
     if not os.path.exists(path):
+        if os.path.lexists(path):
+            raise ModelLoadError(f"{path}: a symbolic link that leads to no file (its target "
+                                 f"is missing, or the links form a loop)")
         raise ModelLoadError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelLoadError(f"{path}: is a directory, not a GGUF file")

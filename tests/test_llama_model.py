@@ -484,6 +484,11 @@ def bad_files():
     files.append((scratch_path("q8-no-dims.gguf"), "has 1 elements per row, not a multiple of its "
                   "block size 32"))
     files.append((scratch_path("absent.gguf"), "no such file"))
+    loop = scratch_path("loop.gguf")
+    if not os.path.lexists(loop):
+        os.symlink(os.path.basename(loop), loop)           # a link to itself
+    files.append((loop, "a symbolic link that leads to no file (its target is missing, or "
+                        "the links form a loop)"))
     return files
 
 
