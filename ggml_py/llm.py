@@ -563,8 +563,10 @@ class Llama:
         Re-running only the last token would take another MUL_MAT profile than the whole
         prompt's batch took (BLAS from 32 tokens, activations rounded to Q8_0 below): logits
         that differ by more than rounding, and a text that differs for the same seed."""
+        cache = self.model.cache
         if self._prompt_logits is None or self._prompt_logits[0] != ids \
-                or self.tokens[:len(ids)] != ids:
+                or self.tokens[:len(ids)] != ids \
+                or cache.cut_by_fork or cache.n_past != self.n_tokens:   # (_decode says why)
             return None
         self.tokens = self.tokens[:len(ids)]
         self.model.cache.truncate(len(ids))

@@ -165,20 +165,23 @@ def cpy(a, b):
     if by_rows and (a._ne[0] != b._ne[0] or not _packed_rows(a) or not _packed_rows(b)):
         raise ValueError(f"cpy: a is {a.type.name} {a.shape} but b is {b.type.name} {b.shape}: "
                          f"a quantized copy needs packed rows of the same length")
-    if _may_overlap(a, b):   # as numpy's b[...] = a: all of a is read before b is written
-        a = dup(a)
+    if _may_overlap(a, b) and not _same_elements(a, b):   # as numpy's b[...] = a: all of
+        a = dup(a)                                         # a is read before b is written
     return _new(Op.CPY, (a, b), b.type, b._ne, b.ndim, nb=b._nb, view_of=b)
 
 
 def _may_overlap(a, b):
-    """Whether a and b span common bytes, other than as the very same tensor (a copy of
-    which onto itself changes nothing): a copy between them needs a copy of a first,
-    or it reads elements it has already written (in an order that depends on the threads)."""
+    """Whether a and b span common bytes: a copy from one into the other then needs a
+    copy of the source first, or it reads elements it has already written (in an order
+    that depends on the threads)."""
     if _nelements(a) == 0 or _nelements(b) == 0:
         return False
-    if (a.data_ptr, a.type, a._ne, a._nb) == (b.data_ptr, b.type, b._ne, b._nb):
-        return False
     return a.data_ptr < b.data_ptr + b.nbytes and b.data_ptr < a.data_ptr + a.nbytes
+
+
+def _same_elements(a, b):
+    """a and b are the very same elements (a copy of one onto the other changes nothing)."""
+    return (a.data_ptr, a.type, a._ne, a._nb) == (b.data_ptr, b.type, b._ne, b._nb)
 
 
 def _nelements(t):

@@ -771,6 +771,12 @@ def test_the_same_prompt_again_starts_from_the_same_logits(monkeypatch):
         llm.eval(grow) if grow else None
         again, again_text = first_logits_and_text(llm)
         assert np.array_equal(again, logits) and again_text == text
+    # a cache emptied behind the Llama's back is noticed, as by any evaluation
+    llm.model.cache.clear()
+    with pytest.raises(RuntimeError, match="the model's cache does not hold this Llama's"):
+        list(llm.generate(prompt, max_tokens=1))      # (before the first token comes)
+    llm.reset()
+    first_logits_and_text(llm)
     # the prompt's last token alone (the rows before it reused) is not what its batch gave
     list(llm.generate(prompt[:-1] + [7], max_tokens=1))
     other, _ = first_logits_and_text(llm)

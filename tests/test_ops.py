@@ -553,6 +553,12 @@ def test_a_copy_from_memory_it_overwrites_reads_all_of_it_first(ctx, n_threads):
     want[[1, 2]] = d0[[0, 1]]
     assert np.array_equal(d.numpy(), want)
 
+    p0 = np.arange(4 * 64, dtype=np.float32).reshape(4, 64)      # d[ids] = d: a permutation
+    p = ctx.from_numpy(p0)
+    gg.build_forward(gg.set_rows(p, p, ctx.from_numpy(np.array([1, 0, 3, 2], np.int32)))
+                     ).compute(n_threads=n_threads)
+    assert np.array_equal(p.numpy(), p0[[1, 0, 3, 2]])
+
 
 def test_copies_between_disjoint_parts_of_one_tensor_copy_nothing_extra(ctx):
     b0 = np.arange(8, dtype=np.float32)
