@@ -69,7 +69,8 @@ def _termination_raises():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is terminate:   # not one set within the block
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def write_streamed(writer, tensors):

@@ -474,6 +474,7 @@ def view(a, shape, strides=None, offset=0):
     if strides is None:
         nb = _contiguous_nb(a.type, ne)
     else:
+        strides = tuple(strides)    # an iterator is read once, here
         if len(strides) != len(shape):
             raise ValueError(f"view: shape {tuple(shape)} and strides {tuple(strides)} differ in length")
         nb = tuple(reversed([_int("view", "a stride", s) for s in strides])) + (0,) * (MAX_DIMS - len(shape))

@@ -1024,6 +1024,7 @@ def test_a_shape_may_be_any_iterable_of_integers(ctx):
               ctx.new_tensor(gg.F32, iter([2, 3])),
               ctx.from_buffer(np.zeros(6, np.float32), gg.F32, iter([2, 3]))):
         assert t.shape == (2, 3) and t.ndim == 2
+    assert gg.view(a, (2, 3), iter([12, 4])).strides == (12, 4)
 
 
 def test_from_numpy_reads_values_in_the_other_byte_order(ctx):

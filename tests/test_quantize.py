@@ -364,6 +364,25 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_atomic_output_leaves_sigterm_handlers_as_it_found_them(tmp_path):
+    import signal
+    from ggml_py.gguf_write import atomic_output
+
+    def mine(signum, frame):
+        pass
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with atomic_output(tmp_path / "a") as tmp:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, mine)
+            signal.signal(signal.SIGTERM, mine)       # set within the block: kept
+        assert signal.getsignal(signal.SIGTERM) is mine
+        with atomic_output(tmp_path / "b") as tmp:    # a program's own handler: left alone
+            assert signal.getsignal(signal.SIGTERM) is mine
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_write_streamed_makes_each_tensor_only_when_it_is_written(tmp_path):
     import weakref
     from ggml_py.gguf_write import write_streamed
