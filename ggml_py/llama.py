@@ -155,6 +155,13 @@ class LlamaConfig:
             source = f"{ARCH}.vocab_size" if f.has(f"{ARCH}.vocab_size") else \
                 "rows of token_embd.weight"
             raise f.error(f"the tokenizer has {n_tokens} tokens, the model {n_vocab} ({source})")
+        freq_base = finite("rope.freq_base", 10000.0, positive=True)
+        # the largest angle rope turns, at the training context's last position: beyond
+        # float32 it is inf there, and every logit NaN
+        widest = max(n_ctx_train, 1) * freq_scale * freq_base ** (-(n_rot - 2) / n_rot)
+        if not is_float32(widest):
+            raise f.error(f"metadata '{ARCH}.rope.freq_base' = {freq_base} turns rope's angles "
+                          f"past float32 ({widest:.3g} at position {max(n_ctx_train, 1)})")
         attn_factor = finite("rope.scaling.attn_factor", 1.0, positive=True)
         if not is_float32(attn_factor ** 2 / math.sqrt(head_dim)):   # the softmax's scale
             raise f.error(f"metadata '{ARCH}.rope.scaling.attn_factor' = {attn_factor} makes the "
@@ -163,7 +170,7 @@ class LlamaConfig:
             n_vocab=n_vocab, n_ctx_train=n_ctx_train, n_embd=n_embd,
             n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
             n_ff=n_ff, head_dim=head_dim, n_rot=n_rot,
-            rope_freq_base=finite("rope.freq_base", 10000.0, positive=True),
+            rope_freq_base=freq_base,
             rope_freq_scale=freq_scale,
             rope_attn_factor=attn_factor,
             rms_eps=finite("attention.layer_norm_rms_epsilon", REQUIRED, positive=False),

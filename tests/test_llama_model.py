@@ -553,6 +553,8 @@ U32, I32, U64, F32, STR, BOOL = [V.UINT32], [V.INT32], [V.UINT64], [V.FLOAT32], 
     ("rope.freq_base", (F32, -1e4), "= -10000.0 must be a finite number > 0 (in float32)"),
     ("rope.freq_base", (F32, float("nan")), "= nan must be a finite number > 0 (in float32)"),
     ("rope.freq_base", (F32, float("inf")), "= inf must be a finite number > 0 (in float32)"),
+    ("rope.freq_base", (F32, 1e-45), "= 1.401298464324817e-45 turns rope's angles past float32 "
+                                     "(9.04e+41 at position 512)"),
     ("attention.layer_norm_rms_epsilon", (F32, -1.0), "= -1.0 must be a finite number >= 0 (in float32)"),
     ("attention.layer_norm_rms_epsilon", (F32, float("nan")), "= nan must be a finite number >= 0 (in float32)"),
     ("attention.layer_norm_rms_epsilon", (F32, float("inf")), "= inf must be a finite number >= 0 (in float32)"),
