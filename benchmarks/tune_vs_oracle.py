@@ -141,7 +141,8 @@ def main(argv=None):
     p.add_argument("--repeat", type=positive_int, default=5)
     p.add_argument("--sweeps", type=positive_int, default=3,
                    help="oracle sweeps over the grid (default 3)")
-    p.add_argument("--passes", type=positive_int, default=1, help="ggml-tune passes (default 1)")
+    p.add_argument("--passes", type=positive_int, default=None,
+                   help="ggml-tune passes (default 1)")
     p.add_argument("--tune-file", nargs="+", metavar="FILE",
                    help="use these tune files instead of benching one now (the table shows the "
                         "first; each gets a summary line)")
@@ -149,6 +150,9 @@ def main(argv=None):
     p.add_argument("--save-oracle", metavar="FILE",
                    help="save the oracle's rounds (JSON: per case, per profile, ms of each round)")
     args = p.parse_args(argv)
+    if args.tune_file and (args.save_tune or args.passes is not None):
+        p.error("--save-tune and --passes are for the tune data benched here, not with --tune-file")
+    args.passes = args.passes or 1
     type, threads = args.type, args.threads
     shapes = preset_shapes(args.model_shape, type)
     for path in (args.save_tune, args.save_oracle):

@@ -35,24 +35,20 @@ ALIAS_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0, Op.CP
 class _Recorder:
     """First build: results remembered in creation order, their data not allocated.
 
-    Results are placed one after another past the start of a tiny stand-in buffer
-    (addresses that are never touched: this build costs only tensor structs, and
-    results lie apart as the second build's live ones do, which ops that compare
-    addresses, cpy's overlap check, rely on). Its graph exists to be analysed and
-    must never be computed (results lie past the stand-in).
+    Every result is placed at offset 0 of a tiny stand-in buffer, so this build
+    costs only tensor structs. Its graph exists to be analysed and must never
+    be computed (results would overrun the stand-in). (No op compares the
+    addresses of two results: cpy's overlap check takes results apart.)
     """
 
     def __init__(self, stand_in):
         self.stand_in = stand_in
         self.results = []    # (tensor, nbytes)
         self._pending = None
-        self._next = 0       # the next result's offset from the stand-in
 
     def place(self, nbytes):
         self._pending = nbytes
-        offset = self._next
-        self._next += (nbytes + ALIGN - 1) // ALIGN * ALIGN
-        return self.stand_in, offset
+        return self.stand_in, 0
 
     def created(self, tensor):
         self.results.append((tensor, self._pending))

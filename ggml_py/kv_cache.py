@@ -73,8 +73,9 @@ class KVCache:
         self._undo = None
 
     def truncate(self, n):
-        """Forget positions >= n (keep a prefix to continue from)."""
-        n = max(0, min(n, self.n_past))
+        """Forget positions >= n (keep a prefix to continue from); n an integer (below 0
+        forgets all, past n_past nothing)."""
+        n = max(0, min(checked_int("truncate: n", n), self.n_past))
         self.slot_pos[self.slot_pos >= n] = -1
         self.n_past = n
         self._undo = None

@@ -173,10 +173,29 @@ def cpy(a, b):
 def _may_overlap(a, b):
     """Whether a and b span common bytes: a copy from one into the other then needs a
     copy of the source first, or it reads elements it has already written (in an order
-    that depends on the threads)."""
+    that depends on the threads).
+
+    Views of one tensor, and leafs (which may wrap one buffer), are compared by address;
+    an op's result never shares memory with another tensor it did not come from (its
+    own memory, or a graph allocator's packing that keeps live results apart — whose
+    first build gives every result one stand-in address: addresses would mislead)."""
     if _nelements(a) == 0 or _nelements(b) == 0:
         return False
+    root_a, root_b = _memory_of(a), _memory_of(b)
+    if root_a is not root_b and (root_a.op != Op.NONE or root_b.op != Op.NONE):
+        return False
     return a.data_ptr < b.data_ptr + b.nbytes and b.data_ptr < a.data_ptr + a.nbytes
+
+
+_VIEW_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0,
+                Op.CPY: 1, Op.SET_ROWS: 2}    # which source an op's result is a view of
+
+
+def _memory_of(t):
+    """The tensor whose memory t lies in: t, or what its chain of views is a view of."""
+    while t.op in _VIEW_SOURCE:
+        t = t.src[_VIEW_SOURCE[t.op]]
+    return t
 
 
 def _same_elements(a, b):

@@ -157,6 +157,21 @@ def test_a_copy_between_two_intermediates_packs_as_it_builds():
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+def test_a_result_written_into_a_leaf_packs_as_it_builds():
+    # as the KV cache: a leaf written with results; whatever address the first build gives
+    # the results, the leaf's memory is never theirs (no copy in one build only)
+    def build(ctx):
+        dst = ctx.new_tensor(gg.F32, (64, 64))               # made after the stand-in
+        src = gg.scale(ctx.from_numpy(np.ones((64, 64), np.float32)), 2.0)
+        ids = ctx.from_numpy(np.arange(64, dtype=np.int32)[::-1].copy())
+        written = gg.set_rows(dst, src, ids)
+        return [written, gg.cpy(gg.scale(src, 0.5), dst)]
+    packed = build_packed(build, lambda r: r, 1 << 20)
+    assert gg.Op.DUP not in [t.op for t in packed.graph.nodes]
+    packed.graph.compute(n_threads=1)
+    np.testing.assert_array_equal(packed.result[-1].numpy(), np.ones((64, 64), np.float32))
+
+
 def test_offsets_are_aligned_and_the_best_fitting_block_is_taken():
     def odd_sizes(ctx):                    # 3 floats: 12 bytes a result
         y = ctx.from_numpy(np.ones(3, np.float32), name="x")

@@ -65,6 +65,17 @@ def test_truncate_below_zero_empties_the_cache():
     assert cache.n_past == 0 and (cache.slot_pos == -1).all()
 
 
+def test_truncate_takes_an_integer():
+    cache = KVCache(1, 16, 2, 4)
+    cache.begin(np.arange(5, dtype=np.int32))
+    for bad in (2.5, True, None, "3"):
+        with pytest.raises(TypeError, match="truncate: n must be an integer"):
+            cache.truncate(bad)
+    assert cache.n_past == 5
+    cache.truncate(np.int64(3))
+    assert cache.n_past == 3 and type(cache.n_past) is int
+
+
 def test_clear_leaves_nothing_for_rollback():
     cache = KVCache(1, 16, 2, 4)
     cache.begin(np.array([0, 1], np.int32))

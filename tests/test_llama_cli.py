@@ -624,6 +624,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ("benchmarks/tune_vs_oracle.py", ["--type", "q9"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--threads", "0"], 2),
     ("benchmarks/tune_vs_oracle.py", ["--save-oracle", "/nonexistent/o.json"], 1),
+    ("benchmarks/tune_vs_oracle.py", ["--tune-file", "t.json", "--save-tune", "s.json"], 2),
+    ("benchmarks/tune_vs_oracle.py", ["--tune-file", "t.json", "--passes", "2"], 2),
     ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "--bogus"], 2),   # not "-m is required"
     ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "-t", "0"], 2),
     ("benchmarks/compare_llama_cpp.py", ["-m", "x.gguf", "--chunks", "1"], 2),
@@ -677,6 +679,16 @@ def test_bench_subcommands_bad_values_end_in_one_line(args):
                                   ["pool", "--spin-us", "1e30"]])
 def test_bench_without_a_subcommand_or_with_a_bad_spin_ends_in_one_line(args):
     assert_one_line_error(run("ggml_py.bench", *args), 2)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["mulmat", "--profiles", "blas-split", "--shapes", "32x32", "--m", "1", "--types", "f32",
+      "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1"],
+     "--profiles blas-split: no such profile for F32"),
+    (["model", "-p", "0", "-n", "0"], "-p and -n are all 0: no test to run"),
+])
+def test_bench_with_nothing_to_measure_says_so(args, message):
+    assert message in assert_one_line_error(run("ggml_py.bench", *args), 1)
 
 
 def test_bench_mulmat_json_stays_json_when_a_case_is_skipped():

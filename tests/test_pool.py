@@ -785,3 +785,33 @@ def test_a_daemon_thread_computing_when_python_exits(tmp_path):
     subprocess.run([CC, "-shared", "-fPIC", str(source), "-o", str(library)], check=True)
     script = DAEMON_COMPUTING_AT_EXIT.replace("SLOW_EXIT", repr(str(library)))
     assert run_script(script, tmp_path, "a daemon thread computing at exit") == "main done\n"
+
+
+def test_the_pool_benchmark_counts_other_threads_cpu_time():
+    # the idle cost is workers' CPU time over the wall time: the scheduler's nanosecond
+    # counters (or psutil's ticks) of every thread but the caller
+    from ggml_py.bench.pool import thread_cpu_seconds
+    me = threading.get_native_id()
+
+    def burn():
+        start = time.thread_time()
+        while time.thread_time() - start < 0.1:
+            pass
+
+    # a thread that has ended leaves /proc: measure one that is still there
+    done = threading.Event()
+
+    def burn_then_wait():
+        burn()
+        done.set()
+        stop.wait()
+
+    stop = threading.Event()
+    worker = threading.Thread(target=burn_then_wait)
+    before = thread_cpu_seconds(me)
+    worker.start()
+    done.wait()
+    used = thread_cpu_seconds(me) - before
+    stop.set()
+    worker.join()
+    assert 0.09 <= used < 1.0

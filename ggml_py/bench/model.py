@@ -90,6 +90,8 @@ def run(args):
 def bench_model(args):
     """Time every test at every thread count; print the table (or JSON). Returns 0."""
     n_prompts, n_gens = args.n_prompt, args.n_gen
+    if not any(n > 0 for n in n_prompts + n_gens):
+        raise ValueError("-p and -n are all 0: no test to run")
     threads = args.threads or [gg.default_threads()]
     n_ctx = max([n for n in n_prompts + n_gens] + [1])
     args.model = args.model or default_model_path()

@@ -107,6 +107,10 @@ def run(args):
 
     shapes, m_values, threads, types = args.shapes, args.m, args.threads, args.types
     wanted = args.profiles
+    offered = {p.name for t in types for p in gg.task_profiles(gg.Op.MUL_MAT, t)}
+    if wanted is not None and not wanted & offered:
+        raise ValueError(f"--profiles {','.join(sorted(wanted))}: no such profile for "
+                         f"{', '.join(t.name for t in types)} (they have {', '.join(sorted(offered))})")
 
     bandwidth = read_bandwidth(args.bandwidth_mib)
     rows = []
