@@ -358,8 +358,10 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
               "    open(tmp, 'w').write('half')\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
               "    time.sleep(30)\n")
+    # the ggml_py under test, from a neutral folder (a checkout's ggml_py/ must not shadow it)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.gguf")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
     assert proc.returncode == 143, proc.stderr
     assert os.listdir(tmp_path) == []
 
