@@ -28,8 +28,7 @@ from ggml_py.types import Op, Type
 ALIGN = 64
 STRUCT_BYTES = 512           # a tensor struct in the arena, with alignment, rounded up
 # ops whose result is (a view of) the memory of a source: which source
-ALIAS_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0, Op.CPY: 1,
-                Op.SET_ROWS: 2}
+ALIAS_SOURCE = ops.VIEW_SOURCE
 
 
 class _Recorder:

@@ -187,14 +187,15 @@ def _may_overlap(a, b):
     return a.data_ptr < b.data_ptr + b.nbytes and b.data_ptr < a.data_ptr + a.nbytes
 
 
-_VIEW_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0,
-                Op.CPY: 1, Op.SET_ROWS: 2}    # which source an op's result is a view of
+# ops whose result is (a view of) the memory of a source: which source
+VIEW_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0, Op.CPY: 1,
+               Op.SET_ROWS: 2}
 
 
 def _memory_of(t):
     """The tensor whose memory t lies in: t, or what its chain of views is a view of."""
-    while t.op in _VIEW_SOURCE:
-        t = t.src[_VIEW_SOURCE[t.op]]
+    while t.op in VIEW_SOURCE:
+        t = t.src[VIEW_SOURCE[t.op]]
     return t
 
 
