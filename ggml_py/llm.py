@@ -404,13 +404,17 @@ class Llama:
         return out
 
     def _timed_decode(self, tokens, prompt, **kwargs):
-        """_decode, counted in timings as a prompt's or a generated token's (see Timings)."""
+        """_decode, counted in timings as a prompt's or a generated token's (see Timings):
+        the tokens it evaluated, so a refused call counts nothing and one stopped part-way
+        (Ctrl-C: the whole batches run are kept) its batches run."""
         model = self.model
-        t0, build_s, builds = time.perf_counter(), model.build_s, model.n_built
-        logits = self._decode(tokens, **kwargs)     # a refused or failed call counts nothing
-        self.timings.count(len(tokens), time.perf_counter() - t0, model.build_s - build_s,
-                           model.n_built - builds, prompt)
-        return logits
+        t0, build_s, builds, before = time.perf_counter(), model.build_s, model.n_built, self.n_tokens
+        try:
+            return self._decode(tokens, **kwargs)
+        finally:
+            if self.n_tokens > before:
+                self.timings.count(self.n_tokens - before, time.perf_counter() - t0,
+                                   model.build_s - build_s, model.n_built - builds, prompt)
 
     def _check_vocab(self, tokens):
         """ValueError unless every token id (a list of ints) is in 0..n_vocab - 1."""

@@ -783,6 +783,25 @@ def test_the_same_prompt_again_starts_from_the_same_logits(monkeypatch):
     assert not np.array_equal(other, logits)
 
 
+def test_a_prompt_stopped_part_way_counts_the_batches_it_ran(monkeypatch):
+    # Ctrl-C in the third batch of 4: the two batches run are kept, and timed
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, n_batch=4, kv_type="f32")
+    forward, calls = llm.model.forward, []
+
+    def third_interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return forward(*args, **kwargs)
+    monkeypatch.setattr(llm.model, "forward", third_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        llm.eval(list(range(1, 13)))
+    assert llm.n_tokens == 8 and llm.timings.prompt_tokens == 8 and llm.timings.prompt_s > 0
+    with pytest.raises(ValueError):
+        llm.eval([10 ** 6])                   # refused: nothing run, nothing counted
+    assert llm.timings.prompt_tokens == 8 and llm.timings.eval_tokens == 0
+
+
 def test_max_tokens_zero_generates_nothing():
     llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, kv_type="f32")
     assert list(llm.generate("the", max_tokens=0)) == []
