@@ -125,6 +125,7 @@ def plot_path(path):
     if ext[1:].lower() not in formats:
         raise ValueError(f"--plot {path}: matplotlib cannot write {ext!r} files; "
                          f"one of {', '.join(sorted(formats))}")
+    _check_can_draw(path, ext[1:].lower())
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ValueError(f"--plot {path}: no such folder {folder}")
@@ -148,6 +149,21 @@ def _plot_formats():
     _agg_matplotlib()
     from matplotlib.figure import Figure
     return set(Figure().canvas.get_supported_filetypes())
+
+
+def _check_can_draw(path, format):
+    """ValueError unless matplotlib draws a figure with a word on it as `format` here
+    (pgf needs LaTeX: a format it names may still need a program this machine lacks)."""
+    import io
+
+    from matplotlib.figure import Figure
+    figure = Figure(figsize=(1, 1))
+    figure.text(0.5, 0.5, "M")
+    try:
+        figure.savefig(io.BytesIO(), format=format)
+    except Exception as exc:   # matplotlib's backends raise what their tools give
+        raise ValueError(f"--plot {path}: matplotlib cannot draw {format} here "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def plot(data, path):

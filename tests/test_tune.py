@@ -736,6 +736,15 @@ def test_analyze_plot_paths(tmp_path, capsys, monkeypatch):
         assert tune_main(["analyze", str(tmp_path / "t.png"), "--plot", str(bad)]) == 1
         assert "is the tune file being read" in capsys.readouterr().err
     assert (tmp_path / "t.png").read_bytes() == path.read_bytes()
+    # a format matplotlib names but cannot draw here (pgf without LaTeX): refused before any CSV
+    from matplotlib.figure import Figure
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError("'xelatex' not found; install it")))
+    assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "p.pgf")]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip().endswith(
+        "matplotlib cannot draw pgf here (RuntimeError: 'xelatex' not found; install it)")
+    monkeypatch.undo()
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 1
     assert "--plot needs matplotlib" in capsys.readouterr().err
