@@ -115,7 +115,7 @@ def _positive_float(value, what: str, path: Path, default: float | None = None) 
 def _rope_scaling_linear(scaling, key: str, path: Path) -> float | None:
     """The factor of a linear scaling object (config.json's `key`); None without
     scaling (null, empty, or transformers' rope_type "default"); an error for other kinds."""
-    if not scaling:
+    if scaling is None or scaling == {}:
         return None
     if not isinstance(scaling, dict):
         raise ConvertError(f"{path}: {key} is {scaling!r}, not an object "
@@ -150,7 +150,8 @@ def _rope_config(cfg: dict, path: Path) -> tuple[float, float | None]:
 
 def _flag(cfg: dict, key: str, path: Path) -> bool:
     """An optional boolean of config.json (absent or null: False)."""
-    value = cfg.get(key) or False
+    value = cfg.get(key)
+    value = False if value is None else value
     if not isinstance(value, bool):
         raise ConvertError(f"{path}: {key} is {value!r}, not true or false")
     return value
@@ -178,7 +179,8 @@ def read_config(model_dir: Path) -> LlamaParams:
     if not path.is_file():
         raise ConvertError(f"{model_dir}: no config.json")
     cfg = _json_object(path)
-    archs = cfg.get("architectures") or []
+    archs = cfg.get("architectures")
+    archs = [] if archs is None else archs
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConvertError(f"{path}: architectures is {archs!r}, not a list of class names")
     model_type = cfg.get("model_type")

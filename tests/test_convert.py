@@ -468,6 +468,11 @@ def _set_config(d: Path, **changes) -> None:
     ({"attention_bias": "yes"}, "attention_bias is 'yes', not true or false"),
     ({"mlp_bias": 1}, "mlp_bias is 1, not true or false"),
     ({"architectures": 5}, "architectures is 5, not a list of class names"),
+    ({"architectures": 0}, "architectures is 0, not a list of class names"),
+    ({"mlp_bias": ""}, "mlp_bias is '', not true or false"),
+    ({"tie_word_embeddings": 0}, "tie_word_embeddings is 0, not true or false"),
+    ({"rope_scaling": 0}, "rope_scaling is 0, not an object"),
+    ({"rope_scaling": ""}, "rope_scaling is '', not an object"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes', not true or false"),
 ])
 def test_error_bad_config_values_name_the_key(tmp_path, capsys, changes, message):
