@@ -111,13 +111,13 @@ def test_vec_dot_error(t, simd):
     assert abs(got - ref) / N_TEST < DOT_LIMIT.get(t, 0.02)
 
 
-@pytest.mark.parametrize("t", DOT_TYPES + [gg.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", DOT_TYPES + [gg.F16, gg.F32], ids=lambda t: t.name)
 @pytest.mark.parametrize("n_blocks", [1, 3, 8, 17])
 def test_simd_dot_equals_scalar_twin(t, n_blocks):
     ref_ok, simd_ok = Q.kernel_variants(t)["vec_dot"]
     if not simd_ok:
         pytest.skip("no SIMD kernel in this build")
-    n = n_blocks * (16 if t == gg.F16 else gg.type_traits(t)["blck_size"])
+    n = n_blocks * (16 if t in (gg.F16, gg.F32) else gg.type_traits(t)["blck_size"]) + (t == gg.F32)
     rng = np.random.default_rng(n_blocks)
     vt = Q.vec_dot_type(t)
     for scale in (1.0, 1e-3, 1e3):
@@ -126,8 +126,9 @@ def test_simd_dot_equals_scalar_twin(t, n_blocks):
         qx, qy = gg.quantize(x, t), gg.quantize(y, vt)
         a = Q.vec_dot_variant(t, n, qx, qy, False)
         b = Q.vec_dot_variant(t, n, qx, qy, True)
-        if t == gg.F16:   # scalar twin sums in double; the SIMD kernel in float lanes
-            assert b == pytest.approx(a, rel=1e-5, abs=1e-5 * n)
+        if t in (gg.F16, gg.F32):   # twins in double (F16) or eight lanes (F32); the SIMD
+            # kernels in FMA lanes of their own: within float rounding of the sum's terms
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-5 * n * scale)
         else:
             assert a == b   # same integer sums, same float steps: bitwise
 
