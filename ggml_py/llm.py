@@ -532,9 +532,10 @@ class Llama:
                 self.tokens = self.tokens[:keep]
                 self.model.cache.truncate(keep)
                 self._prompt_logits = None
-                # a copy: the graph's buffer is the next call's
+                # a copy: the graph's buffer is the next call's (and kept: the sampler
+                # reads logits, never writes them)
                 logits = self._timed_decode(ids[keep:], prompt=True).copy()
-                self._prompt_logits = (ids, logits.copy())
+                self._prompt_logits = (ids, logits)
             mine = self.changes
 
         n = 0
