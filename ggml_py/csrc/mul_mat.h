@@ -17,6 +17,15 @@ typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x,
 /* The blocked kernel for weights of `type`, or NULL (use vec_dot per pair). */
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type);
 
+/* M = 1: d[i * dd] = dot(x + i * bx, y) for i < GGML_PY_GEMV_ROWS, four weight
+ * rows at any distance against one activation row; each result equals the type's
+ * vec_dot bit for bit. */
+#define GGML_PY_GEMV_ROWS 4
+typedef void (*ggml_py_gemv_fn)(int64_t n, const char *x, size_t bx, const char *y, float *d, int64_t dd);
+
+/* The M = 1 kernel for weights of `type`, or NULL. */
+ggml_py_gemv_fn ggml_py_gemv_avx2(int type);
+
 /* Blocked SIMD tiles on (simd) or vec_dot everywhere; set by ggml_py_select_kernels. */
 void ggml_py_mul_mat_select(int simd);
 

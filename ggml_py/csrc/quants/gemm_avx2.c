@@ -100,6 +100,36 @@ static void gemm_f16(int64_t n, int nr0, int nr1, const char *x, size_t bx, cons
     }
 }
 
+/* M = 1: four weight rows against one activation row, each row its own chain of
+ * fmas in vec_dot's order. The activation's side of a block (its -8 * sum, its
+ * scale) is worked out once for the four. */
+static void gemv_q4_0(int64_t n, const char *x, size_t bx, const char *y, float *d, int64_t dd) {
+    const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) y;
+    const ggml_py_block_q4_0 *xr[GGML_PY_GEMV_ROWS];
+    __m256 acc[GGML_PY_GEMV_ROWS];
+    for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) {
+        xr[i] = (const ggml_py_block_q4_0 *) (x + i * bx);
+        acc[i] = _mm256_setzero_ps();
+    }
+    const __m256i eight = _mm256_set1_epi8(8);
+    for (int64_t ib = 0; ib < n / GGML_PY_QK4_0; ib++) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[ib].qs);
+        /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
+        const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
+        const __m256 dy = _mm256_set1_ps(FP16_TO_FP32(yb[ib].d));
+        for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) {
+            const __m256i s = ggml_py_dot_u8s8_acc(minus_ysum, ggml_py_nibbles32(xr[i][ib].qs), qy);
+            const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short) xr[i][ib].d));
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s), acc[i]);
+        }
+    }
+    for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) d[i * dd] = ggml_py_hsum_ps_avx(acc[i]);
+}
+
+ggml_py_gemv_fn ggml_py_gemv_avx2(int type) {
+    return type == GGML_PY_TYPE_Q4_0 ? gemv_q4_0 : NULL;
+}
+
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0;
@@ -112,6 +142,11 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
 #else
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
+    (void) type;
+    return NULL;
+}
+
+ggml_py_gemv_fn ggml_py_gemv_avx2(int type) {
     (void) type;
     return NULL;
 }

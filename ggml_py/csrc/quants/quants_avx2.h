@@ -9,8 +9,14 @@
 
 /* 32 nibbles -> 32 bytes in 0..15: low nibbles are bytes 0..15, high 16..31. */
 static inline __m256i ggml_py_nibbles32(const uint8_t *qs) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    /* the 16 bytes in both halves, the upper half shifted by 4: one shuffle fewer */
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
+    const __m256i b = _mm256_srlv_epi16(t, _mm256_set_epi64x(0x0004000400040004, 0x0004000400040004, 0, 0));
+#else
     const __m128i t = _mm_loadu_si128((const __m128i *) qs);
     const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+#endif
     return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
 }
 
@@ -25,9 +31,23 @@ static inline __m256i ggml_py_bits32(const uint8_t *x) {
     return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
 }
 
+/* acc + (int32 lane k = sum of ux[e] * sy[e] for e in 4k..4k+3), ux unsigned.
+ * One VNNI instruction where the CPU has it, maddubs + madd otherwise. The two
+ * agree exactly because no caller's unsigned bytes exceed 128: a pair's sum then
+ * lies in [-32768, 32512] and maddubs never saturates. */
+static inline __m256i ggml_py_dot_u8s8_acc(__m256i acc, __m256i ux, __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, ux, sy);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, ux, sy);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1)));
+#endif
+}
+
 /* int32 lane k = sum of ux[e] * sy[e] for e in 4k..4k+3 (ux unsigned). */
 static inline __m256i ggml_py_dot_u8s8(__m256i ux, __m256i sy) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1));
+    return ggml_py_dot_u8s8_acc(_mm256_setzero_si256(), ux, sy);
 }
 
 /* The same for two signed vectors (sign moved onto y). */
