@@ -96,31 +96,34 @@ def test_blocked_tiles_equal_vec_dot(t):
 
 @pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 13, 33])
-def test_one_row_products_equal_vec_dot(t, n):
-    """At M = 1 the CPU profile reads four far-apart weight rows at once where the type
-    has such a kernel (rows r, r + q, r + 2q, r + 3q; the last ones by vec_dot): every
-    output equals its row's vec_dot bit for bit, for any N, thread count and batch."""
+def test_cpu_products_equal_vec_dot(t, n):
+    """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
+    fewer at the end) against blocks of src1 rows, through blocked kernels where the type
+    has them: every output equals vec_dot of its row and column bit for bit, for any N,
+    M (one, a few, more than a block of 32), thread count and batch."""
     from ggml_py import quants as Q
     k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q6_K) else 5)
-    rng = np.random.default_rng(n)
-    w = rng.standard_normal((2, n, k)).astype(np.float32)
-    x = rng.standard_normal((4, 1, k)).astype(np.float32)
-    ctx = gg.Context(mem_size=8 << 20)
-    y = gg.mul_mat(ctx.from_numpy(w, type=t), ctx.from_numpy(x))
-    y.profile = y.profiles()[0]
-    graph = gg.build_forward(y)
     vt = Q.vec_dot_type(t)   # the kernels this build runs: SIMD where it has them
     simd, simd_quantizer = Q.kernel_variants(t)["vec_dot"][1], Q.kernel_variants(vt)["from_float"][1]
-    expect = np.empty((4, 1, n), np.float32)
-    for b in range(4):
-        qx = Q.quantize_row_variant(x[b, 0], vt, simd_quantizer)
-        for i in range(n):
-            qw = gg.quantize(w[b // 2, i], t)
-            expect[b, 0, i] = Q.vec_dot_variant(t, k, qw, qx, simd)
-    for n_threads in (1, 2, 3):
-        y.numpy()[...] = np.nan
-        graph.compute(n_threads=n_threads)
-        np.testing.assert_array_equal(y.numpy(), expect)
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((2, n, k)).astype(np.float32)
+    qw = [[gg.quantize(w[b, i], t) for i in range(n)] for b in range(2)]
+    for m in (1, 3, 35):
+        x = rng.standard_normal((4, m, k)).astype(np.float32)
+        ctx = gg.Context(mem_size=8 << 20)
+        y = gg.mul_mat(ctx.from_numpy(w, type=t), ctx.from_numpy(x))
+        y.profile = y.profiles()[0]
+        graph = gg.build_forward(y)
+        expect = np.empty((4, m, n), np.float32)
+        for b in range(4):
+            for j in range(m):
+                qx = Q.quantize_row_variant(x[b, j], vt, simd_quantizer)
+                for i in range(n):
+                    expect[b, j, i] = Q.vec_dot_variant(t, k, qw[b // 2][i], qx, simd)
+        for n_threads in (1, 2, 3):
+            y.numpy()[...] = np.nan
+            graph.compute(n_threads=n_threads)
+            np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
 
 
 @pytest.mark.parametrize("profile", ["cpu", "blas-split", "blas-mt"])

@@ -6,9 +6,9 @@
  *
  * Profiles (data; the executor reads the stage flags):
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
- *               buffer; COMPUTE (parallel): tiles of TILE_N x TILE_M dot products,
- *               through a blocked 4 x 2 kernel where the type has one; at M = 1,
- *               four far-apart rows at a time where the type has a gemv kernel.
+ *               buffer; COMPUTE (parallel): groups of four far-apart src0 rows
+ *               against blocks of TILE_M src1 rows, through a blocked 4 x 2
+ *               kernel where the type has one.
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
  *               f32 in the work buffer, then one sgemm per src1 batch.
  *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
@@ -25,16 +25,13 @@
 #include <cblas.h>
 #endif
 
-#define TILE_N 16
-#define TILE_M 8
+#define TILE_M 32   /* src1 rows a work item runs against its weight rows */
 
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type) = NULL;
-static ggml_py_gemv_fn (*gemv_for_type)(int type) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
     tile_for_type = simd ? ggml_py_gemm_tile_avx2 : NULL;
-    gemv_for_type = simd ? ggml_py_gemv_avx2 : NULL;
 #if defined(GGML_PY_USE_BLAS)
     scipy_openblas_set_num_threads(1);
 #endif
@@ -189,71 +186,40 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     return b;
 }
 
-/* M = 1 (decode): a thread reads four far-apart stretches of the weights at once,
- * rows r, r + q, r + 2q and r + 3q (q a quarter of the rows): four sequential
- * streams and four independent chains of fmas. Four neighbouring rows read
- * together ran at a third of one row's speed on an AMD EPYC VM. */
-static void compute_gemv(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst,
-                         ggml_py_gemv_fn gemv) {
-    const struct ggml_py_tensor *src0 = dst->src[0];
-    const int64_t ne00 = src0->ne[0], ne01 = src0->ne[1];
-    const size_t nb01 = src0->nb[1];
-    const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const int64_t q = (ne01 + GGML_PY_GEMV_ROWS - 1) / GGML_PY_GEMV_ROWS;
-    const int64_t n_items = q * dst->ne[2] * dst->ne[3];   /* (batch, r) */
-    struct ggml_py_items taken = { 0, 0 };
-    for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
-        const int64_t r = item % q;
-        const struct mul_mat_batch b = batch_at(params, dst, item / q);
-        float *d = (float *) b.d;
-        if (r + (GGML_PY_GEMV_ROWS - 1) * q < ne01) {
-            gemv(ne00, b.x + r * nb01, q * nb01, b.y, d + r, q);
-            continue;
-        }
-        for (int64_t i01 = r; i01 < ne01; i01 += q) vec_dot(ne00, &d[i01], b.x + i01 * nb01, b.y);
-    }
-}
-
-/* M > 1: tiles of TILE_N src0 rows x TILE_M src1 rows, through the blocked
- * kernel where the type has one (F16's at M = 1 too: its tile sums in another
- * order than vec_dot_f16, and a row's result must not depend on its batch). */
+/* Work items: (batch, block of TILE_M src1 rows, row group r), r fastest. Group r
+ * is src0 rows r, r + q, r + 2q and r + 3q (q a quarter of the rows, rounded up):
+ * a thread taking consecutive groups reads four sequential streams of weights,
+ * each row once per block of src1 rows, and runs independent chains of fmas.
+ * (Four neighbouring rows read together ran at a third of one row's speed on an
+ * AMD EPYC VM.) Through the blocked kernel where the type has one — also at
+ * M = 1; F16's tile sums in another order than vec_dot_f16, and a row's result
+ * must not depend on the batch it comes in, so F16 always takes it. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
-    const ggml_py_gemv_fn gemv = ne11 == 1 && gemv_for_type ? gemv_for_type(src0->type) : NULL;
-    if (gemv) {
-        compute_gemv(params, dst, gemv);
-        return;
-    }
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const bool use_tile = tile_for_type && (ne11 > 1 || src0->type == GGML_PY_TYPE_F16);
-    const ggml_py_gemm_tile_fn tile = use_tile ? tile_for_type(src0->type) : NULL;
-
-    /* work items: (batch, tile of src0 rows, tile of src1 rows), in that order */
-    const int64_t tiles_n = (ne01 + TILE_N - 1) / TILE_N;
-    const int64_t tiles_m = (ne11 + TILE_M - 1) / TILE_M;
-    const int64_t n_items = tiles_n * tiles_m * ne12 * ne13;
+    const ggml_py_gemm_tile_fn tile = tile_for_type ? tile_for_type(src0->type) : NULL;
+    const int64_t q = (ne01 + GGML_PY_GEMM_R0 - 1) / GGML_PY_GEMM_R0;
+    const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
+    const int64_t n_items = q * blocks_m * ne12 * ne13;
+    const int64_t ldd = (int64_t) (nb1 / sizeof(float));
     struct ggml_py_items taken = { 0, 0 };
     for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
-        const int64_t tn = item % tiles_n, tm = (item / tiles_n) % tiles_m;
-        const struct mul_mat_batch b = batch_at(params, dst, item / (tiles_n * tiles_m));
-        const int64_t n0 = tn * TILE_N, n_end = GGML_PY_MIN(n0 + TILE_N, ne01);
+        const int64_t r = item % q, tm = (item / q) % blocks_m;
+        const struct mul_mat_batch b = batch_at(params, dst, item / (q * blocks_m));
+        const int nr0 = (int) GGML_PY_MIN(GGML_PY_GEMM_R0, (ne01 - r + q - 1) / q);   /* rows < N */
+        const char *x = b.x + r * nb01;
+        const size_t bx = q * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
-        if (tile) {
-            for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
-                const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
-                for (int64_t i01 = n0; i01 < n_end; i01 += GGML_PY_GEMM_R0) {
-                    const int nr0 = (int) GGML_PY_MIN(GGML_PY_GEMM_R0, n_end - i01);
-                    tile(ne00, nr0, nr1, b.x + i01 * nb01, nb01, b.y + i11 * b.by, b.by,
-                         (float *) (b.d + i11 * nb1) + i01, (int64_t) (nb1 / sizeof(float)));
-                }
+        for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
+            const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
+            float *d = (float *) (b.d + i11 * nb1) + r;
+            if (tile) {
+                tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, d, ldd, q);
+                continue;
             }
-            continue;
-        }
-        for (int64_t i11 = m0; i11 < m_end; i11++) {
-            float *drow = (float *) (b.d + i11 * nb1);
-            for (int64_t i01 = n0; i01 < n_end; i01++) {
-                vec_dot(ne00, &drow[i01], b.x + i01 * nb01, b.y + i11 * b.by);
+            for (int j = 0; j < nr1; j++) {
+                for (int i = 0; i < nr0; i++) vec_dot(ne00, &d[j * ldd + i * q], x + i * bx, b.y + (i11 + j) * b.by);
             }
         }
     }

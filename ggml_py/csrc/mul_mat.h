@@ -5,26 +5,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A tile of dot products: d[j * ldd + i] = dot(x + i * bx, y + j * by) for
+/* A tile of dot products: d[j * ldd + i * dd] = dot(x + i * bx, y + j * by) for
  * i < nr0 (src0 rows, at most GGML_PY_GEMM_R0) and j < nr1 (src1 rows, at most
  * GGML_PY_GEMM_R1); x in the weight type, y in its vec_dot type, n elements.
- * Each result equals the type's vec_dot bit for bit. */
+ * The weight rows may lie any distance apart. Each result equals the type's
+ * vec_dot bit for bit (F16's: in another order of its sums). */
 #define GGML_PY_GEMM_R0 4
 #define GGML_PY_GEMM_R1 2
 typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx,
-                                     const char *y, size_t by, float *d, int64_t ldd);
+                                     const char *y, size_t by, float *d, int64_t ldd, int64_t dd);
 
 /* The blocked kernel for weights of `type`, or NULL (use vec_dot per pair). */
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type);
-
-/* M = 1: d[i * dd] = dot(x + i * bx, y) for i < GGML_PY_GEMV_ROWS, four weight
- * rows at any distance against one activation row; each result equals the type's
- * vec_dot bit for bit. */
-#define GGML_PY_GEMV_ROWS 4
-typedef void (*ggml_py_gemv_fn)(int64_t n, const char *x, size_t bx, const char *y, float *d, int64_t dd);
-
-/* The M = 1 kernel for weights of `type`, or NULL. */
-ggml_py_gemv_fn ggml_py_gemv_avx2(int type);
 
 /* Blocked SIMD tiles on (simd) or vec_dot everywhere; set by ggml_py_select_kernels. */
 void ggml_py_mul_mat_select(int simd);

@@ -13,38 +13,43 @@
 #define R0 GGML_PY_GEMM_R0
 #define R1 GGML_PY_GEMM_R1
 
-static void gemm_q4_0(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                      size_t by, float *d, int64_t ldd) {
+/* The tile bodies are inlined into full-size and one-column specializations
+ * (FULL_SIZES below), where the compiler keeps every accumulator in a register. */
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     const __m256i eight = _mm256_set1_epi8(8);
     __m256 acc[R0][R1];
     for (int i = 0; i < R0; i++)
         for (int j = 0; j < R1; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
-        __m256i qy[R1], ysum[R1];
-        float dy[R1];
+        __m256i qy[R1], minus_ysum[R1];
+        __m256 dy[R1];
         for (int j = 0; j < nr1; j++) {
             const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + j * by) + ib;
             qy[j] = _mm256_loadu_si256((const __m256i *) yb->qs);
-            ysum[j] = ggml_py_dot_u8s8(eight, qy[j]);
-            dy[j] = FP16_TO_FP32(yb->d);
+            /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
+            minus_ysum[j] = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy[j]));
+            dy[j] = _mm256_set1_ps(FP16_TO_FP32(yb->d));
         }
         for (int i = 0; i < nr0; i++) {
             const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + i * bx) + ib;
             const __m256i qx = ggml_py_nibbles32(xb->qs);
-            const float dx = FP16_TO_FP32(xb->d);
+            const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short) xb->d));
             for (int j = 0; j < nr1; j++) {
-                const __m256i s = _mm256_sub_epi32(ggml_py_dot_u8s8(qx, qy[j]), ysum[j]);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy[j]), _mm256_cvtepi32_ps(s), acc[i][j]);
+                const __m256i s = ggml_py_dot_u8s8_acc(minus_ysum[j], qx, qy[j]);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy[j]), _mm256_cvtepi32_ps(s), acc[i][j]);
             }
         }
     }
     for (int j = 0; j < nr1; j++)
-        for (int i = 0; i < nr0; i++) d[j * ldd + i] = ggml_py_hsum_ps_avx(acc[i][j]);
+        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
 }
 
-static void gemm_q8_0(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                      size_t by, float *d, int64_t ldd) {
+INLINE void gemm_q8_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK8_0;
     __m256 acc[R0][R1];
     for (int i = 0; i < R0; i++)
@@ -69,12 +74,12 @@ static void gemm_q8_0(int64_t n, int nr0, int nr1, const char *x, size_t bx, con
         }
     }
     for (int j = 0; j < nr1; j++)
-        for (int i = 0; i < nr0; i++) d[j * ldd + i] = ggml_py_hsum_ps_avx(acc[i][j]);
+        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
 }
 
 /* F16 x F16: one accumulator per output (not bitwise equal to vec_dot_f16). */
-static void gemm_f16(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                     size_t by, float *d, int64_t ldd) {
+INLINE void gemm_f16_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                          size_t by, float *d, int64_t ldd, int64_t dd) {
     __m256 acc[R0][R1];
     for (int i = 0; i < R0; i++)
         for (int j = 0; j < R1; j++) acc[i][j] = _mm256_setzero_ps();
@@ -95,40 +100,21 @@ static void gemm_f16(int64_t n, int nr0, int nr1, const char *x, size_t bx, cons
             const ggml_py_fp16_t *xr = (const ggml_py_fp16_t *) (x + i * bx);
             const ggml_py_fp16_t *yr = (const ggml_py_fp16_t *) (y + j * by);
             for (int64_t kk = k; kk < n; kk++) sum += FP16_TO_FP32(xr[kk]) * FP16_TO_FP32(yr[kk]);
-            d[j * ldd + i] = sum;
+            d[j * ldd + i * dd] = sum;
         }
     }
 }
 
-/* M = 1: four weight rows against one activation row, each row its own chain of
- * fmas in vec_dot's order. The activation's side of a block (its -8 * sum, its
- * scale) is worked out once for the four. */
-static void gemv_q4_0(int64_t n, const char *x, size_t bx, const char *y, float *d, int64_t dd) {
-    const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) y;
-    const ggml_py_block_q4_0 *xr[GGML_PY_GEMV_ROWS];
-    __m256 acc[GGML_PY_GEMV_ROWS];
-    for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) {
-        xr[i] = (const ggml_py_block_q4_0 *) (x + i * bx);
-        acc[i] = _mm256_setzero_ps();
+#define FULL_SIZES(name)                                                                    \
+    static void name(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,  \
+                     size_t by, float *d, int64_t ldd, int64_t dd) {                        \
+        if (nr0 == R0 && nr1 == R1) name##_body(n, R0, R1, x, bx, y, by, d, ldd, dd);       \
+        else if (nr0 == R0 && nr1 == 1) name##_body(n, R0, 1, x, bx, y, by, d, ldd, dd);    \
+        else name##_body(n, nr0, nr1, x, bx, y, by, d, ldd, dd);                             \
     }
-    const __m256i eight = _mm256_set1_epi8(8);
-    for (int64_t ib = 0; ib < n / GGML_PY_QK4_0; ib++) {
-        const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[ib].qs);
-        /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
-        const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
-        const __m256 dy = _mm256_set1_ps(FP16_TO_FP32(yb[ib].d));
-        for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) {
-            const __m256i s = ggml_py_dot_u8s8_acc(minus_ysum, ggml_py_nibbles32(xr[i][ib].qs), qy);
-            const __m256 dx = _mm256_cvtph_ps(_mm_set1_epi16((short) xr[i][ib].d));
-            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dx, dy), _mm256_cvtepi32_ps(s), acc[i]);
-        }
-    }
-    for (int i = 0; i < GGML_PY_GEMV_ROWS; i++) d[i * dd] = ggml_py_hsum_ps_avx(acc[i]);
-}
-
-ggml_py_gemv_fn ggml_py_gemv_avx2(int type) {
-    return type == GGML_PY_TYPE_Q4_0 ? gemv_q4_0 : NULL;
-}
+FULL_SIZES(gemm_q4_0)
+FULL_SIZES(gemm_q8_0)
+FULL_SIZES(gemm_f16)
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
     switch (type) {
@@ -142,11 +128,6 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
 #else
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
-    (void) type;
-    return NULL;
-}
-
-ggml_py_gemv_fn ggml_py_gemv_avx2(int type) {
     (void) type;
     return NULL;
 }
