@@ -204,9 +204,14 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     const int64_t n_items = q * blocks_m * ne12 * ne13;
     const int64_t ldd = (int64_t) (nb1 / sizeof(float));
     struct ggml_py_items taken = { 0, 0 };
+    struct mul_mat_batch b = { NULL, NULL, 0, NULL };
+    int64_t b_index = -1;   /* the batch b describes */
     for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
         const int64_t r = item % q, tm = (item / q) % blocks_m;
-        const struct mul_mat_batch b = batch_at(params, dst, item / (q * blocks_m));
+        if (item / (q * blocks_m) != b_index) {
+            b_index = item / (q * blocks_m);
+            b = batch_at(params, dst, b_index);
+        }
         const int nr0 = (int) GGML_PY_MIN(GGML_PY_GEMM_R0, (ne01 - r + q - 1) / q);   /* rows < N */
         const char *x = b.x + r * nb01;
         const size_t bx = q * nb01;
