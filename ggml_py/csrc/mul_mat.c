@@ -25,7 +25,8 @@
 #include <cblas.h>
 #endif
 
-#define TILE_M 32   /* src1 rows a work item runs against its weight rows */
+#define TILE_M 32         /* src1 rows a work item runs against its weight rows */
+#define VEC_DOT_ROWS 16   /* weight rows of an item where the type has no blocked kernel */
 
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type) = NULL;
 
@@ -186,20 +187,24 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     return b;
 }
 
-/* Work items: (batch, block of TILE_M src1 rows, row group r), r fastest. Group r
- * is src0 rows r, r + q, r + 2q and r + 3q (q a quarter of the rows, rounded up):
- * a thread taking consecutive groups reads four sequential streams of weights,
- * each row once per block of src1 rows, and runs independent chains of fmas.
- * (Four neighbouring rows read together ran at a third of one row's speed on an
- * AMD EPYC VM.) Through the blocked kernel where the type has one — also at
- * M = 1; F16's tile sums in another order than vec_dot_f16, and a row's result
- * must not depend on the batch it comes in, so F16 always takes it. */
+/* Work items: (batch, block of TILE_M src1 rows, row group r), r fastest. With a
+ * blocked kernel, group r is src0 rows r, r + q, r + 2q and r + 3q (q a quarter of
+ * the rows, rounded up): a thread taking consecutive groups reads four sequential
+ * streams of weights, block by block, each row once per block of src1 rows, and
+ * runs independent chains of fmas. (Four neighbouring rows read block by block
+ * ran at a third of one row's speed on an AMD EPYC VM.) vec_dot reads a whole row
+ * at a time, and there group r is VEC_DOT_ROWS neighbouring rows: one stream (four
+ * far-apart rows read row by row were up to x2 slower there).
+ * The blocked kernel runs at M = 1 too; F16's tile sums in another order than
+ * vec_dot_f16, and a row's result must not depend on the batch it comes in. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
     const ggml_py_gemm_tile_fn tile = tile_for_type ? tile_for_type(src0->type) : NULL;
-    const int64_t q = (ne01 + GGML_PY_GEMM_R0 - 1) / GGML_PY_GEMM_R0;
+    const int64_t group = tile ? GGML_PY_GEMM_R0 : VEC_DOT_ROWS;   /* rows in a group */
+    const int64_t q = (ne01 + group - 1) / group;                    /* groups */
+    const int64_t step = tile ? q : 1;                               /* between their rows */
     const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
     const int64_t n_items = q * blocks_m * ne12 * ne13;
     const int64_t ldd = (int64_t) (nb1 / sizeof(float));
@@ -212,19 +217,20 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
             b_index = item / (q * blocks_m);
             b = batch_at(params, dst, b_index);
         }
-        const int nr0 = (int) GGML_PY_MIN(GGML_PY_GEMM_R0, (ne01 - r + q - 1) / q);   /* rows < N */
-        const char *x = b.x + r * nb01;
-        const size_t bx = q * nb01;
+        const int64_t first = tile ? r : r * group;
+        const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
+        const char *x = b.x + first * nb01;
+        const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
             const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
-            float *d = (float *) (b.d + i11 * nb1) + r;
+            float *d = (float *) (b.d + i11 * nb1) + first;
             if (tile) {
-                tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, d, ldd, q);
+                tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, d, ldd, step);
                 continue;
             }
             for (int j = 0; j < nr1; j++) {
-                for (int i = 0; i < nr0; i++) vec_dot(ne00, &d[j * ldd + i * q], x + i * bx, b.y + (i11 + j) * b.by);
+                for (int i = 0; i < nr0; i++) vec_dot(ne00, &d[j * ldd + i * step], x + i * bx, b.y + (i11 + j) * b.by);
             }
         }
     }
