@@ -7,8 +7,9 @@
  * Profiles (data; the executor reads the stage flags):
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
  *               buffer; COMPUTE (parallel): groups of four far-apart src0 rows
- *               against blocks of TILE_M src1 rows, through a blocked 4 x 2
- *               kernel where the type has one.
+ *               through a blocked 4 x 2 kernel where the type has one, else
+ *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
+ *               TILE_M src1 rows.
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
  *               f32 in the work buffer, then one sgemm per src1 batch.
  *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
@@ -190,11 +191,13 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
 /* Work items: (batch, block of TILE_M src1 rows, row group r), r fastest. With a
  * blocked kernel, group r is src0 rows r, r + q, r + 2q and r + 3q (q a quarter of
  * the rows, rounded up): a thread taking consecutive groups reads four sequential
- * streams of weights, block by block, each row once per block of src1 rows, and
- * runs independent chains of fmas. (Four neighbouring rows read block by block
- * ran at a third of one row's speed on an AMD EPYC VM.) vec_dot reads a whole row
- * at a time, and there group r is VEC_DOT_ROWS neighbouring rows: one stream (four
- * far-apart rows read row by row were up to x2 slower there).
+ * streams of weights, block by block, each row fetched from memory once per block
+ * of src1 rows (the kernel re-reads it from cache per pair of them), and runs
+ * independent chains of fmas. (On an AMD EPYC VM four neighbouring Q4_0 rows read
+ * block by block took 4.5 ms where one row at a time took 2.6 and four far-apart
+ * rows 1.8; two neighbouring Q8_0 rows ran at under a third of one row's speed.)
+ * vec_dot reads a whole row at a time, and there group r is VEC_DOT_ROWS
+ * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernel runs at M = 1 too; F16's tile sums in another order than
  * vec_dot_f16, and a row's result must not depend on the batch it comes in. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {

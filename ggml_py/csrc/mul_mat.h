@@ -8,8 +8,9 @@
 /* A tile of dot products: d[j * ldd + i * dd] = dot(x + i * bx, y + j * by) for
  * i < nr0 (src0 rows, at most GGML_PY_GEMM_R0) and j < nr1 (src1 rows, at most
  * GGML_PY_GEMM_R1); x in the weight type, y in its vec_dot type, n elements.
- * The weight rows may lie any distance apart. Each result equals the type's
- * vec_dot bit for bit (F16's: in another order of its sums). */
+ * The weight rows may lie any distance apart; dd is the distance between the
+ * outputs of consecutive ones. Each result equals the type's vec_dot bit for bit,
+ * except F16's, which sums in another order than vec_dot_f16. */
 #define GGML_PY_GEMM_R0 4
 #define GGML_PY_GEMM_R1 2
 typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx,

@@ -32,7 +32,7 @@ static inline __m256i ggml_py_bits32(const uint8_t *x) {
 }
 
 /* acc + (int32 lane k = sum of ux[e] * sy[e] for e in 4k..4k+3), ux unsigned.
- * One VNNI instruction where the CPU has it, maddubs + madd otherwise. The two
+ * One VNNI instruction where the build targets it, maddubs + madd otherwise. The two
  * agree exactly because no caller's unsigned bytes exceed 128: a pair's sum then
  * lies in [-32768, 32512] and maddubs never saturates. */
 static inline __m256i ggml_py_dot_u8s8_acc(__m256i acc, __m256i ux, __m256i sy) {
