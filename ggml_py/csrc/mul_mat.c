@@ -225,16 +225,16 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
+        if (!tile) {   /* neighbouring rows (step 1), one src1 row at a time */
+            for (int64_t i11 = m0; i11 < m_end; i11++) {
+                float *d = (float *) (b.d + i11 * nb1) + first;
+                for (int i = 0; i < nr0; i++) vec_dot(ne00, &d[i], x + i * nb01, b.y + i11 * b.by);
+            }
+            continue;
+        }
         for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
             const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
-            float *d = (float *) (b.d + i11 * nb1) + first;
-            if (tile) {
-                tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, d, ldd, step);
-                continue;
-            }
-            for (int j = 0; j < nr1; j++) {
-                for (int i = 0; i < nr0; i++) vec_dot(ne00, &d[j * ldd + i * step], x + i * bx, b.y + (i11 + j) * b.by);
-            }
+            tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, (float *) (b.d + i11 * nb1) + first, ldd, step);
         }
     }
 }
