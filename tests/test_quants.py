@@ -133,6 +133,27 @@ def test_simd_dot_equals_scalar_twin(t, n_blocks):
             assert a == b   # same integer sums, same float steps: bitwise
 
 
+@pytest.mark.parametrize("t", [gg.Q4_K, gg.Q5_K], ids=lambda t: t.name)
+def test_simd_dot_equals_scalar_twin_on_raw_scale_bytes(t):
+    """Q4_K / Q5_K pack 8 six-bit scales and 8 mins into 12 bytes; the SIMD kernels unpack
+    them a word at a time. Random bytes (every bit pattern a file may hold, not only what
+    our quantizer writes; d and dmin kept finite) give the scalar twin's bits."""
+    block, y_block = gg.type_traits(t)["type_size"], gg.type_traits(gg.Q8_K)["type_size"]
+    rng = np.random.default_rng(7)
+    n_blocks = 64
+    qx = rng.integers(0, 256, n_blocks * block, dtype=np.uint8)
+    halves = qx.reshape(n_blocks, block)[:, :4].view(np.float16)   # d, dmin of each block
+    halves[...] = rng.uniform(-2, 2, halves.shape).astype(np.float16)
+    y = rng.standard_normal(n_blocks * 256).astype(np.float32)
+    qy = gg.quantize(y, gg.Q8_K)
+    n = n_blocks * 256
+    assert Q.vec_dot_variant(t, n, qx, qy, True) == Q.vec_dot_variant(t, n, qx, qy, False)
+    for b in range(n_blocks):   # block by block too: no sum to hide a wrong term
+        one_x = qx[b * block:(b + 1) * block]
+        one_y = qy[b * y_block:(b + 1) * y_block]
+        assert Q.vec_dot_variant(t, 256, one_x, one_y, True) == Q.vec_dot_variant(t, 256, one_x, one_y, False)
+
+
 @pytest.mark.parametrize("t", [gg.Q8_0, gg.Q8_1, gg.Q8_K], ids=lambda t: t.name)
 def test_simd_quantizer_equals_reference(t):
     if not Q.kernel_variants(t)["from_float"][1]:
