@@ -1,8 +1,9 @@
-/* gemm_avx2.c - blocked AVX2 tiles for MUL_MAT with several src1 rows
- * (prefill): 4 weight rows x 2 activation rows per pass, so each loaded
- * weight block meets two activation blocks and each activation block four
- * weight blocks. Every output runs the very accumulation of its vec_dot
- * (same lanes, same order), so tiles and vec_dot agree bit for bit. */
+/* gemm_avx2.c - blocked AVX2 tiles for MUL_MAT: 4 weight rows x 2 activation
+ * rows per pass (x 1 for a single activation row, as in decoding), so each
+ * loaded weight block meets two activation blocks and each activation block
+ * four weight blocks, in independent chains of fmas. Every output runs the very
+ * accumulation of its vec_dot (same lanes, same order), so tiles and vec_dot
+ * agree bit for bit (F16 excepted: see gemm_f16_body). */
 #include "quants_impl.h"
 #include "simd.h"
 #include "mul_mat.h"
