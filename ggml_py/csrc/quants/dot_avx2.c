@@ -94,11 +94,6 @@ void ggml_py_vec_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *
 
 /* ---- K-quants: integer sums per super-block, then the scalar float step ---- */
 
-/* Sum of q * y over 32 values whose two halves of 16 have scales sc0, sc1. */
-static inline __m256i scaled_dot32(__m256i p16, int sc0, int sc1) {
-    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short) sc1), _mm_set1_epi16((short) sc0));
-    return _mm256_madd_epi16(p16, scales);
-}
 
 void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q2_K *x = vx;
@@ -115,7 +110,7 @@ void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *
                 const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * k), m3);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
                 const uint8_t *sc = x[i].scales + 8 * c + 2 * k;
-                acc = _mm256_add_epi32(acc, scaled_dot32(_mm256_maddubs_epi16(q, qy), sc[0] & 0xF, sc[1] & 0xF));
+                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(_mm256_maddubs_epi16(q, qy), sc[0] & 0xF, sc[1] & 0xF));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);
@@ -146,7 +141,7 @@ void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
                 const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, qy), _mm256_maddubs_epi16(four, qy));
                 const int8_t *scj = sc + 8 * c + 2 * k;
-                acc = _mm256_add_epi32(acc, scaled_dot32(p, scj[0], scj[1]));
+                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(p, scj[0], scj[1]));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);
@@ -154,28 +149,6 @@ void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *
         sumf += d * (float) isum;
     }
     *s = sumf;
-}
-
-/* Q4_K / Q5_K tail: mins and the float step (same as k4_block_sum in dot_ref.c) */
-static inline float k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const uint8_t *mins,
-                              ggml_py_half d16, ggml_py_half dmin16) {
-    int summs = 0;
-    for (int j = 0; j < 8; j++) summs += mins[j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
-    const int isum = ggml_py_hsum_i32_8(acc);
-    const float d = FP16_TO_FP32(d16) * y->d;
-    const float dmin = FP16_TO_FP32(dmin16) * y->d;
-    return d * (float) isum - dmin * (float) summs;
-}
-
-/* Chunk c of a Q4_K/Q5_K super-block: 64 unsigned values (lo: the first 32,
- * hi: the next 32) times their Q8_K activations, each half scaled by its 6-bit
- * scale; int32 lanes. */
-static inline __m256i k4_chunk_dot(__m256i lo, __m256i hi, const int8_t *yq, const uint8_t sc[2]) {
-    const __m256i y0 = _mm256_loadu_si256((const __m256i *) yq);
-    const __m256i y1 = _mm256_loadu_si256((const __m256i *) (yq + 32));
-    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[0]));
-    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[1]));
-    return _mm256_add_epi32(p0, p1);
 }
 
 void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
@@ -191,9 +164,9 @@ void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *
             const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
             const __m256i lo = _mm256_and_si256(q4, m4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
-            acc = _mm256_add_epi32(acc, k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
+            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
-        sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -215,9 +188,9 @@ void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16(h0, 4));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
                                                _mm256_slli_epi16(h1, 4));
-            acc = _mm256_add_epi32(acc, k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
+            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
-        sumf += k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -248,7 +221,7 @@ void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *
             for (int g = 0; g < 4; g++) {
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) (q8 + 32 * g));
                 const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], qy), _mm256_maddubs_epi16(m32, qy));
-                acc = _mm256_add_epi32(acc, scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
+                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);

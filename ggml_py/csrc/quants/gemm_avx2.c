@@ -78,6 +78,85 @@ INLINE void gemm_q8_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
 }
 
+/* Q4_K x Q8_K: per super-block, each weight row's scales and nibbles are unpacked
+ * once for its activation rows; each output then takes vec_dot_q4_K's steps. */
+INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    float acc[R0][R1] = { { 0 } };
+    for (int64_t ib = 0; ib < nb; ib++) {
+        for (int i = 0; i < nr0; i++) {
+            const ggml_py_block_q4_K *xb = (const ggml_py_block_q4_K *) (x + i * bx) + ib;
+            uint8_t sc[8], mn[8];
+            for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, xb->scales, &sc[j], &mn[j]);
+            __m256i isum[R1];
+            for (int j = 0; j < nr1; j++) isum[j] = _mm256_setzero_si256();
+            for (int c = 0; c < 4; c++) {
+                const __m256i q4 = _mm256_loadu_si256((const __m256i *) (xb->qs + 32 * c));
+                const __m256i lo = _mm256_and_si256(q4, m4);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                for (int j = 0; j < nr1; j++) {
+                    const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                    isum[j] = _mm256_add_epi32(isum[j], ggml_py_k4_chunk_dot(lo, hi, yb->qs + 64 * c, sc + 2 * c));
+                }
+            }
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                acc[i][j] += ggml_py_k4_finish(yb, isum[j], mn, xb->d, xb->dmin);
+            }
+        }
+    }
+    for (int j = 0; j < nr1; j++)
+        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = acc[i][j];
+}
+
+/* Q6_K x Q8_K: per super-block, each weight row's 6-bit values are unpacked once
+ * for its activation rows; each output then takes vec_dot_q6_K's steps. */
+INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    float acc[R0][R1] = { { 0 } };
+    for (int64_t ib = 0; ib < nb; ib++) {
+        for (int i = 0; i < nr0; i++) {
+            const ggml_py_block_q6_K *xb = (const ggml_py_block_q6_K *) (x + i * bx) + ib;
+            __m256i isum[R1];
+            for (int j = 0; j < nr1; j++) isum[j] = _mm256_setzero_si256();
+            for (int c = 0; c < 2; c++) {
+                const uint8_t *ql = xb->ql + 64 * c, *qh = xb->qh + 32 * c;
+                const int8_t *sc = xb->scales + 8 * c;
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+                const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                for (int j = 0; j < nr1; j++) {
+                    const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c;
+                    for (int g = 0; g < 4; g++) {
+                        const __m256i qy = _mm256_loadu_si256((const __m256i *) (q8 + 32 * g));
+                        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], qy), _mm256_maddubs_epi16(m32, qy));
+                        isum[j] = _mm256_add_epi32(isum[j], ggml_py_scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
+                    }
+                }
+            }
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                const float scale = FP16_TO_FP32(xb->d) * yb->d;
+                acc[i][j] += scale * (float) ggml_py_hsum_i32_8(isum[j]);
+            }
+        }
+    }
+    for (int j = 0; j < nr1; j++)
+        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = acc[i][j];
+}
+
 /* F16 x F16: one accumulator per output (not bitwise equal to vec_dot_f16). */
 INLINE void gemm_f16_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                           size_t by, float *d, int64_t ldd, int64_t dd) {
@@ -116,12 +195,16 @@ INLINE void gemm_f16_body(int64_t n, int nr0, int nr1, const char *x, size_t bx,
 FULL_SIZES(gemm_q4_0)
 FULL_SIZES(gemm_q8_0)
 FULL_SIZES(gemm_f16)
+FULL_SIZES(gemm_q4_K)
+FULL_SIZES(gemm_q6_K)
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type) {
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0;
         case GGML_PY_TYPE_Q8_0: return gemm_q8_0;
         case GGML_PY_TYPE_F16:  return gemm_f16;
+        case GGML_PY_TYPE_Q4_K: return gemm_q4_K;
+        case GGML_PY_TYPE_Q6_K: return gemm_q6_K;
         default:                return NULL;
     }
 }

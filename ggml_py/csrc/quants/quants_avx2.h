@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "quants_impl.h"
+
 /* 32 nibbles -> 32 bytes in 0..15: low nibbles are bytes 0..15, high 16..31. */
 static inline __m256i ggml_py_nibbles32(const uint8_t *qs) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -60,6 +62,35 @@ static inline int ggml_py_hsum_i32_8(__m256i a) {
     const __m128i s2 = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
     const __m128i s1 = _mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(s1);
+}
+
+/* Sum of q * y over 32 values whose two halves of 16 have scales sc0, sc1
+ * (p16: the 16 pair sums of maddubs). */
+static inline __m256i ggml_py_scaled_dot32(__m256i p16, int sc0, int sc1) {
+    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short) sc1), _mm_set1_epi16((short) sc0));
+    return _mm256_madd_epi16(p16, scales);
+}
+
+/* Q4_K / Q5_K tail: mins and the float step (same as k4_block_sum in dot_ref.c) */
+static inline float ggml_py_k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const uint8_t *mins,
+                                      ggml_py_half d16, ggml_py_half dmin16) {
+    int summs = 0;
+    for (int j = 0; j < 8; j++) summs += mins[j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
+    const int isum = ggml_py_hsum_i32_8(acc);
+    const float d = FP16_TO_FP32(d16) * y->d;
+    const float dmin = FP16_TO_FP32(dmin16) * y->d;
+    return d * (float) isum - dmin * (float) summs;
+}
+
+/* Chunk c of a Q4_K/Q5_K super-block: 64 unsigned values (lo: the first 32,
+ * hi: the next 32) times their Q8_K activations, each half scaled by its 6-bit
+ * scale; int32 lanes. */
+static inline __m256i ggml_py_k4_chunk_dot(__m256i lo, __m256i hi, const int8_t *yq, const uint8_t sc[2]) {
+    const __m256i y0 = _mm256_loadu_si256((const __m256i *) yq);
+    const __m256i y1 = _mm256_loadu_si256((const __m256i *) (yq + 32));
+    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[0]));
+    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[1]));
+    return _mm256_add_epi32(p0, p1);
 }
 
 #endif /* GGML_PY_QUANTS_AVX2_H */
