@@ -29,7 +29,7 @@
 #define TILE_M 32         /* src1 rows a work item runs against its weight rows */
 #define VEC_DOT_ROWS 16   /* weight rows of an item where the type has no blocked kernel */
 
-static ggml_py_gemm_tile_fn (*tile_for_type)(int type) = NULL;
+static ggml_py_gemm_tile_fn (*tile_for_type)(int type, int64_t m) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
@@ -198,13 +198,14 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * rows 1.8; two neighbouring Q8_0 rows ran at under a third of one row's speed.)
  * vec_dot reads a whole row at a time, and there group r is VEC_DOT_ROWS
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
- * The blocked kernel runs at M = 1 too; F16's tile sums in another order than
- * vec_dot_f16, and a row's result must not depend on the batch it comes in. */
+ * The blocked kernels of the 32-element types and F16 run at M = 1 too (F16's
+ * tile sums in another order than vec_dot_f16, and a row's result must not depend
+ * on the batch it comes in); the K-quants' only from M = 2. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const ggml_py_gemm_tile_fn tile = tile_for_type ? tile_for_type(src0->type) : NULL;
+    const ggml_py_gemm_tile_fn tile = tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
     const int64_t group = tile ? GGML_PY_GEMM_R0 : VEC_DOT_ROWS;   /* rows in a group */
     const int64_t q = (ne01 + group - 1) / group;                    /* groups */
     const int64_t step = tile ? q : 1;                               /* between their rows */

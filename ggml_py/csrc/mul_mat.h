@@ -16,8 +16,9 @@
 typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx,
                                      const char *y, size_t by, float *d, int64_t ldd, int64_t dd);
 
-/* The blocked kernel for weights of `type`, or NULL (use vec_dot per pair). */
-ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type);
+/* The blocked kernel for weights of `type` against m activation rows, or NULL
+ * (use vec_dot per pair). */
+ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m);
 
 /* Blocked SIMD tiles on (simd) or vec_dot everywhere; set by ggml_py_select_kernels. */
 void ggml_py_mul_mat_select(int simd);
