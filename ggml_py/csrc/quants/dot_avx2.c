@@ -198,8 +198,6 @@ void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q6_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    const __m256i m32 = _mm256_set1_epi8(32);
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
@@ -207,21 +205,10 @@ void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *
         const int8_t *q8 = y[i].qs;
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, q8 += 128) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+            ggml_py_q6_K_half(ql, qh, q);
             for (int g = 0; g < 4; g++) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *) (q8 + 32 * g));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], qy), _mm256_maddubs_epi16(m32, qy));
-                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
+                acc = _mm256_add_epi32(acc, ggml_py_q6_K_dot32(q[g], q8 + 32 * g, sc[2 * g], sc[2 * g + 1]));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);

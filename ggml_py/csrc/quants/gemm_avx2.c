@@ -116,7 +116,6 @@ INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
 INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                            size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
     float acc[R0][R1] = { { 0 } };
     for (int64_t ib = 0; ib < nb; ib++) {
         for (int i = 0; i < nr0; i++) {
@@ -126,23 +125,12 @@ INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
             for (int c = 0; c < 2; c++) {
                 const uint8_t *ql = xb->ql + 64 * c, *qh = xb->qh + 32 * c;
                 const int8_t *sc = xb->scales + 8 * c;
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
-                const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+                ggml_py_q6_K_half(ql, qh, q);
                 for (int j = 0; j < nr1; j++) {
                     const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c;
                     for (int g = 0; g < 4; g++) {
-                        const __m256i qy = _mm256_loadu_si256((const __m256i *) (q8 + 32 * g));
-                        const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[g], qy), _mm256_maddubs_epi16(m32, qy));
-                        isum[j] = _mm256_add_epi32(isum[j], ggml_py_scaled_dot32(p, sc[2 * g], sc[2 * g + 1]));
+                        isum[j] = _mm256_add_epi32(isum[j], ggml_py_q6_K_dot32(q[g], q8 + 32 * g, sc[2 * g], sc[2 * g + 1]));
                     }
                 }
             }

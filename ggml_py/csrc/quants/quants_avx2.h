@@ -71,6 +71,30 @@ static inline __m256i ggml_py_scaled_dot32(__m256i p16, int sc0, int sc1) {
     return _mm256_madd_epi16(p16, scales);
 }
 
+/* Half of a Q6_K super-block (ql: its 64 bytes of low nibbles, qh: its 32 bytes
+ * of high bit pairs): 128 six-bit values, 0..63, as four groups of 32 bytes. */
+static inline void ggml_py_q6_K_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
+    const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+}
+
+/* Sum of (q - 32) * y over 32 Q6_K values whose halves of 16 have scales sc0, sc1
+ * (yq: their 32 Q8_K activations); int32 lanes. */
+static inline __m256i ggml_py_q6_K_dot32(__m256i q, const int8_t *yq, int sc0, int sc1) {
+    const __m256i qy = _mm256_loadu_si256((const __m256i *) yq);
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, qy), _mm256_maddubs_epi16(_mm256_set1_epi8(32), qy));
+    return ggml_py_scaled_dot32(p, sc0, sc1);
+}
+
 /* Q4_K / Q5_K tail: mins and the float step (same as k4_block_sum in dot_ref.c) */
 static inline float ggml_py_k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const uint8_t *mins,
                                       ggml_py_half d16, ggml_py_half dmin16) {
