@@ -94,7 +94,7 @@ def test_blocked_tiles_equal_vec_dot(t):
     np.testing.assert_array_equal(y5.numpy(), np.repeat(y1.numpy(), 5, axis=0))
 
 
-@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 13, 33])
 def test_cpu_products_equal_vec_dot(t, n):
     """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
@@ -102,7 +102,7 @@ def test_cpu_products_equal_vec_dot(t, n):
     has them: every output equals vec_dot of its row and column bit for bit, for any N,
     M (one, a few, more than a block of 32), thread count and batch."""
     from ggml_py import quants as Q
-    k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q6_K) else 5)
+    k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q5_K, gg.Q6_K) else 5)
     vt = Q.vec_dot_type(t)   # the kernels this build runs: SIMD where it has them
     simd, simd_quantizer = Q.kernel_variants(t)["vec_dot"][1], Q.kernel_variants(vt)["from_float"][1]
     rng = np.random.default_rng(n)

@@ -154,16 +154,14 @@ void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
         uint8_t sc[8], mn[8];
         for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
-            const __m256i lo = _mm256_and_si256(q4, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+            __m256i lo, hi;
+            ggml_py_k4_chunk_values(x[i].qs, NULL, c, &lo, &hi);
             acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
         sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
@@ -174,20 +172,14 @@ void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q5_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
         uint8_t sc[8], mn[8];
         for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *) x[i].qh);
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
-            const __m256i q4 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
-            const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one);
-            const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one);
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16(h0, 4));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q4, 4), m4),
-                                               _mm256_slli_epi16(h1, 4));
+            __m256i lo, hi;
+            ggml_py_k4_chunk_values(x[i].qs, x[i].qh, c, &lo, &hi);
             acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
         }
         sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);

@@ -78,24 +78,26 @@ INLINE void gemm_q8_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
 }
 
-/* Q4_K x Q8_K: per super-block, each weight row's scales and nibbles are unpacked
- * once for its activation rows; each output then takes vec_dot_q4_K's steps. */
-INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                           size_t by, float *d, int64_t ldd, int64_t dd) {
+/* Q4_K or (five_bits) Q5_K x Q8_K: per super-block, each weight row's scales and
+ * values are unpacked once for its activation rows; each output then takes
+ * vec_dot_q4_K's / vec_dot_q5_K's steps. The two blocks differ only by Q5_K's qh. */
+INLINE void gemm_k4_body(int five_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                         const char *y, size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const size_t block = five_bits ? sizeof(ggml_py_block_q5_K) : sizeof(ggml_py_block_q4_K);
     float acc[R0][R1] = { { 0 } };
     for (int64_t ib = 0; ib < nb; ib++) {
         for (int i = 0; i < nr0; i++) {
-            const ggml_py_block_q4_K *xb = (const ggml_py_block_q4_K *) (x + i * bx) + ib;
+            const ggml_py_block_q4_K *b4 = (const ggml_py_block_q4_K *) (x + i * bx + ib * block);
+            const ggml_py_block_q5_K *b5 = (const ggml_py_block_q5_K *) b4;
+            const uint8_t *qs = five_bits ? b5->qs : b4->qs, *qh = five_bits ? b5->qh : NULL;
             uint8_t sc[8], mn[8];
-            for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, xb->scales, &sc[j], &mn[j]);
+            for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, b4->scales, &sc[j], &mn[j]);
             __m256i isum[R1];
             for (int j = 0; j < nr1; j++) isum[j] = _mm256_setzero_si256();
             for (int c = 0; c < 4; c++) {
-                const __m256i q4 = _mm256_loadu_si256((const __m256i *) (xb->qs + 32 * c));
-                const __m256i lo = _mm256_and_si256(q4, m4);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+                __m256i lo, hi;
+                ggml_py_k4_chunk_values(qs, qh, c, &lo, &hi);
                 for (int j = 0; j < nr1; j++) {
                     const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
                     isum[j] = _mm256_add_epi32(isum[j], ggml_py_k4_chunk_dot(lo, hi, yb->qs + 64 * c, sc + 2 * c));
@@ -103,12 +105,22 @@ INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
             }
             for (int j = 0; j < nr1; j++) {
                 const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
-                acc[i][j] += ggml_py_k4_finish(yb, isum[j], mn, xb->d, xb->dmin);
+                acc[i][j] += ggml_py_k4_finish(yb, isum[j], mn, b4->d, b4->dmin);
             }
         }
     }
     for (int j = 0; j < nr1; j++)
         for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = acc[i][j];
+}
+
+INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k4_body(0, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
+}
+
+INLINE void gemm_q5_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k4_body(1, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
 }
 
 /* Q6_K x Q8_K: per super-block, each weight row's 6-bit values are unpacked once
@@ -184,6 +196,7 @@ FULL_SIZES(gemm_q4_0)
 FULL_SIZES(gemm_q8_0)
 FULL_SIZES(gemm_f16)
 FULL_SIZES(gemm_q4_K)
+FULL_SIZES(gemm_q5_K)
 FULL_SIZES(gemm_q6_K)
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
@@ -195,6 +208,7 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
          * two threads read four far-apart rows of them slower (x0.6 - x0.9 on an
          * AMD EPYC VM) than vec_dot reads neighbouring rows */
         case GGML_PY_TYPE_Q4_K: return m > 1 ? gemm_q4_K : NULL;
+        case GGML_PY_TYPE_Q5_K: return m > 1 ? gemm_q5_K : NULL;
         case GGML_PY_TYPE_Q6_K: return m > 1 ? gemm_q6_K : NULL;
         default:                return NULL;
     }

@@ -106,6 +106,22 @@ static inline float ggml_py_k4_finish(const ggml_py_block_q8_K *y, __m256i acc, 
     return d * (float) isum - dmin * (float) summs;
 }
 
+/* Chunk c (0..3) of a Q4_K / Q5_K super-block's values: *lo the first 32, *hi the
+ * next 32 (qs: the block's 128 bytes of nibbles; qh: Q5_K's 32 bytes of fifth
+ * bits, NULL for Q4_K). */
+static inline void ggml_py_k4_chunk_values(const uint8_t *qs, const uint8_t *qh, int c, __m256i *lo,
+                                           __m256i *hi) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i q4 = _mm256_loadu_si256((const __m256i *) (qs + 32 * c));
+    *lo = _mm256_and_si256(q4, m4);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), m4);
+    if (qh) {
+        const __m256i h = _mm256_loadu_si256((const __m256i *) qh), one = _mm256_set1_epi8(1);
+        *lo = _mm256_or_si256(*lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * c), one), 4));
+        *hi = _mm256_or_si256(*hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * c + 1), one), 4));
+    }
+}
+
 /* Chunk c of a Q4_K/Q5_K super-block: 64 unsigned values (lo: the first 32,
  * hi: the next 32) times their Q8_K activations, each half scaled by its 6-bit
  * scale; int32 lanes. */
