@@ -20,4 +20,9 @@ static inline float ggml_py_hsum_ps_avx(__m256 v) {
 #define GGML_PY_HAVE_AVX512 1
 #endif
 
+/* a byte dot-product instruction (vpdpbusd) on 256-bit vectors */
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#define GGML_PY_HAVE_VNNI 1
+#endif
+
 #endif /* GGML_PY_SIMD_H */

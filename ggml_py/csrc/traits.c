@@ -57,7 +57,7 @@ static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
 /* Scalar twin and SIMD kernel of each slot that has both. */
 #if defined(GGML_PY_HAVE_AVX2)
 #define SIMD(fn) fn##_avx2
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#if defined(GGML_PY_HAVE_VNNI)
 #define SIMD_NAME "avx2+vnni"   /* the AVX2 kernels, their byte dot products in VNNI */
 #else
 #define SIMD_NAME "avx2"

@@ -94,7 +94,6 @@ void ggml_py_vec_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *
 
 /* ---- K-quants: integer sums per super-block, then the scalar float step ---- */
 
-
 void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q2_K *x = vx;
     const ggml_py_block_q8_K *y = vy;

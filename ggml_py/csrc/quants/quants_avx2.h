@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "quants_impl.h"
+#include "simd.h"
 
 /* 32 nibbles -> 32 bytes in 0..15: low nibbles are bytes 0..15, high 16..31. */
 static inline __m256i ggml_py_nibbles32(const uint8_t *qs) {
@@ -40,7 +41,7 @@ static inline __m256i ggml_py_bits32(const uint8_t *x) {
 static inline __m256i ggml_py_dot_u8s8_acc(__m256i acc, __m256i ux, __m256i sy) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, ux, sy);
-#elif defined(__AVXVNNI__)
+#elif defined(GGML_PY_HAVE_VNNI)   /* AVX-VNNI */
     return _mm256_dpbusd_avx_epi32(acc, ux, sy);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1)));
