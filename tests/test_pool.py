@@ -159,7 +159,7 @@ def test_spin_then_sleep_stops_spinning_after_the_budget():
 def long_graph(n_nodes=1000):
     """Many few-ms nodes: a long compute that can be interrupted between nodes."""
     rng = np.random.default_rng(2)
-    ctx = gg.Context(mem_size=80 << 20)
+    ctx = gg.Context(mem_size=(8 << 20) + n_nodes * (80 << 10))   # a, then 64 KiB per node
     a = ctx.from_numpy(rng.standard_normal((1024, 1024)).astype(np.float32) / 32)
     x = ctx.from_numpy(rng.standard_normal((16, 1024)).astype(np.float32))
     for _ in range(n_nodes):
@@ -168,7 +168,7 @@ def long_graph(n_nodes=1000):
 
 
 def test_ctrl_c_interrupts_within_100ms(watchdog):
-    graph = long_graph()
+    graph = long_graph(n_nodes=3000)   # 1 - 2 s: well past the signal on a fast machine
     pool = gg.ThreadPool(2)
     sent = []
 
