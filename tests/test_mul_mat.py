@@ -99,8 +99,9 @@ def test_blocked_tiles_equal_vec_dot(t):
 def test_cpu_products_equal_vec_dot(t, n):
     """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
     fewer at the end) against blocks of src1 rows, through blocked kernels where the type
-    has them: every output equals vec_dot of its row and column bit for bit, for any N,
-    M (one, a few, more than a block of 32), thread count and batch."""
+    has them (Q4_0 from M = 4: panels of eight neighbouring rows, tested below): every
+    output equals vec_dot of its row and column bit for bit, for any N, M (one, a few,
+    more than a block of 32), thread count and batch."""
     from ggml_py import quants as Q
     k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q5_K, gg.Q6_K) else 5)
     vt = Q.vec_dot_type(t)   # the kernels this build runs: SIMD where it has them
@@ -120,6 +121,34 @@ def test_cpu_products_equal_vec_dot(t, n):
                 qx = Q.quantize_row_variant(x[b, j], vt, simd_quantizer)
                 for i in range(n):
                     expect[b, j, i] = Q.vec_dot_variant(t, k, qw[b // 2][i], qx, simd)
+        for n_threads in (1, 2, 3):
+            y.numpy()[...] = np.nan
+            graph.compute(n_threads=n_threads)
+            np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
+def test_q4_0_panels_equal_vec_dot(n):
+    """From M = 4 the CPU profile runs Q4_0 in panels: eight neighbouring weight rows
+    (fewer at the end) unpacked and interleaved 64 blocks at a time, against up to 32
+    src1 rows, four at a time, with each src1 row's block sums from the INIT stage.
+    Over rows of several such chunks (130 blocks: 64 + 64 + 2), every output equals
+    vec_dot bit for bit, at any M from the threshold on and any thread count."""
+    from ggml_py import quants as Q
+    k = 32 * 130
+    simd, simd_quantizer = Q.kernel_variants(gg.Q4_0)["vec_dot"][1], Q.kernel_variants(gg.Q8_0)["from_float"][1]
+    rng = np.random.default_rng(n)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    qw = [gg.quantize(w[i], gg.Q4_0) for i in range(n)]
+    for m in (4, 5, 33, 67):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        ctx = gg.Context(mem_size=8 << 20)
+        y = gg.mul_mat(ctx.from_numpy(w, type=gg.Q4_0), ctx.from_numpy(x))
+        y.profile = y.profiles()[0]
+        graph = gg.build_forward(y)
+        qx = [Q.quantize_row_variant(x[j], gg.Q8_0, simd_quantizer) for j in range(m)]
+        expect = np.array([[Q.vec_dot_variant(gg.Q4_0, k, qw[i], qx[j], simd) for i in range(n)]
+                           for j in range(m)], np.float32)
         for n_threads in (1, 2, 3):
             y.numpy()[...] = np.nan
             graph.compute(n_threads=n_threads)

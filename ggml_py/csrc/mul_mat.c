@@ -21,6 +21,7 @@
  */
 #include "impl.h"
 #include "mul_mat.h"
+#include "ggml_py_quants.h"
 
 #if defined(GGML_PY_USE_BLAS)
 #include <cblas.h>
@@ -28,12 +29,15 @@
 
 #define TILE_M 32         /* src1 rows a work item runs against its weight rows */
 #define VEC_DOT_ROWS 16   /* weight rows of an item where the type has no blocked kernel */
+_Static_assert(TILE_M <= GGML_PY_PANEL_COLS, "a panel takes a whole block of src1 rows");
 
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type, int64_t m) = NULL;
+static ggml_py_gemm_panel_fn (*panel_for_type)(int type, int64_t m) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
     tile_for_type = simd ? ggml_py_gemm_tile_avx2 : NULL;
+    panel_for_type = simd ? ggml_py_gemm_panel_avx2 : NULL;
 #if defined(GGML_PY_USE_BLAS)
     scipy_openblas_set_num_threads(1);
 #endif
@@ -113,13 +117,37 @@ static bool src1_needs_conversion(const struct ggml_py_tensor *node) {
     return vec_dot_type != src1->type || src1->nb[0] != sizeof(float);
 }
 
+/* The CPU profile's panel kernel for this node, or NULL: it reads the converted
+ * src1 rows and their block sums from the work buffer. */
+static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
+    if (!panel_for_type || !src1_needs_conversion(node)) return NULL;
+    return panel_for_type(node->src[0]->type, node->src[1]->ne[1]);
+}
+
+/* The CPU profile's work buffer: src1's rows in the vec_dot type, then (for a
+ * panel kernel) their block sums, from the next cache line on. */
+static size_t converted_rows_size(const struct ggml_py_tensor *node) {
+    const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
+    const size_t row_size = ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, src1->ne[0]);
+    return row_size * (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
+}
+
+static size_t block_sums_offset(const struct ggml_py_tensor *node) {
+    return (converted_rows_size(node) + GGML_PY_CACHE_LINE - 1) / GGML_PY_CACHE_LINE * GGML_PY_CACHE_LINE;
+}
+
+static int32_t *block_sums_at(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *node) {
+    return (int32_t *) ((char *) params->wdata + block_sums_offset(node));
+}
+
 size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_threads) {
     GGML_PY_UNUSED(n_threads);
     const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
     switch (node->profile.id) {
         case GGML_PY_MUL_MAT_CPU:
             if (!src1_needs_conversion(node)) return 0;
-            return ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, src1->ne[0]) *
+            if (!panel_for(node)) return converted_rows_size(node);
+            return block_sums_offset(node) + sizeof(int32_t) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) *
                    (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
         case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
             return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
@@ -141,6 +169,7 @@ static void convert_src1(const struct ggml_py_compute_params *params, const stru
     const int vec_dot_type = ggml_py_get_type_traits(dst->src[0]->type)->vec_dot_type;
     const ggml_py_from_float_fn from_float = ggml_py_get_type_traits(vec_dot_type)->from_float;
     const size_t row_size = ggml_py_row_size(vec_dot_type, ne10);
+    int32_t *sums = panel_for(dst) ? block_sums_at(params, dst) : NULL;
     float buf[1024];   /* gathers strided rows, a whole number of blocks at a time */
     int64_t ir0, ir1;
     ggml_py_thread_rows(ne11 * ne12 * ne13, params->ith, params->nth, &ir0, &ir1);
@@ -150,21 +179,24 @@ static void convert_src1(const struct ggml_py_compute_params *params, const stru
         char *d = (char *) params->wdata + ir * row_size;
         if (nb10 == sizeof(float)) {
             from_float((const float *) s, d, ne10);
-            continue;
+        } else {
+            for (int64_t i0 = 0; i0 < ne10; i0 += 1024) {
+                const int64_t n = GGML_PY_MIN(1024, ne10 - i0);
+                for (int64_t j = 0; j < n; j++) buf[j] = *(const float *) (s + (i0 + j) * nb10);
+                from_float(buf, d + ggml_py_row_size(vec_dot_type, i0), n);
+            }
         }
-        for (int64_t i0 = 0; i0 < ne10; i0 += 1024) {
-            const int64_t n = GGML_PY_MIN(1024, ne10 - i0);
-            for (int64_t j = 0; j < n; j++) buf[j] = *(const float *) (s + (i0 + j) * nb10);
-            from_float(buf, d + ggml_py_row_size(vec_dot_type, i0), n);
-        }
+        if (sums) ggml_py_q8_0_block_sums(d, ne10, sums + ir * (ne10 / GGML_PY_QK8_0));
     }
 }
 
 /* Where batch (i12, i13) of a MUL_MAT lives: its src0 matrix x (broadcast), its
- * src1 rows y in the vec_dot type (by apart), its dst rows d. */
+ * src1 rows y in the vec_dot type (by apart) and, for a panel kernel, their
+ * block sums ysum; its dst rows d. */
 struct mul_mat_batch {
     const char *x, *y;
     size_t by;
+    const int32_t *ysum;
     char *d;
 };
 
@@ -177,9 +209,11 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     const size_t row_size = ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, ne10);
     struct mul_mat_batch b;
     b.x = (const char *) src0->data + (i12 / r2) * nb02 + (i13 / r3) * nb03;
+    b.ysum = NULL;
     if (src1_needs_conversion(dst)) {
         b.y = (const char *) params->wdata + batch * ne11 * row_size;
         b.by = row_size;
+        if (panel_for(dst)) b.ysum = block_sums_at(params, dst) + batch * ne11 * (ne10 / GGML_PY_QK8_0);
     } else {
         b.y = (const char *) src1->data + i12 * nb12 + i13 * nb13;
         b.by = nb11;
@@ -205,8 +239,9 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const ggml_py_gemm_tile_fn tile = tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
-    const int64_t group = tile ? GGML_PY_GEMM_R0 : VEC_DOT_ROWS;   /* rows in a group */
+    const ggml_py_gemm_panel_fn panel = panel_for(dst);
+    const ggml_py_gemm_tile_fn tile = !panel && tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
+    const int64_t group = panel ? GGML_PY_PANEL_ROWS : tile ? GGML_PY_GEMM_R0 : VEC_DOT_ROWS;   /* rows in a group */
     const int64_t q = (ne01 + group - 1) / group;                    /* groups */
     const int64_t step = tile ? q : 1;                               /* between their rows */
     const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
@@ -226,6 +261,11 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
+        if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */
+            panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by,
+                  b.ysum + m0 * (ne10 / GGML_PY_QK8_0), (float *) (b.d + m0 * nb1) + first, ldd);
+            continue;
+        }
         if (!tile) {   /* neighbouring rows (step 1), one src1 row at a time */
             for (int64_t i11 = m0; i11 < m_end; i11++) {
                 float *d = (float *) (b.d + i11 * nb1) + first;

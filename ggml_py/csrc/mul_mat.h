@@ -20,6 +20,23 @@ typedef void (*ggml_py_gemm_tile_fn)(int64_t n, int nr0, int nr1, const char *x,
  * (use vec_dot per pair). */
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m);
 
+/* A panel: d[j * ldd + i] = dot(x + i * bx, y + j * by) for i < nr0 (at most
+ * GGML_PY_PANEL_ROWS weight rows) and j < nr1 (at most GGML_PY_PANEL_COLS
+ * activation rows), with ysum + j * (n / 32) the block sums of activation row j
+ * (ggml_py_q8_0_block_sums). Equal to vec_dot bit for bit. Q4_0 has one, used
+ * from GGML_PY_PANEL_MIN_M activation rows. */
+#define GGML_PY_PANEL_ROWS 8
+#define GGML_PY_PANEL_COLS 32
+#define GGML_PY_PANEL_MIN_M 4
+typedef void (*ggml_py_gemm_panel_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                                      size_t by, const int32_t *ysum, float *d, int64_t ldd);
+
+/* The panel kernel for weights of `type` against m activation rows, or NULL. */
+ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m);
+
+/* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
+void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);
+
 /* Blocked SIMD tiles on (simd) or vec_dot everywhere; set by ggml_py_select_kernels. */
 void ggml_py_mul_mat_select(int simd);
 

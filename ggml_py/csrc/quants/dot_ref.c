@@ -2,8 +2,8 @@
  * types. Always built; the reference the AVX2 kernels must match bit for bit.
  *
  * Integer parts are exact; floats are combined in a fixed order the SIMD
- * kernels reproduce: legacy types in eight lanes (see ggml_py_lanes_fma),
- * K-quants once per super-block, d * isum - dmin * summs. */
+ * kernels reproduce: Q4_0 once per block, the other legacy types in eight lanes
+ * (see ggml_py_lanes_fma), K-quants once per super-block, d * isum - dmin * summs. */
 #include "quants_impl.h"
 
 /* ---- legacy types: unpack a block to int8, then the shared lane update ---- */
@@ -24,16 +24,20 @@ static inline void unpack_q5(const uint8_t *qs, const uint8_t *qh_bytes, int off
     }
 }
 
+/* Q4_0 sums each block exactly, then adds it in: acc = fma(dx * dy, sum, acc),
+ * block after block (the order its row-interleaved mul_mat kernel can follow). */
 void ggml_py_vec_dot_q4_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_0 *x = vx;
     const ggml_py_block_q8_0 *y = vy;
-    float acc[8] = { 0 };
+    float acc = 0.0f;
     int8_t q[32];
     for (int64_t ib = 0; ib < n / GGML_PY_QK4_0; ib++) {
         unpack_q4(x[ib].qs, 8, q);
-        ggml_py_lanes_fma(acc, FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d), q, y[ib].qs);
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += q[j] * y[ib].qs[j];
+        acc = fmaf(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d), (float) sum, acc);
     }
-    *s = ggml_py_lanes_sum(acc);
+    *s = acc;
 }
 
 void ggml_py_vec_dot_q4_1_ref(int64_t n, float *s, const void *vx, const void *vy) {
