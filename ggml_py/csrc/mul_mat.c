@@ -6,8 +6,10 @@
  *
  * Profiles (data; the executor reads the stage flags):
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
- *               buffer; COMPUTE (parallel): groups of four far-apart src0 rows
- *               through a blocked 4 x 2 kernel where the type has one, else
+ *               buffer (and their block sums, for a panel kernel); COMPUTE
+ *               (parallel): eight neighbouring src0 rows in a panel kernel where
+ *               the type has one for this M, else groups of four far-apart rows
+ *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
  *               TILE_M src1 rows.
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
@@ -234,7 +236,9 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernels of the 32-element types and F16 run at M = 1 too (F16's
  * tile sums in another order than vec_dot_f16, and a row's result must not depend
- * on the batch it comes in); the K-quants' only from M = 2. */
+ * on the batch it comes in); the K-quants' only from M = 2. A panel kernel (Q4_0
+ * from M = 8) takes group r as rows 8r .. 8r + 7 and all of the item's src1 rows:
+ * it interleaves the rows once per item, and they are written side by side. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);

@@ -27,7 +27,7 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m);
  * from GGML_PY_PANEL_MIN_M activation rows. */
 #define GGML_PY_PANEL_ROWS 8
 #define GGML_PY_PANEL_COLS 32
-#define GGML_PY_PANEL_MIN_M 4
+#define GGML_PY_PANEL_MIN_M 8
 typedef void (*ggml_py_gemm_panel_fn)(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                                       size_t by, const int32_t *ysum, float *d, int64_t ldd);
 

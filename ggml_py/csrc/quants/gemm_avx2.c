@@ -236,20 +236,18 @@ FULL_SIZES(gemm_q6_K)
  * values 4g .. 4g + 3 of block b0 + b (0 .. 15), dx[8 b + r] its scale; rows
  * past nr0 are zeros. */
 static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, __m256i *w, float *dx) {
-    for (int b = 0; b < nbc; b++) {
-        __m256i q[GGML_PY_PANEL_ROWS];
-        uint64_t h[2] = { 0, 0 };   /* the rows' fp16 scales */
-        for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
-            if (r >= nr0) {
-                q[r] = _mm256_setzero_si256();
-                continue;
-            }
-            const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + r * bx) + b0 + b;
-            q[r] = ggml_py_nibbles32(xb->qs);
-            h[r / 4] |= (uint64_t) xb->d << (16 * (r % 4));
+    /* first each row's values in turn, read front to back (eight rows read block
+     * by block side by side ran at x0.76 where the weights did not fit in L3) */
+    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
+        const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + r * bx) + b0;
+        for (int b = 0; b < nbc; b++) {
+            w[8 * b + r] = r < nr0 ? ggml_py_nibbles32(xb[b].qs) : _mm256_setzero_si256();
+            dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb[b].d) : 0.0f;
         }
-        /* an 8 x 8 transpose of 32-bit words */
-        __m256i t[8], u[8];
+    }
+    /* then each block's 8 x 8 words transposed in place */
+    for (int b = 0; b < nbc; b++) {
+        __m256i *q = w + 8 * b, t[8], u[8];
         for (int r = 0; r < 8; r += 2) {
             t[r] = _mm256_unpacklo_epi32(q[r], q[r + 1]);
             t[r + 1] = _mm256_unpackhi_epi32(q[r], q[r + 1]);
@@ -261,10 +259,9 @@ static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int n
             u[r + 3] = _mm256_unpackhi_epi64(t[r + 1], t[r + 3]);
         }
         for (int g = 0; g < 4; g++) {
-            _mm256_store_si256(w + 8 * b + g, _mm256_permute2x128_si256(u[g], u[g + 4], 0x20));
-            _mm256_store_si256(w + 8 * b + g + 4, _mm256_permute2x128_si256(u[g], u[g + 4], 0x31));
+            q[g] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x20);
+            q[g + 4] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x31);
         }
-        _mm256_store_ps(dx + 8 * b, _mm256_cvtph_ps(_mm_set_epi64x((long long) h[1], (long long) h[0])));
     }
 }
 
