@@ -94,6 +94,34 @@ def test_blocked_tiles_equal_vec_dot(t):
     np.testing.assert_array_equal(y5.numpy(), np.repeat(y1.numpy(), 5, axis=0))
 
 
+def assert_cpu_equals_vec_dot(t, w, x_batches, ms, rng):
+    """The CPU profile of mul_mat(w, x), w of shape (w_batches, n, k) broadcast over
+    x_batches, and random x of each M in ms: every output equals vec_dot of its row
+    and column (the kernels this build runs: SIMD where it has them) bit for bit, at
+    1, 2 and 3 threads."""
+    from ggml_py import quants as Q
+    w_batches, n, k = w.shape
+    vt = Q.vec_dot_type(t)
+    simd, simd_quantizer = Q.kernel_variants(t)["vec_dot"][1], Q.kernel_variants(vt)["from_float"][1]
+    qw = [[gg.quantize(w[b, i], t) for i in range(n)] for b in range(w_batches)]
+    for m in ms:
+        x = rng.standard_normal((x_batches, m, k)).astype(np.float32)
+        ctx = gg.Context(mem_size=8 << 20)
+        y = gg.mul_mat(ctx.from_numpy(w, type=t), ctx.from_numpy(x))
+        y.profile = y.profiles()[0]
+        graph = gg.build_forward(y)
+        expect = np.empty((x_batches, m, n), np.float32)
+        for b in range(x_batches):
+            for j in range(m):
+                qx = Q.quantize_row_variant(x[b, j], vt, simd_quantizer)
+                for i in range(n):
+                    expect[b, j, i] = Q.vec_dot_variant(t, k, qw[b * w_batches // x_batches][i], qx, simd)
+        for n_threads in (1, 2, 3):
+            y.numpy()[...] = np.nan
+            graph.compute(n_threads=n_threads)
+            np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
+
+
 @pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 13, 33])
 def test_cpu_products_equal_vec_dot(t, n):
@@ -102,29 +130,10 @@ def test_cpu_products_equal_vec_dot(t, n):
     has them (Q4_0 from M = 8: panels of eight neighbouring rows, tested below): every
     output equals vec_dot of its row and column bit for bit, for any N, M (one, a few,
     more than a block of 32), thread count and batch."""
-    from ggml_py import quants as Q
     k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q5_K, gg.Q6_K) else 5)
-    vt = Q.vec_dot_type(t)   # the kernels this build runs: SIMD where it has them
-    simd, simd_quantizer = Q.kernel_variants(t)["vec_dot"][1], Q.kernel_variants(vt)["from_float"][1]
     rng = np.random.default_rng(n)
     w = rng.standard_normal((2, n, k)).astype(np.float32)
-    qw = [[gg.quantize(w[b, i], t) for i in range(n)] for b in range(2)]
-    for m in (1, 3, 35):
-        x = rng.standard_normal((4, m, k)).astype(np.float32)
-        ctx = gg.Context(mem_size=8 << 20)
-        y = gg.mul_mat(ctx.from_numpy(w, type=t), ctx.from_numpy(x))
-        y.profile = y.profiles()[0]
-        graph = gg.build_forward(y)
-        expect = np.empty((4, m, n), np.float32)
-        for b in range(4):
-            for j in range(m):
-                qx = Q.quantize_row_variant(x[b, j], vt, simd_quantizer)
-                for i in range(n):
-                    expect[b, j, i] = Q.vec_dot_variant(t, k, qw[b // 2][i], qx, simd)
-        for n_threads in (1, 2, 3):
-            y.numpy()[...] = np.nan
-            graph.compute(n_threads=n_threads)
-            np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
+    assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 35), rng)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
@@ -134,25 +143,9 @@ def test_q4_0_panels_equal_vec_dot(n):
     src1 rows, four at a time, with each src1 row's block sums from the INIT stage.
     Over rows of several such chunks (130 blocks: 64 + 64 + 2), every output equals
     vec_dot bit for bit, at any M from the threshold on and any thread count."""
-    from ggml_py import quants as Q
-    k = 32 * 130
-    simd, simd_quantizer = Q.kernel_variants(gg.Q4_0)["vec_dot"][1], Q.kernel_variants(gg.Q8_0)["from_float"][1]
     rng = np.random.default_rng(n)
-    w = rng.standard_normal((n, k)).astype(np.float32)
-    qw = [gg.quantize(w[i], gg.Q4_0) for i in range(n)]
-    for m in (8, 9, 33, 67):
-        x = rng.standard_normal((m, k)).astype(np.float32)
-        ctx = gg.Context(mem_size=8 << 20)
-        y = gg.mul_mat(ctx.from_numpy(w, type=gg.Q4_0), ctx.from_numpy(x))
-        y.profile = y.profiles()[0]
-        graph = gg.build_forward(y)
-        qx = [Q.quantize_row_variant(x[j], gg.Q8_0, simd_quantizer) for j in range(m)]
-        expect = np.array([[Q.vec_dot_variant(gg.Q4_0, k, qw[i], qx[j], simd) for i in range(n)]
-                           for j in range(m)], np.float32)
-        for n_threads in (1, 2, 3):
-            y.numpy()[...] = np.nan
-            graph.compute(n_threads=n_threads)
-            np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
+    w = rng.standard_normal((1, n, 32 * 130)).astype(np.float32)
+    assert_cpu_equals_vec_dot(gg.Q4_0, w, 1, (8, 9, 33, 67), rng)
 
 
 @pytest.mark.parametrize("profile", ["cpu", "blas-split", "blas-mt"])

@@ -128,10 +128,13 @@ static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
 
 /* The CPU profile's work buffer: src1's rows in the vec_dot type, then (for a
  * panel kernel) their block sums, from the next cache line on. */
+static size_t src1_rows(const struct ggml_py_tensor *node) {
+    return (size_t) (node->src[1]->ne[1] * node->src[1]->ne[2] * node->src[1]->ne[3]);
+}
+
 static size_t converted_rows_size(const struct ggml_py_tensor *node) {
-    const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
-    const size_t row_size = ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, src1->ne[0]);
-    return row_size * (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
+    const int vec_dot_type = ggml_py_get_type_traits(node->src[0]->type)->vec_dot_type;
+    return ggml_py_row_size(vec_dot_type, node->src[1]->ne[0]) * src1_rows(node);
 }
 
 static size_t block_sums_offset(const struct ggml_py_tensor *node) {
@@ -149,8 +152,7 @@ size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_thread
         case GGML_PY_MUL_MAT_CPU:
             if (!src1_needs_conversion(node)) return 0;
             if (!panel_for(node)) return converted_rows_size(node);
-            return block_sums_offset(node) + sizeof(int32_t) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) *
-                   (size_t) (src1->ne[1] * src1->ne[2] * src1->ne[3]);
+            return block_sums_offset(node) + sizeof(int32_t) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) * src1_rows(node);
         case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
             return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
         case GGML_PY_MUL_MAT_BLAS_SPLIT:  /* all of src0 */

@@ -1,9 +1,10 @@
 /* gemm_avx2.c - blocked AVX2 tiles for MUL_MAT: 4 weight rows x 2 activation
  * rows per pass (x 1 for a single activation row, as in decoding), so each
  * loaded weight block meets two activation blocks and each activation block
- * four weight blocks, in independent chains of fmas. Every output runs the very
- * accumulation of its vec_dot (same lanes, same order), so tiles and vec_dot
- * agree bit for bit (F16 excepted: see gemm_f16_body). */
+ * four weight blocks, in independent chains of fmas; and Q4_0's panels (below).
+ * Every output runs the very accumulation of its vec_dot (same steps, same
+ * order), so tiles, panels and vec_dot agree bit for bit (F16 excepted: see
+ * gemm_f16_body). */
 #include "quants_impl.h"
 #include "simd.h"
 #include "mul_mat.h"
@@ -231,6 +232,7 @@ FULL_SIZES(gemm_q6_K)
  * for bit). */
 #define PANEL_CHUNK 64   /* blocks interleaved at a time: 16 KiB of values, in L1 */
 #define PANEL_COLS 4     /* activation rows run together */
+_Static_assert(GGML_PY_PANEL_ROWS == 8, "a panel's rows are the eight int32 lanes of a vector");
 
 /* Blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart: w[8 b + g] lane r = row r's
  * values 4g .. 4g + 3 of block b0 + b (0 .. 15), dx[8 b + r] its scale; rows
