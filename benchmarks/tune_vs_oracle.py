@@ -29,6 +29,7 @@ import time
 import ggml_py as gg
 from ggml_py import tune
 from ggml_py.cli.common import ArgumentParser, positive_int, run, weight_type
+from ggml_py.output_file import atomic_output
 from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, Waker,
                                 bench, distinct_profiles, preset_shapes, random_weight)
 from ggml_py.tune_cli import parse_threads
@@ -179,7 +180,7 @@ def main(argv=None):
 
     rounds, graphs = oracle_times(shapes, type, datas[0].m_values, threads, args.repeat, args.sweeps)
     if args.save_oracle:
-        with open(args.save_oracle, "w") as f:
+        with atomic_output(args.save_oracle) as tmp, open(tmp, "w") as f:
             json.dump([[list(key), by_name] for key, by_name in rounds.items()], f)
     views = {stat: {key: {p: reduce(r) for p, r in by_name.items()} for key, by_name in rounds.items()}
              for stat, reduce in (("fastest round", min), ("median round", statistics.median))}

@@ -42,7 +42,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
-from ggml_py.gguf_write import atomic_output, names_a_directory, write_streamed
+from ggml_py.gguf_write import write_streamed
+from ggml_py.output_file import OutputPathError, atomic_output, check_output_path
 from ggml_py.pretokenize import CONTRACTIONS_ANY_CASE, RE_GPT2, PRE_TOKENIZERS
 
 
@@ -933,12 +934,13 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
         raise ConvertError(f"unknown --outtype {outtype!r} (choose from {', '.join(OUTTYPES)})")
     if not model_dir.is_dir():
         raise ConvertError(f"{model_dir}: not a directory")
-    if outfile and names_a_directory(outfile):    # Path() would drop a trailing '/'
-        raise ConvertError(f"{outfile}: is a directory")
-    out = Path(outfile) if outfile else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
-    for f in checkpoint_files(model_dir):
-        if out.exists() and os.path.samefile(out, f):
-            raise ConvertError(f"{out}: is the checkpoint's {f.name}; write the GGUF to another path")
+    out = outfile if outfile is not None else model_dir / f"{model_dir.resolve().name}-{outtype}.gguf"
+    inputs = {f: f"the checkpoint's {f.name}" for f in checkpoint_files(model_dir)}
+    try:
+        check_output_path(out, inputs)    # the path as given: Path() would drop a trailing '/'
+    except OutputPathError as e:
+        raise ConvertError(str(e)) from None
+    out = Path(out)
     params = read_config(model_dir)
     vocab = read_vocab(model_dir, params, log)
     tensors = {} if vocab_only else map_tensors(read_weights(model_dir), params)
@@ -947,10 +949,12 @@ def convert(model_dir: str | Path, outfile: str | Path | None = None, outtype: s
     try:
         # the weights are memory-mapped from the checkpoint: never write over a file
         # in use, and let a failed run leave no half-written output
-        with atomic_output(out) as tmp:
+        with atomic_output(out, inputs) as tmp:
             write_gguf(Path(tmp), params, tensors, vocab, outtype, model_dir.resolve().name, log)
     except BrokenPipeError:
         raise   # `log`'s reader went away, not the output file (for console_script)
+    except OutputPathError as e:   # (the path changed since it was checked)
+        raise ConvertError(str(e)) from None
     except OSError as e:
         raise ConvertError(f"{out}: cannot write ({e.strerror or e})") from None
     n_params = sum(math.prod(t.shape) for t in tensors.values())

@@ -1,76 +1,10 @@
-"""What every llama GGUF this project writes carries (convert, random models),
-and how it reaches the disk (whole or not at all)."""
-import contextlib
-import errno
+"""What every llama GGUF this project writes carries (convert, random models), and
+how its tensors are written one at a time (output_file.atomic_output makes the file
+appear whole or not at all)."""
 import math
-import os
-import secrets
-import signal
-import threading
 
 import gguf
 import numpy as np
-
-
-def names_a_directory(path):
-    """Whether no file can be made at `path`: it is a directory, or ends in a
-    separator (`out/`: the rename at the end of a long run would fail)."""
-    path = os.fspath(path)
-    return os.path.isdir(path) or path.endswith((os.sep, os.altsep or os.sep))
-
-
-@contextlib.contextmanager
-def atomic_output(path):
-    """Yield a new, empty temporary path beside `path`; when the block completes it is
-    renamed to `path`, and when the block raises, or SIGTERM comes (see
-    _termination_raises; the process then exits with status 143), it is removed.
-
-    A failed run leaves neither a half-written file nor a damaged old one, and the
-    inputs of a run (memory-mapped) are never truncated under it. The temporary file
-    is made in the output's directory, so the rename does not cross file systems; it
-    gets the permissions a plain `open(path, "w")` would (0666 less the umask).
-    """
-    path = os.fspath(path)
-    if names_a_directory(path):   # refused before the work, not at the rename after it
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    folder, base = os.path.split(os.path.abspath(path))
-    while True:
-        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.tmp")
-        try:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-            break
-        except FileExistsError:
-            continue
-    try:
-        with _termination_raises():
-            yield tmp
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-@contextlib.contextmanager
-def _termination_raises():
-    """Within the block, SIGTERM (`kill`, `timeout`, a service manager stopping the job)
-    raises SystemExit(143) rather than killing the process at once, so that the block's
-    cleanup runs; only in the main thread, and only where SIGTERM has its default action
-    (a program's own handler is left alone). The default is put back after."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        if signal.getsignal(signal.SIGTERM) is terminate:   # not one set within the block
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def write_streamed(writer, tensors):

@@ -42,7 +42,8 @@ from tqdm import tqdm
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
 from ggml_py.gguf_model import GGUFModelFile, ModelLoadError, open_reader
-from ggml_py.gguf_write import atomic_output, write_streamed
+from ggml_py.gguf_write import write_streamed
+from ggml_py.output_file import OutputPathError, atomic_output, check_output_path
 from ggml_py.quants import dequantize, quantize
 from ggml_py.tensor import type_traits
 from ggml_py.types import Type
@@ -274,9 +275,12 @@ def runnable_config(src, reader):
 
 
 def open_input(src, dst):
-    """Read and check `src` (a llama GGUF, not the file `dst`): (reader, ModelInfo)."""
-    if os.path.isfile(src) and os.path.exists(dst) and os.path.samefile(src, dst):
-        raise QuantizeError(f"{dst}: the output is the input file; write to another path")
+    """Read and check `src` (a llama GGUF) and that `dst` may be written (output_file's
+    rules: not `src`): (reader, ModelInfo)."""
+    try:
+        check_output_path(dst, inputs={src: "the input file"})
+    except OutputPathError as exc:
+        raise QuantizeError(str(exc)) from None
     try:
         reader = open_reader(src)     # the header checked as the model loader checks it
         config = runnable_config(src, reader)
@@ -465,7 +469,7 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
     if not allow_requantize:
         check_requantize(src, reader, types)
     try:
-        with atomic_output(dst) as tmp:
+        with atomic_output(dst, inputs={src: "the input file"}) as tmp:
             writer = Writer(tmp, "llama")
             copy_metadata(reader, writer, target.ftype)
             with tqdm(total=len(types), unit="tensor", desc="quantize", file=sys.stderr,
@@ -473,6 +477,8 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
                 write_streamed(writer, tensor_plan(reader, types, made=bar.update))
     except BrokenPipeError:
         raise   # the progress bar's reader went away, not the output (for console_script)
+    except OutputPathError as exc:   # (the path changed since open_input checked it)
+        raise QuantizeError(str(exc)) from None
     except OSError as exc:
         raise QuantizeError(f"{dst}: cannot write ({exc.strerror or exc})") from None
     except QuantizeError as exc:     # a tensor's data: name the input file too

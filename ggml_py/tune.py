@@ -15,14 +15,13 @@ Times are the fastest of the passes, in microseconds, one per M of m_values.
 """
 import errno
 import json
-import math
 import os
 import platform
-import secrets
 import stat
 from dataclasses import dataclass, field
 
 from ggml_py._core import MAX_THREADS, check_thread_count
+from ggml_py.output_file import OutputPathError, atomic_output, check_output_path
 from ggml_py.profiles import STAGES, TaskProfile, task_profiles
 from ggml_py.system import blas, kernels, system_info
 from ggml_py.types import Op, Type
@@ -173,9 +172,7 @@ class TuneData:
         }
 
     def save(self, path):
-        """Write the tune file (JSON): into a new file beside it, renamed over
-        `path` once complete, so that a failed write leaves any old file whole."""
-        from ggml_py.gguf_write import atomic_output
+        """Write the tune file (JSON), whole or not at all (output_file.atomic_output)."""
         check_writable(path)
         with atomic_output(path) as tmp, open(tmp, "w") as f:
             json.dump(self.to_json(), f, indent=1)
@@ -183,25 +180,12 @@ class TuneData:
 
 
 def check_writable(path, not_over=None):
-    """Raise TuneFileError unless a tune file can be saved at `path` — before
-    a bench, not after it. not_over: a file (the model) it must not replace."""
-    from ggml_py.gguf_write import names_a_directory
-    if not path:
-        raise TuneFileError("the tune file needs a name")
-    if names_a_directory(path):
-        raise TuneFileError(f"{path}: is a directory")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise TuneFileError(f"{path}: not a regular file")
-    if not_over is not None and os.path.exists(path) and os.path.exists(not_over) \
-            and os.path.samefile(path, not_over):
-        raise TuneFileError(f"{path}: is the model file; the tune file needs a name of its own")
-    folder, base = os.path.split(os.path.abspath(path))
-    probe = os.path.join(folder, f".{base}.{secrets.token_hex(4)}.probe")   # this call's own
+    """Raise TuneFileError unless a tune file can be saved at `path` (output_file's
+    rules) — before a bench, not after it. not_over: a file (the model) it must not replace."""
     try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        os.unlink(probe)
-    except OSError as exc:
-        raise TuneFileError(f"{path}: cannot write there: {exc.strerror}") from None
+        check_output_path(path, inputs={not_over: "the model file"} if not_over is not None else None)
+    except OutputPathError as exc:
+        raise TuneFileError(str(exc)) from None
 
 
 MAX_FILE_BYTES = 64 << 20   # far above any real tune file (a 70B model's is well under 1 MB)
@@ -339,8 +323,9 @@ class _Malformed:
     def times(self, values, n_m, what):
         values = self.of_type(values, list, what)
         if len(values) != n_m or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and 0 <= v <= MAX_TIME_US for v in values):
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                and 0 <= v <= MAX_TIME_US for v in values):   # (NaN compares false; a huge
+            # int compares exactly, where math.isfinite would overflow)
             self.fail(f"{what}: need one time in 0 .. {MAX_TIME_US:g} µs per M ({n_m})")
         return [float(v) for v in values]
 

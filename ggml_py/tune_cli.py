@@ -13,6 +13,7 @@ import ggml_py as gg
 from ggml_py import graph, tune
 from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, thread_list,
                                 weight_type)
+from ggml_py.output_file import OutputPathError, atomic_output, check_output_path
 from ggml_py.tune_bench import PRESETS, bench, model_shapes, preset_shapes
 
 
@@ -110,27 +111,24 @@ def analyze(data, out=None):
             print(file=out)
 
 
-def plot_path(path):
+def plot_path(path, inputs=None):
     """Where --plot PATH draws: PATH, with .png added when it names no format (a
     name ending in "." gets "png"); checked before anything is printed: a format
-    matplotlib can write, in a folder that exists and may be written."""
+    matplotlib can write, at a path output_file's rules let it write (not `inputs`)."""
     if not path:
         raise ValueError("--plot needs a file name")
-    if os.path.isdir(path):
-        raise ValueError(f"--plot {path}: is a directory")
     ext = os.path.splitext(path)[1]
-    if ext in ("", "."):
+    if ext in ("", ".") and not os.path.isdir(path):
         path, ext = path.rstrip(".") + ".png", ".png"
+    try:
+        check_output_path(path, inputs)
+    except OutputPathError as exc:
+        raise ValueError(f"--plot {exc}") from None
     formats = _plot_formats()
     if ext[1:].lower() not in formats:
         raise ValueError(f"--plot {path}: matplotlib cannot write {ext!r} files; "
                          f"one of {', '.join(sorted(formats))}")
     _check_can_draw(path, ext[1:].lower())
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--plot {path}: no such folder {folder}")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--plot {path}: cannot write in {folder}")
     return path
 
 
@@ -191,7 +189,8 @@ def plot(data, path):
         ax.axis("off")
     fig.suptitle(f"mulmat-tune: {data.model}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=100, format=os.path.splitext(path)[1][1:].lower())
 
 
 def run_analyze(argv):
@@ -202,10 +201,7 @@ def run_analyze(argv):
     p.add_argument("file")
     p.add_argument("--plot", metavar="PNG", help="also draw time vs M per profile (matplotlib)")
     args = p.parse_args(argv)
-    path = plot_path(args.plot) if args.plot is not None else None
-    if path is not None and os.path.exists(path) and os.path.exists(args.file) \
-            and os.path.samefile(path, args.file):
-        raise ValueError(f"--plot {path}: is the tune file being read")
+    path = plot_path(args.plot, inputs={args.file: "the tune file being read"}) if args.plot is not None else None
     data = tune.load(args.file, check_system=False)
     analyze(data)
     if path is not None:

@@ -487,6 +487,13 @@ def test_thread_list_is_bounded_by_the_pool_limit():
             thread_list(text)
 
 
+def test_bench_names_a_flag_before_the_subcommand_and_a_shape_too_large():
+    line = assert_one_line_error(run("ggml_py.bench", "--unknown"), 2)
+    assert "unrecognized argument --unknown: the subcommand comes first" in line
+    line = assert_one_line_error(run("ggml_py.bench", "mulmat", "--shapes", "99999999999x99999999999"), 1)
+    assert "--shapes 99999999999x99999999999: needs" in line and "GiB of memory" in line
+
+
 def test_bench_model_errors():
     line = assert_one_line_error(run("ggml_py.bench", "model", "-m", scratch_path("none.gguf")), 1)
     assert "no such file" in line

@@ -310,6 +310,9 @@ def write_json(path, obj):
     (lambda o: o["shapes"][0]["profiles"][1].update(stages=[[0, 0, 0], [1, 1, 1], [0, 0, 0]]),
      "'blas' \\(id 1\\) is not one of this build's MUL_MAT profiles for F32"),
     (lambda o: o["shapes"][0]["profiles"][1].update(name="turbo"), "'turbo'"),
+    # a time no float holds: a one-line message, not an OverflowError's
+    (lambda o: o["shapes"][0]["profiles"][0]["times_us"]["1"].update(init=[10 ** 400] * 7),
+     "init: need one time in 0 .. 1e\\+12 µs per M \\(7\\)\\)$"),
     # an M no float holds (the estimates would raise OverflowError at plan time)
     (lambda o: o.update(m_values=[1, 2, 4, 8, 16, 32, 10 ** 400]), "m_values must be <= 2147483647"),
     # a thread count, or one profile at one, without times: the choice would go to the others
@@ -510,7 +513,7 @@ def test_where_a_tune_file_cannot_go(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
     for path, match in [("", "needs a name"), (tmp_path, "is a directory"),
-                        (tmp_path / "no" / "t.json", "cannot write there"),
+                        (tmp_path / "no" / "t.json", "no such folder"),
                         (f"{tmp_path}/new/", "is a directory"), (f"{model}/", "is a directory"),
                         ("/dev/null", "not a regular file"), (model, "is the model file")]:
         with pytest.raises(TuneFileError, match=match):

@@ -8,6 +8,7 @@ Each subcommand module has `add_arguments(parser)` and `run(args) -> int`;
 SUBCOMMANDS maps names to module paths.
 """
 import importlib
+import sys
 
 from ggml_py.cli.common import ArgumentParser, console_script, run
 
@@ -28,6 +29,11 @@ def main(argv=None):
         module = importlib.import_module(module_name)
         module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
         modules[name] = module
+    first = (sys.argv[1:] if argv is None else argv)[:1]
+    if first and first[0].startswith("-") and first[0] not in ("-h", "--help"):
+        # (argparse would only say that a subcommand is required)
+        parser.error(f"unrecognized argument {first[0]}: the subcommand comes first "
+                     f"({', '.join(SUBCOMMANDS)})")
     args = parser.parse_args(argv)
     # a bad flag ends in one line and status 2 (argparse); a bad file or model in
     # one line and status 1; Ctrl-C in status 130

@@ -44,6 +44,18 @@ def add_arguments(parser):
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def check_memory(shapes, m_max):
+    """ValueError naming the first of `shapes` whose F32 weights, their typed copy and
+    the activations of m_max rows would not fit in this machine's memory."""
+    import psutil
+    total = psutil.virtual_memory().total
+    for n, k in shapes:
+        need = 4 * (2 * n * k + m_max * (n + k))
+        if need > total:
+            raise ValueError(f"--shapes {n}x{k}: needs {need / 2**30:,.1f} GiB of memory at M = "
+                             f"{m_max}; this machine has {total / 2**30:.1f} GiB")
+
+
 def shape_list(text):
     """--shapes: comma-separated weight shapes NxK (N rows of K), e.g. 2048x5632."""
     shapes = []
@@ -112,6 +124,7 @@ def run(args):
         raise ValueError(f"--profiles {','.join(sorted(wanted))}: no such profile for "
                          f"{', '.join(t.name for t in types)} (they have {', '.join(sorted(offered))})")
 
+    check_memory(shapes, max(m_values))
     bandwidth = read_bandwidth(args.bandwidth_mib)
     rows = []
     rng = np.random.default_rng(1)
