@@ -67,7 +67,7 @@ from ggml_py.ops import (  # noqa: E402
     soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
 )
 
-from ggml_py.gguf_model import ModelLoadError  # noqa: E402
+from ggml_py.gguf_model import ModelFileWarning, ModelLoadError  # noqa: E402
 from ggml_py.sampling import Sampler, SamplingParams  # noqa: E402
 from ggml_py.llm import Llama, TrainingContextWarning  # noqa: E402
 

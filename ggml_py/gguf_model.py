@@ -8,8 +8,11 @@ shapes here are numpy order (reversed).
 Every problem with a file becomes one `ModelLoadError` naming the file and the
 problem; command-line programs print its message and exit non-zero.
 """
+import contextlib
 import functools
 import os
+import stat
+import warnings
 import sys
 from dataclasses import dataclass
 
@@ -28,6 +31,10 @@ USE_NORM = "norm"          # element-wise multiplier: F32 (small; converted if F
 
 class ModelLoadError(ValueError):
     """A model file that cannot be used: message is '<file>: <problem>'."""
+
+
+class ModelFileWarning(UserWarning):
+    """A memory-mapped model file that others may change while it is in use."""
 
 
 @dataclass(frozen=True)
@@ -224,9 +231,13 @@ def _gguf_version(raw):
     return int.from_bytes(raw, "big") if version & 0xFFFF == 0 else version
 
 
-def open_reader(path):
+def open_reader(path, use_mmap=True):
     """A gguf.GGUFReader of the GGUF file `path`, its header checked as llama.cpp checks
-    it (layout_problem and the reader's own checks); ModelLoadError saying why not."""
+    it (layout_problem and the reader's own checks); ModelLoadError saying why not.
+
+    use_mmap False: the file is first read whole into memory of this process's own
+    (a memfd), which the reader maps instead, so that nothing done to the file later
+    reaches the loaded model."""
     if not os.path.exists(path):
         if os.path.lexists(path):
             raise ModelLoadError(f"{path}: a symbolic link that leads to no file (its target "
@@ -249,7 +260,10 @@ def open_reader(path):
         raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only "
                              f"{' and '.join(map(str, GGUF_VERSIONS))}, as llama.cpp)")
     try:
-        reader = _reader_class()(path)
+        with contextlib.nullcontext(path) if use_mmap else _in_memory(path) as mapped:
+            reader = _reader_class()(mapped)
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
     except _FileProblem as e:
         raise ModelLoadError(f"{path}: {e}") from None
     except UnicodeDecodeError as e:   # the reader decodes key and tensor names
@@ -263,6 +277,43 @@ def open_reader(path):
     return reader
 
 
+@contextlib.contextmanager
+def _in_memory(path):
+    """A path that maps a copy of file `path` held in this process's memory (a memfd:
+    no file system path leads to it; a mapping made within the block keeps it alive)."""
+    if not hasattr(os, "memfd_create"):
+        raise ModelLoadError(f"{path}: loading without mmap needs memfd_create (Linux)")
+    copy = os.memfd_create("ggml_py-model", os.MFD_CLOEXEC)
+    try:
+        with open(path, "rb") as src:
+            size, done = os.fstat(src.fileno()).st_size, 0
+            while done < size:
+                sent = os.sendfile(copy, src.fileno(), done, size - done)
+                if sent == 0:    # the file shrank while it was read
+                    raise ModelLoadError(f"{path}: the file changed while it was read")
+                done += sent
+        yield f"/proc/self/fd/{copy}"
+    finally:
+        os.close(copy)
+
+
+def _identity(st):
+    """(device, inode, size, modification time) of an os.stat result."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _warn_if_others_may_write(path):
+    """ModelFileWarning when users other than the file's owner and root may write it,
+    or the owner is another user: its mapped weights could change under a running model."""
+    st = os.stat(path)
+    owner_is_other = st.st_uid not in (0, os.geteuid()) and st.st_mode & stat.S_IWUSR
+    if st.st_mode & stat.S_IWOTH or owner_is_other:
+        who = "every user" if st.st_mode & stat.S_IWOTH else f"its owner (uid {st.st_uid})"
+        warnings.warn(f"{path}: {who} may write this file, and its weights are memory-mapped: "
+                      f"a change to it while the model runs gives wrong results or a bus error "
+                      f"(--no-mmap reads it into memory)", ModelFileWarning, stacklevel=3)
+
+
 def field_contents(field, path):
     """A metadata field's value (gguf's contents()); ModelLoadError naming the file and
     the key for a string that is not UTF-8."""
@@ -274,14 +325,25 @@ def field_contents(field, path):
 
 
 class GGUFModelFile:
-    """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors."""
+    """A GGUF file opened for inference: `get(key)` metadata, `weight(name)` tensors.
 
-    def __init__(self, path, reader=None, shapes_only=False):
+    The weights are memory-mapped (use_mmap, the default): a change made to the file
+    in place while it is in use reaches them. check_unchanged() tells, and a file that
+    users other than its owner (and root) may write gives a ModelFileWarning at load.
+    """
+
+    def __init__(self, path, reader=None, shapes_only=False, use_mmap=True):
         """reader: the file already opened with open_reader (None: open it now);
         shapes_only: weight() checks names and shapes, not whether this build can run
-        the weights' types (a file whose weights are to be re-typed)."""
+        the weights' types (a file whose weights are to be re-typed); use_mmap False:
+        the whole file is read into memory (open_reader), and later changes to it do
+        not matter."""
         self.path = os.fspath(path)
-        self.reader = open_reader(self.path) if reader is None else reader
+        self.use_mmap = use_mmap or reader is not None
+        self.reader = open_reader(self.path, use_mmap) if reader is None else reader
+        self._loaded_stat = _identity(os.stat(self.path)) if self.use_mmap else None
+        if self.use_mmap:
+            _warn_if_others_may_write(self.path)
         self.shapes_only = shapes_only
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.used = set()          # names of the tensors weight() has handed out
@@ -290,6 +352,25 @@ class GGUFModelFile:
     def error(self, problem):
         """A ModelLoadError about this file."""
         return ModelLoadError(f"{self.path}: {problem}")
+
+    def check_unchanged(self):
+        """ModelLoadError if the mapped file was changed in place since it was loaded
+        (truncated: reading the weights would die of SIGBUS; rewritten: they would be
+        other numbers). A file replaced by a rename, or removed, leaves the mapped one
+        whole: not an error."""
+        if not self.use_mmap:
+            return
+        try:
+            now = _identity(os.stat(self.path))
+        except OSError:
+            return
+        was = self._loaded_stat
+        if now[:2] == was[:2] and now != was:
+            raise self.error(f"the file was changed in place since it was loaded (size "
+                             f"{was[2]:,} -> {now[2]:,} bytes, modification time "
+                             f"{'changed' if now[3] != was[3] else 'kept'}); its memory-mapped "
+                             f"weights are no longer the model's: load it again, or load with "
+                             f"--no-mmap (use_mmap=False) to keep the weights in memory")
 
     # ---- metadata -------------------------------------------------------------
 

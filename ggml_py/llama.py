@@ -418,8 +418,8 @@ class LlamaModel:
     """
 
     def __init__(self, path, n_ctx=2048, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True, make_cache=default_cache):
-        self.file = GGUFModelFile(path)
+                 packed=True, make_cache=default_cache, use_mmap=True):
+        self.file = GGUFModelFile(path, use_mmap=use_mmap)
         self.config = LlamaConfig.from_gguf(self.file)
         self.weights = LlamaWeights.from_gguf(self.file, self.config)
         if n_ctx == 0:
@@ -565,6 +565,7 @@ class LlamaModel:
             raise RuntimeError("forward: another thread was running forward on this model when "
                                "the process forked, so its cache is unknown here; call "
                                "model.cache.clear() to start over")
+        self.file.check_unchanged()    # a ModelLoadError here, not a SIGBUS in compute
         try:
             slots = cache.begin(positions)
             g = self.graph(tokens.size, cache.window(self.kv_pad), n_out)

@@ -224,6 +224,9 @@ class Llama:
     kv_pad: the attention window grows in steps of this many slots.
     make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
     see ggml_py/kv_cache.py for the members the model uses).
+    use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
+    file into memory, so that changing the file later does not reach the model (mapped,
+    a file changed in place makes the next evaluation raise ModelLoadError).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
     ValueError / TypeError naming the argument for a bad one. A context longer than the
     model's training context is allowed with a TrainingContextWarning (a UserWarning),
@@ -231,7 +234,7 @@ class Llama:
     """
 
     def __init__(self, model_path=None, n_ctx=2048, n_threads=None, n_batch=512, kv_type="f16",
-                 kv_pad=KV_PAD, make_cache=None):
+                 kv_pad=KV_PAD, make_cache=None, use_mmap=True):
         t0 = time.perf_counter()
         kv_type = Type.of(kv_type, "Llama: kv_type")
         if make_cache is not None and not callable(make_cache):
@@ -250,7 +253,7 @@ class Llama:
         self.model_path = os.fsdecode(model_path)
         self.model = LlamaModel(self.model_path, n_ctx=n_ctx, kv_type=kv_type,
                                 n_threads=n_threads, kv_pad=kv_pad,
-                                make_cache=make_cache or default_cache)
+                                make_cache=make_cache or default_cache, use_mmap=bool(use_mmap))
         self.tokenizer = self.model.file.tokenizer()
         self.n_batch = n_batch
         self.tokens = []          # the sequence whose K/V rows are in the cache

@@ -10,6 +10,7 @@ import threading
 import warnings
 
 from ggml_py.gguf_model import ModelLoadError
+from ggml_py.gguf_model import ModelFileWarning
 from ggml_py.llm import Llama, TrainingContextWarning
 
 
@@ -233,6 +234,9 @@ def add_model_arguments(parser, ctx_default):
                         help="KV cache type for K (default: f16)")
     parser.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default=None,
                         help="KV cache type for V (default: as K; must equal K)")
+    parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
+                        help="read the model into memory instead of mapping it (then changing "
+                             "the file while the program runs does not reach it)")
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
@@ -291,7 +295,9 @@ def resolve_ctx_size(args):
     if not args.ctx_size:
         from ggml_py.gguf_model import GGUFModelFile
         from ggml_py.llama import LlamaConfig
-        f = GGUFModelFile(args.model)
+        with warnings.catch_warnings():     # the load that follows gives them
+            warnings.simplefilter("ignore", ModelFileWarning)
+            f = GGUFModelFile(args.model)
         n_ctx_train = LlamaConfig.from_gguf(f).n_ctx_train
         if n_ctx_train < 1:
             raise f.error(f"the model's training context (context_length) is {n_ctx_train}; "
@@ -302,14 +308,16 @@ def resolve_ctx_size(args):
 
 def open_llama(model, **kwargs):
     """Llama(model, **kwargs) and the messages of its TrainingContextWarnings (a context
-    longer than the model's training context), for the program to log as llama.cpp does;
+    longer than the model's training context) and ModelFileWarnings (a file others may
+    change under its mapping), for the program to log as llama.cpp does;
     other warnings are shown as Python shows them."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
+        warnings.simplefilter("always", ModelFileWarning)
         llm = Llama(model, **kwargs)
     messages = []
     for w in caught:
-        if issubclass(w.category, TrainingContextWarning):
+        if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
             messages.append(str(w.message))
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)

@@ -102,7 +102,8 @@ def main(argv=None):
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm, load_warnings = open_llama(args.model, n_ctx=args.ctx_size, n_threads=args.threads,
-                                    n_batch=args.batch_size, kv_type=cache_type)
+                                    n_batch=args.batch_size, kv_type=cache_type,
+                                    use_mmap=args.use_mmap)
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "

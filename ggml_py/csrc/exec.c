@@ -2,6 +2,7 @@
  * kernel on the main thread alone or on every thread of the pool. */
 #include "ggml_py.h"
 #include "ggml_py_pool.h"
+#include "impl.h"
 
 #include <string.h>
 
@@ -49,8 +50,8 @@ static int parallel_stage_follows(const struct ggml_py_cgraph *graph, int i_node
     return 0;
 }
 
-int ggml_py_graph_compute(const struct ggml_py_cgraph *graph, const struct ggml_py_cplan *plan,
-                          struct ggml_py_pool *pool) {
+static int compute_nodes(const struct ggml_py_cgraph *graph, const struct ggml_py_cplan *plan,
+                         struct ggml_py_pool *pool) {
     const int n_threads = pool ? pool->n_threads : 1;
     int64_t t_last_check = plan->abort_callback ? ggml_py_time_ns() : 0;
     int32_t error = GGML_PY_STATUS_OK;   /* written by kernels, read after each stage */
@@ -91,6 +92,14 @@ int ggml_py_graph_compute(const struct ggml_py_cgraph *graph, const struct ggml_
         }
     }
     return GGML_PY_STATUS_OK;
+}
+
+int ggml_py_graph_compute(const struct ggml_py_cgraph *graph, const struct ggml_py_cplan *plan,
+                          struct ggml_py_pool *pool) {
+    ggml_py_compute_begins();
+    const int status = compute_nodes(graph, plan, pool);
+    ggml_py_compute_ends();
+    return status;
 }
 
 size_t ggml_py_graph_work_size(const struct ggml_py_cgraph *graph, int n_threads) {

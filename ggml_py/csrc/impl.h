@@ -13,6 +13,10 @@
 #endif
 
 #define GGML_PY_UNUSED(x) (void) (x)
+
+/* Around every graph compute: a SIGBUS meanwhile is explained on stderr (bus_error.c). */
+void ggml_py_compute_begins(void);
+void ggml_py_compute_ends(void);
 #define GGML_PY_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define GGML_PY_MAX(a, b) ((a) > (b) ? (a) : (b))
 
