@@ -22,7 +22,7 @@ import numpy as np
 import ggml_py as gg
 from ggml_py.cli.common import (ArgumentParser, file_name, open_llama, positive_int,
                                 read_prompt_file, run, thread_count)
-from ggml_py.perplexity import perplexity, token_nll
+from ggml_py.model.perplexity import perplexity, token_nll
 
 PROMPT = "ROMEO. But soft, what light through yonder window breaks? It is the east, and Juliet is the sun."
 

@@ -8,7 +8,7 @@ Shapes: `tinyllama` (TinyLlama 1.1B: 2048 wide, 22 layers, 32 heads, 4 KV heads,
 FFN 5632, 32000 tokens) or `WIDTHxLAYERS` (head size 64, FFN ~2.7x, MHA).
 Types: F32, F16, BF16, or a quantized type with a matrix-product kernel (Q8_0,
 Q4_0, Q4_K, ...: what gg.Llama loads; not Q8_K, an activation-only type). Quantized
-matrices are written by ggml_py's own reference quantizers (ggml_py.quants), not the
+matrices are written by ggml_py's own reference quantizers (ggml_py.core.quants), not the
 `gguf` package's. The vocabulary is llama.cpp's SentencePiece test vocabulary
 (tests/data), so prompts tokenize like LLaMA 2's.
 """
@@ -18,7 +18,7 @@ import sys
 import time
 
 from ggml_py.cli.common import ArgumentParser, run, weight_type
-from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
+from ggml_py.tools.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
 
 VOCAB = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "ggml-vocab-llama-spm.gguf")
 

@@ -27,12 +27,12 @@ import sys
 import time
 
 import ggml_py as gg
-from ggml_py import tune
+from ggml_py.tune import data as tune
 from ggml_py.cli.common import ArgumentParser, positive_int, run, weight_type
-from ggml_py.output_file import atomic_output
-from ggml_py.tune_bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, Waker,
+from ggml_py.files.output import atomic_output
+from ggml_py.tune.bench import (DEFAULT_M_VALUES, MAX_RUNS, MIN_CASE_SECONDS, PRESETS, Waker,
                                 bench, distinct_profiles, preset_shapes, random_weight)
-from ggml_py.tune_cli import parse_threads
+from ggml_py.cli.tune import parse_threads
 
 import numpy as np
 

@@ -4,7 +4,7 @@
 """
 import sys
 
-from ggml_py.convert import main
+from ggml_py.cli.convert import main
 
 if __name__ == "__main__":
     sys.exit(main())

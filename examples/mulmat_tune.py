@@ -11,7 +11,7 @@ in `docs/tune.md`.
 """
 import sys
 
-from ggml_py.tune_cli import main
+from ggml_py.cli.tune import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -51,29 +51,28 @@ def _import_core():
 
 
 _core = _import_core()
-from ggml_py.types import Op, Type, check_against_core  # noqa: E402
+from ggml_py.core.types import Op, Type  # noqa: E402
 
-check_against_core(_core)
-
-from ggml_py.system import build_features, kernels, system_info  # noqa: E402
-from ggml_py.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
-from ggml_py.tensor import Context, Tensor, row_bytes, type_traits  # noqa: E402
-from ggml_py.quants import dequantize, quantize  # noqa: E402
-from ggml_py.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
+from ggml_py.core.system import PACKAGE_VERSION, build_features, kernels, system_info  # noqa: E402
+from ggml_py.core.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
+from ggml_py.core.tensor import Context, Tensor  # noqa: E402
+from ggml_py.core.types import row_bytes, type_traits  # noqa: E402
+from ggml_py.core.quants import dequantize, quantize  # noqa: E402
+from ggml_py.core.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
                            default_threads, shared_pool)
-from ggml_py.ops import (  # noqa: E402
+from ggml_py.core.ops import (  # noqa: E402
     ROPE_NEOX, ROPE_NORMAL, add, argmax, concat, cont, cpy, div, dup, gelu, get_rows, mean,
     mul, mul_mat, neg, norm, permute, relu, reshape, rms_norm, rope, scale, set_rows, silu,
     soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
 )
 
-from ggml_py.gguf_model import ModelFileWarning, ModelLoadError  # noqa: E402
-from ggml_py.sampling import Sampler, SamplingParams  # noqa: E402
-from ggml_py.llm import Llama, TrainingContextWarning  # noqa: E402
+from ggml_py.files.gguf_reader import ModelFileWarning, ModelLoadError  # noqa: E402
+from ggml_py.model.sampling import Sampler, SamplingParams  # noqa: E402
+from ggml_py.model.session import Llama, TrainingContextWarning  # noqa: E402
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K = Type.Q2_K, Type.Q3_K, Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q8_K
 I8, I16, I32, I64, F64 = Type.I8, Type.I16, Type.I32, Type.I64, Type.F64
 
-__version__ = "0.1.0"
+__version__ = PACKAGE_VERSION

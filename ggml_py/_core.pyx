@@ -100,7 +100,7 @@ def row_size(int type, ne):
 
 
 # ---------------------------------------------------------------------------
-# row conversions and dot products (ggml_py.quants wraps these)
+# row conversions and dot products (ggml_py.core.quants wraps these)
 
 cdef const ggml_py_type_traits *_traits_or_raise(int type) except NULL:
     cdef const ggml_py_type_traits *tt = ggml_py_get_type_traits(type)
@@ -901,61 +901,10 @@ def _bad_row_id(node, op, index):
             f"in each matrix; ids {ids.shape}) (node {index})")
 
 
-# The C enums, so ggml_py.types can check its mirrors at import.
-TYPE_IDS = {
-    "F32": GGML_PY_TYPE_F32,
-    "F16": GGML_PY_TYPE_F16,
-    "Q4_0": GGML_PY_TYPE_Q4_0,
-    "Q4_1": GGML_PY_TYPE_Q4_1,
-    "Q5_0": GGML_PY_TYPE_Q5_0,
-    "Q5_1": GGML_PY_TYPE_Q5_1,
-    "Q8_0": GGML_PY_TYPE_Q8_0,
-    "Q8_1": GGML_PY_TYPE_Q8_1,
-    "Q2_K": GGML_PY_TYPE_Q2_K,
-    "Q3_K": GGML_PY_TYPE_Q3_K,
-    "Q4_K": GGML_PY_TYPE_Q4_K,
-    "Q5_K": GGML_PY_TYPE_Q5_K,
-    "Q6_K": GGML_PY_TYPE_Q6_K,
-    "Q8_K": GGML_PY_TYPE_Q8_K,
-    "I8": GGML_PY_TYPE_I8,
-    "I16": GGML_PY_TYPE_I16,
-    "I32": GGML_PY_TYPE_I32,
-    "I64": GGML_PY_TYPE_I64,
-    "F64": GGML_PY_TYPE_F64,
-    "BF16": GGML_PY_TYPE_BF16,
-}
+# The C core's lists of types and ops by name (include/ggml_py.h: GGML_PY_TYPES,
+# GGML_PY_OPS), from which ggml_py.core.types makes Type and Op.
+TYPE_IDS = {ggml_py_type_name(i).decode(): i for i in range(GGML_PY_TYPE_COUNT)
+            if ggml_py_type_name(i) != NULL}
 OP_COUNT = GGML_PY_OP_COUNT
-OP_IDS = {
-    "NONE": GGML_PY_OP_NONE,
-    "DUP": GGML_PY_OP_DUP,
-    "CPY": GGML_PY_OP_CPY,
-    "CONT": GGML_PY_OP_CONT,
-    "ADD": GGML_PY_OP_ADD,
-    "SUB": GGML_PY_OP_SUB,
-    "MUL": GGML_PY_OP_MUL,
-    "DIV": GGML_PY_OP_DIV,
-    "SCALE": GGML_PY_OP_SCALE,
-    "NEG": GGML_PY_OP_NEG,
-    "SQR": GGML_PY_OP_SQR,
-    "SQRT": GGML_PY_OP_SQRT,
-    "RELU": GGML_PY_OP_RELU,
-    "GELU": GGML_PY_OP_GELU,
-    "SILU": GGML_PY_OP_SILU,
-    "SWIGLU": GGML_PY_OP_SWIGLU,
-    "SUM_ROWS": GGML_PY_OP_SUM_ROWS,
-    "MEAN": GGML_PY_OP_MEAN,
-    "ARGMAX": GGML_PY_OP_ARGMAX,
-    "NORM": GGML_PY_OP_NORM,
-    "RMS_NORM": GGML_PY_OP_RMS_NORM,
-    "SOFT_MAX": GGML_PY_OP_SOFT_MAX,
-    "MUL_MAT": GGML_PY_OP_MUL_MAT,
-    "GET_ROWS": GGML_PY_OP_GET_ROWS,
-    "SET_ROWS": GGML_PY_OP_SET_ROWS,
-    "ROPE": GGML_PY_OP_ROPE,
-    "CONCAT": GGML_PY_OP_CONCAT,
-    "VIEW": GGML_PY_OP_VIEW,
-    "RESHAPE": GGML_PY_OP_RESHAPE,
-    "PERMUTE": GGML_PY_OP_PERMUTE,
-    "TRANSPOSE": GGML_PY_OP_TRANSPOSE,
-}
+OP_IDS = {ggml_py_op_name(i).decode(): i for i in range(GGML_PY_OP_COUNT)}
 _OP_NAMES = {v: k.lower() for k, v in OP_IDS.items()}

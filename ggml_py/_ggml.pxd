@@ -10,57 +10,12 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_MAX_PROFILES
         GGML_PY_N_STAGES
         GGML_PY_TYPE_COUNT
-        GGML_PY_TYPE_F32
-        GGML_PY_TYPE_F16
-        GGML_PY_TYPE_Q4_0
-        GGML_PY_TYPE_Q4_1
-        GGML_PY_TYPE_Q5_0
-        GGML_PY_TYPE_Q5_1
-        GGML_PY_TYPE_Q8_0
-        GGML_PY_TYPE_Q8_1
-        GGML_PY_TYPE_Q2_K
-        GGML_PY_TYPE_Q3_K
-        GGML_PY_TYPE_Q4_K
-        GGML_PY_TYPE_Q5_K
-        GGML_PY_TYPE_Q6_K
-        GGML_PY_TYPE_Q8_K
-        GGML_PY_TYPE_I8
-        GGML_PY_TYPE_I16
-        GGML_PY_TYPE_I32
-        GGML_PY_TYPE_I64
-        GGML_PY_TYPE_F64
-        GGML_PY_TYPE_BF16
         GGML_PY_OP_COUNT
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED
         GGML_PY_STATUS_BAD_INDEX
         GGML_PY_OP_NONE
-        GGML_PY_OP_DUP
-        GGML_PY_OP_CPY
-        GGML_PY_OP_CONT
-        GGML_PY_OP_ADD
-        GGML_PY_OP_SUB
-        GGML_PY_OP_MUL
-        GGML_PY_OP_DIV
-        GGML_PY_OP_SCALE
-        GGML_PY_OP_NEG
-        GGML_PY_OP_SQR
-        GGML_PY_OP_SQRT
-        GGML_PY_OP_RELU
-        GGML_PY_OP_GELU
-        GGML_PY_OP_SILU
-        GGML_PY_OP_SWIGLU
-        GGML_PY_OP_SUM_ROWS
-        GGML_PY_OP_MEAN
-        GGML_PY_OP_ARGMAX
-        GGML_PY_OP_NORM
-        GGML_PY_OP_RMS_NORM
-        GGML_PY_OP_SOFT_MAX
-        GGML_PY_OP_MUL_MAT
         GGML_PY_OP_GET_ROWS
-        GGML_PY_OP_SET_ROWS
-        GGML_PY_OP_ROPE
-        GGML_PY_OP_CONCAT
         GGML_PY_OP_VIEW
         GGML_PY_OP_RESHAPE
         GGML_PY_OP_PERMUTE
@@ -136,6 +91,8 @@ cdef extern from "ggml_py.h" nogil:
     const char *ggml_py_select_kernels(int force_ref)
     uint32_t ggml_py_build_features()
     const char *ggml_py_blas_config()
+    const char *ggml_py_op_name(int op)
+    const char *ggml_py_type_name(int type)
 
 cdef extern from "ggml_py_pool.h" nogil:
     enum:

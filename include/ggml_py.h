@@ -23,82 +23,62 @@ extern "C" {
 #define GGML_PY_MAX_PROFILES  8
 #define GGML_PY_CACHE_LINE    64
 
-/* Element types, numbered exactly as ggml numbers them (GGUF stores these ids). */
+/* Element types, numbered exactly as ggml numbers them (GGUF stores these ids): X(NAME, id)
+ * for each. This list is the only one: the enum below, the names the executor reports and
+ * ggml_py.Type in Python are all made from it. */
+#define GGML_PY_TYPES(X) \
+    X(F32,  0)  X(F16,  1) \
+    X(Q4_0, 2)  X(Q4_1, 3)  X(Q5_0, 6)  X(Q5_1, 7)  X(Q8_0, 8)  X(Q8_1, 9) \
+    X(Q2_K, 10) X(Q3_K, 11) X(Q4_K, 12) X(Q5_K, 13) X(Q6_K, 14) X(Q8_K, 15) \
+    X(I8,   24) X(I16,  25) X(I32,  26) X(I64,  27) X(F64,  28) X(BF16, 30)
+
 enum ggml_py_type {
-    GGML_PY_TYPE_F32  = 0,
-    GGML_PY_TYPE_F16  = 1,
-    GGML_PY_TYPE_Q4_0 = 2,
-    GGML_PY_TYPE_Q4_1 = 3,
-    GGML_PY_TYPE_Q5_0 = 6,
-    GGML_PY_TYPE_Q5_1 = 7,
-    GGML_PY_TYPE_Q8_0 = 8,
-    GGML_PY_TYPE_Q8_1 = 9,
-    GGML_PY_TYPE_Q2_K = 10,
-    GGML_PY_TYPE_Q3_K = 11,
-    GGML_PY_TYPE_Q4_K = 12,
-    GGML_PY_TYPE_Q5_K = 13,
-    GGML_PY_TYPE_Q6_K = 14,
-    GGML_PY_TYPE_Q8_K = 15,
-    GGML_PY_TYPE_I8   = 24,
-    GGML_PY_TYPE_I16  = 25,
-    GGML_PY_TYPE_I32  = 26,
-    GGML_PY_TYPE_I64  = 27,
-    GGML_PY_TYPE_F64  = 28,
-    GGML_PY_TYPE_BF16 = 30,
-    GGML_PY_TYPE_COUNT = 31,
+#define GGML_PY_TYPE_ENUM(name, id) GGML_PY_TYPE_##name = id,
+    GGML_PY_TYPES(GGML_PY_TYPE_ENUM)
+#undef GGML_PY_TYPE_ENUM
+    GGML_PY_TYPE_COUNT = 31,   /* one past the largest id */
 };
 
-/* Operations. Building a graph only records an op and its sources; the executor
- * dispatches on it. Mirrored one-to-one by ggml_py.Op (checked at import). */
+/* Operations, in enum order: X(NAME) for each; the enum, the names and ggml_py.Op are made
+ * from this list. Building a graph only records an op and its sources; the executor
+ * dispatches on it. */
+#define GGML_PY_OPS(X) \
+    X(NONE)          /* a leaf: data set by the user or a weight file     */ \
+    /* copies */ \
+    X(DUP)           /* contiguous copy, same type                        */ \
+    X(CPY)           /* copy src0 into the layout/type of src1 (a view)   */ \
+    X(CONT)          /* contiguous copy of a (possibly strided) view      */ \
+    /* element-wise binary, src1 broadcast over src0 by repeating rows */ \
+    X(ADD) X(SUB) X(MUL) X(DIV) \
+    /* element-wise unary */ \
+    X(SCALE)         /* op_params[0]: float scale                         */ \
+    X(NEG) X(SQR) X(SQRT) X(RELU) X(GELU) X(SILU) \
+    X(SWIGLU)        /* silu(src0) * src1                                 */ \
+    /* reductions over rows */ \
+    X(SUM_ROWS) X(MEAN) X(ARGMAX) \
+    /* normalisation */ \
+    X(NORM)          /* op_params[0]: float eps                           */ \
+    X(RMS_NORM)      /* op_params[0]: float eps                           */ \
+    X(SOFT_MAX)      /* src1: optional mask; op_params[0]: float scale    */ \
+    /* matrix products and row access */ \
+    X(MUL_MAT) \
+    X(GET_ROWS)      /* src1: I32 row ids                                 */ \
+    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2     */ \
+    X(ROPE)          /* src1: I32 positions, src2: optional freq factors  */ \
+    X(CONCAT)        /* op_params[0]: dim                                 */ \
+    /* views: no compute, data aliases src0 */ \
+    X(VIEW) X(RESHAPE) X(PERMUTE) X(TRANSPOSE)
+
 enum ggml_py_op {
-    GGML_PY_OP_NONE = 0,     /* a leaf: data set by the user or a weight file   */
-
-    /* copies */
-    GGML_PY_OP_DUP,          /* contiguous copy, same type                      */
-    GGML_PY_OP_CPY,          /* copy src0 into the layout/type of src1 (a view) */
-    GGML_PY_OP_CONT,         /* contiguous copy of a (possibly strided) view    */
-
-    /* element-wise binary, src1 broadcast over src0 by repeating rows          */
-    GGML_PY_OP_ADD,
-    GGML_PY_OP_SUB,
-    GGML_PY_OP_MUL,
-    GGML_PY_OP_DIV,
-
-    /* element-wise unary                                                       */
-    GGML_PY_OP_SCALE,        /* op_params[0]: float scale                       */
-    GGML_PY_OP_NEG,
-    GGML_PY_OP_SQR,
-    GGML_PY_OP_SQRT,
-    GGML_PY_OP_RELU,
-    GGML_PY_OP_GELU,
-    GGML_PY_OP_SILU,
-    GGML_PY_OP_SWIGLU,       /* silu(src0) * src1                               */
-
-    /* reductions over rows                                                     */
-    GGML_PY_OP_SUM_ROWS,
-    GGML_PY_OP_MEAN,
-    GGML_PY_OP_ARGMAX,
-
-    /* normalisation                                                            */
-    GGML_PY_OP_NORM,         /* op_params[0]: float eps                         */
-    GGML_PY_OP_RMS_NORM,     /* op_params[0]: float eps                         */
-    GGML_PY_OP_SOFT_MAX,     /* src1: optional mask; op_params[0]: float scale  */
-
-    /* matrix products and row access                                           */
-    GGML_PY_OP_MUL_MAT,
-    GGML_PY_OP_GET_ROWS,     /* src1: I32 row ids                               */
-    GGML_PY_OP_SET_ROWS,     /* src1: I32 row ids; writes src0 rows into src2   */
-    GGML_PY_OP_ROPE,         /* src1: I32 positions, src2: optional freq factors */
-    GGML_PY_OP_CONCAT,       /* op_params[0]: dim                               */
-
-    /* views: no compute, data aliases src0                                     */
-    GGML_PY_OP_VIEW,
-    GGML_PY_OP_RESHAPE,
-    GGML_PY_OP_PERMUTE,
-    GGML_PY_OP_TRANSPOSE,
-
+#define GGML_PY_OP_ENUM(name) GGML_PY_OP_##name,
+    GGML_PY_OPS(GGML_PY_OP_ENUM)
+#undef GGML_PY_OP_ENUM
     GGML_PY_OP_COUNT,
 };
+
+/* "MUL_MAT", "Q4_0": the names of the lists above; NULL for an id that has none. */
+const char *ggml_py_op_name(int op);
+const char *ggml_py_type_name(int type);
 
 /* RoPE modes (op_params[1] of ROPE), as ggml numbers them. */
 enum ggml_py_rope_mode {

@@ -14,7 +14,7 @@ import tempfile
 import gguf
 import numpy as np
 
-from ggml_py.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
+from ggml_py.tools.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 SPM_VOCAB = os.path.join(DATA, "ggml-vocab-llama-spm.gguf")

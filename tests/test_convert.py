@@ -11,11 +11,12 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ggml_py import convert as cv  # noqa: E402
-from ggml_py.gguf_metadata import read_gguf_metadata  # noqa: E402
-from ggml_py.gguf_model import GGUFModelFile  # noqa: E402
-from ggml_py.llama import LlamaConfig  # noqa: E402
-from ggml_py.tokenizer import Tokenizer  # noqa: E402
+from ggml_py.tools import convert as cv  # noqa: E402
+from ggml_py.cli.convert import main as convert_main  # noqa: E402
+from ggml_py.files.gguf_metadata import read_gguf_metadata  # noqa: E402
+from ggml_py.files.gguf_reader import GGUFModelFile  # noqa: E402
+from ggml_py.model.llama import LlamaConfig  # noqa: E402
+from ggml_py.tokenizer.tokenizer import Tokenizer  # noqa: E402
 from test_tokenizer import load_cases, vocab_path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -301,7 +302,7 @@ def test_pytorch_bin_checkpoint(tmp_path):
 
 def test_default_outfile_and_cli(tmp_path, capsys):
     d, _ = make_checkpoint(tmp_path)
-    assert cv.main([str(d), "--outtype", "F16"]) == 0
+    assert convert_main([str(d), "--outtype", "F16"]) == 0
     assert (d / "tiny-llama-f16.gguf").is_file()
     assert "wrote" in capsys.readouterr().out
 
@@ -323,7 +324,7 @@ def test_a_closed_log_pipe_is_not_reported_as_an_unwritable_output(tmp_path):
 # ----------------------------------------------------------------------------- bad inputs
 
 def _error(capsys, argv):
-    rc = cv.main(argv)
+    rc = convert_main(argv)
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert rc != 0
@@ -362,7 +363,7 @@ def test_mistral_checkpoints_are_llama(tmp_path, names):
     config = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**config, **names, "sliding_window": 32}))
     out = tmp_path / "mistral.gguf"
-    assert cv.main([str(d), "--outfile", str(out)]) == 0
+    assert convert_main([str(d), "--outfile", str(out)]) == 0
     _, fields, _ = read(out)
     assert fields["general.architecture"] == "llama"
     assert not any("sliding" in key for key in fields)
@@ -379,11 +380,11 @@ def test_error_bad_json_and_missing_key(tmp_path, capsys):
 def test_error_unknown_outtype(tmp_path, capsys):
     d, _ = make_checkpoint(tmp_path)
     with pytest.raises(SystemExit) as stop:        # a flag error, as every console script's
-        cv.main([str(d), "--outtype", "q9_9"])
+        convert_main([str(d), "--outtype", "q9_9"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.count("\n") == 1
     assert "argument --outtype: invalid choice: 'q9_9'" in err
-    assert cv.main([str(d), "--outtype", "F32", "--vocab-only", "--outfile", str(tmp_path / "v.gguf")]) == 0
+    assert convert_main([str(d), "--outtype", "F32", "--vocab-only", "--outfile", str(tmp_path / "v.gguf")]) == 0
     with pytest.raises(cv.ConvertError, match="unknown --outtype 'q8'"):   # the API checks it too
         cv.convert(d, tmp_path / "x.gguf", "q8")
 
@@ -543,7 +544,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, c
     assert out.read_bytes() == b"the previous output"
     assert sorted(f.name for f in tmp_path.iterdir()) == ["out.gguf", "tiny-llama"]
     monkeypatch.undo()
-    assert cv.main([str(d), "--outfile", str(out)]) == 0
+    assert convert_main([str(d), "--outfile", str(out)]) == 0
     assert read(out)[1]["general.architecture"] == "llama"
     assert sorted(f.name for f in tmp_path.iterdir()) == ["out.gguf", "tiny-llama"]
 
@@ -865,7 +866,7 @@ def test_a_tensor_in_two_files_without_an_index_is_an_error(tmp_path, capsys):
 
 def test_bad_flags_end_in_one_line_and_status_2(capsys):
     with pytest.raises(SystemExit) as stop:
-        cv.main(["dir", "--bogus"])
+        convert_main(["dir", "--bogus"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("ggml-convert: error: ") and err.count("\n") == 1
 
@@ -905,7 +906,7 @@ def _add_biases(d: Path, hf: dict, attention: bool, mlp: bool) -> dict:
 
 
 def test_attention_and_mlp_biases_are_converted(tmp_path):
-    from ggml_py.llama import LlamaModel
+    from ggml_py.model.llama import LlamaModel
 
     d, hf = make_checkpoint(tmp_path, adjacent=False)
     hf = _add_biases(d, hf, attention=True, mlp=True)

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from ggml_py import graph_alloc
-from ggml_py.graph_alloc import ALIAS_SOURCE, build_packed, plan_offsets
+from ggml_py.core import graph as core_graph
+from ggml_py.core import ops as core_ops
+from ggml_py.core import graph_alloc
+from ggml_py.core.graph_alloc import ALIAS_SOURCE, build_packed, plan_offsets
 
 RNG = np.random.default_rng(0)
 A = RNG.standard_normal((16, 32)).astype(np.float32)
@@ -37,7 +39,7 @@ def test_packed_graph_computes_the_same():
 def test_live_results_never_overlap():
     ctx = gg.Context(mem_size=1 << 20)
     recorder = graph_alloc._Recorder(ctx.new_tensor(gg.I8, (64,)))
-    with gg.ops.place_results(recorder):
+    with core_ops.place_results(recorder):
         *_, out = build(ctx)
     nodes = gg.build_forward(out).nodes
     results = recorder.results
@@ -89,7 +91,7 @@ def test_outputs_other_than_the_last_node_stay_intact():
 
 
 def test_a_misaligned_or_short_shared_buffer_is_refused():
-    aligned = gg.graph.aligned_bytes(1 << 20)
+    aligned = core_graph.aligned_bytes(1 << 20)
     for give in (lambda n: aligned[1:], lambda n: aligned[:n // 2]):
         with pytest.raises(ValueError, match="must give a writable buffer"):
             build_packed(build, lambda r: [r[-1]], 64 << 10, buffer_for=give)
@@ -209,7 +211,7 @@ def test_a_graph_of_views_only_packs_into_no_buffer():
         x = ctx.from_numpy(np.arange(16, dtype=np.float32).reshape(4, 4), name="x")
         return ctx, gg.view(x, (2, 4))
 
-    for buffer_for in (None, gg.graph.aligned_bytes):
+    for buffer_for in (None, core_graph.aligned_bytes):
         packed = build_packed(views_only, lambda r: [r[-1]], 64 << 10, buffer_for)
         packed.graph.compute(n_threads=1)
         assert packed.buffer_bytes == 0

@@ -5,12 +5,12 @@ import pytest
 from llama_models import model_path
 
 import ggml_py as gg
-from ggml_py import ops
-from ggml_py.kv_cache import KVCache
-from ggml_py.llama import default_cache
-from ggml_py.graph import build_forward
-from ggml_py.tensor import Context
-from ggml_py.types import Type
+from ggml_py.core import ops
+from ggml_py.model.kv_cache import KVCache
+from ggml_py.model.llama import default_cache
+from ggml_py.core.graph import build_forward
+from ggml_py.core.tensor import Context
+from ggml_py.core.types import Type
 
 # what kv_cache's docstring lists: a cache of another kind provides these and nothing more
 INTERFACE = {"begin", "rollback", "window", "fill_mask", "store_and_load", "n_past", "clear",

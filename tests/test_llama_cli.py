@@ -17,8 +17,8 @@ from llama_models import DATA, N_VOCAB, model_path, scratch_path, vocab
 
 import ggml_py as gg
 from ggml_py.cli.common import int_list, process_escapes, read_prompt_file, thread_list
-from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
-from ggml_py.tune_bench import bench
+from ggml_py.tools.random_model import RandomLlamaSpec, random_weights, write_random_llama
+from ggml_py.tune.bench import bench
 
 # Subprocesses import the ggml_py these tests import (installed, or built in place),
 # from a neutral folder: a checkout's own ggml_py/ must not shadow an installed one.
@@ -117,7 +117,7 @@ def test_one_dash_words_that_are_values_or_flags_are_taken():
         build_parser().parse_args(["-eh"])
     assert info.value.code == 0
     # a subcommand's flags are its parser's to check
-    proc = run("ggml_py.bench", "model", "-ngl", "1")
+    proc = run("ggml_py.cli.bench", "model", "-ngl", "1")
     assert assert_one_line_error(proc, 2).startswith("ggml-bench model: error: unrecognized "
                                                      "argument '-ngl'")
 
@@ -298,14 +298,14 @@ def test_a_model_without_a_training_context_needs_c(tmp_path):
     write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=0), vocab=vocab())
     for module in ("ggml_py.cli.main", "ggml_py.cli.perplexity"):
         line = assert_one_line_error(run(module, "-m", path, "-f", TEXT_FILE), code=1)
-        assert "context_length) is 0" in line and "argument -c" not in line
+        assert "context_length is 0" in line and "argument -c" not in line
 
 
 def test_a_context_too_large_to_allocate_is_one_line():
     huge = 10**12
     for module, args in (("ggml_py.cli.main", ["-c", huge, "-p", "x"]),
                          ("ggml_py.cli.perplexity", ["-c", huge]),
-                         ("ggml_py.bench", ["model", "-p", huge, "-n", 1, "-t", 1, "-r", 1])):
+                         ("ggml_py.cli.bench", ["model", "-p", huge, "-n", 1, "-t", 1, "-r", 1])):
         line = assert_one_line_error(run(module, *args), code=1)
         assert f"cannot allocate the KV cache for n_ctx={huge}: " in line and "GiB" in line
 
@@ -327,7 +327,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
     tune_file = tmp_path / "t.json"
     bench([(64, 64, gg.F32)], m_values=[1, 2], thread_counts=[1]).save(tune_file)
     for module, args in (("ggml_py.cli.main", ["-m", model_path("f32"), "-p", "Once", "-n", 8]),
-                         ("ggml_py.tune_cli", ["analyze", tune_file])):
+                         ("ggml_py.cli.tune", ["analyze", tune_file])):
         status, err = run_into_closed_pipe(module, *args)
         assert status == 141, err   # as if killed by SIGPIPE
         assert "Traceback" not in err and "error" not in err, err
@@ -379,7 +379,7 @@ def test_run_takes_sigint_only_where_it_was_ignored_and_puts_it_back():
 def test_ctrl_c_outside_the_compute_loops_is_one_line_too(capsys, monkeypatch):
     # while loading or tokenizing (the programs' own handlers cover generation and scoring)
     from ggml_py.cli import main as main_cli, perplexity as ppl_cli
-    from ggml_py.tokenizer import Tokenizer
+    from ggml_py.tokenizer.tokenizer import Tokenizer
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -443,7 +443,7 @@ def test_perplexity_cli_errors():
 
 
 def test_bench_model_table_and_json():
-    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 16, "-n", 4, "-t", "1,2",
+    proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 16, "-n", 4, "-t", "1,2",
                "-r", 2)
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("| llama")]
@@ -452,16 +452,16 @@ def test_bench_model_table_and_json():
     assert [r.split("|")[5].strip() for r in rows] == ["1", "1", "2", "2"]
     assert [r.split("|")[6].strip() for r in rows] == ["pp16", "tg4", "pp16", "tg4"]
     assert all(re.search(r"\d+\.\d\d ± \d+\.\d\d \|$", r) for r in rows)
-    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 8, "-n", 2, "-t", 1,
+    proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 8, "-n", 2, "-t", 1,
                "-r", 1, "--json")
     results = json.loads(proc.stdout)["results"]
     assert [r["test"] for r in results] == ["pp8", "tg2"] and results[0]["avg_ts"] > 0
     # -p 0 leaves the prompt test out (as llama-bench), the generation test still runs
-    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
+    proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
                "-r", 1, "--json")
     assert [r["test"] for r in json.loads(proc.stdout)["results"]] == ["tg2"]
     # past the training context (512) without a word, as llama-bench
-    proc = run("ggml_py.bench", "model", "-m", model_path("f32"), "-p", 600, "-n", 0, "-t", 1,
+    proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 600, "-n", 0, "-t", 1,
                "-r", 1)
     assert proc.returncode == 0 and "pp600" in proc.stdout and proc.stderr == "", proc.stderr
 
@@ -488,25 +488,25 @@ def test_thread_list_is_bounded_by_the_pool_limit():
 
 
 def test_bench_names_a_flag_before_the_subcommand_and_a_shape_too_large():
-    line = assert_one_line_error(run("ggml_py.bench", "--unknown"), 2)
+    line = assert_one_line_error(run("ggml_py.cli.bench", "--unknown"), 2)
     assert "unrecognized argument --unknown: the subcommand comes first" in line
-    line = assert_one_line_error(run("ggml_py.bench", "mulmat", "--shapes", "99999999999x99999999999"), 1)
+    line = assert_one_line_error(run("ggml_py.cli.bench", "mulmat", "--shapes", "99999999999x99999999999"), 1)
     assert "--shapes 99999999999x99999999999: needs" in line and "GiB of memory" in line
 
 
 def test_bench_model_errors():
-    line = assert_one_line_error(run("ggml_py.bench", "model", "-m", scratch_path("none.gguf")), 1)
+    line = assert_one_line_error(run("ggml_py.cli.bench", "model", "-m", scratch_path("none.gguf")), 1)
     assert "no such file" in line
-    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "--bad"), 2)
-    assert_one_line_error(run("ggml_py.bench", "model", "-m", model_path("f32"), "-t", "x"), 2)
+    assert_one_line_error(run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "--bad"), 2)
+    assert_one_line_error(run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-t", "x"), 2)
     for flag, value in (("-t", "999"), ("-t", ","), ("-t", ""), ("-t", "1,"), ("-p", "-1"),
                         ("-n", "4,x"), ("-r", "0"), ("-b", "0")):
-        line = assert_one_line_error(run("ggml_py.bench", "model", "-p", 4, "-n", 1, "-r", 1,
+        line = assert_one_line_error(run("ggml_py.cli.bench", "model", "-p", 4, "-n", 1, "-r", 1,
                                          flag, value), 2)
         assert f"argument {flag}" in line
     if os.path.exists("/dev/full"):   # stdout that cannot be written
         with open("/dev/full", "w") as full:
-            proc = subprocess.run([sys.executable, "-m", "ggml_py.bench", "model", "-p", "4",
+            proc = subprocess.run([sys.executable, "-m", "ggml_py.cli.bench", "model", "-p", "4",
                                    "-n", "1", "-t", "1", "-r", "1"], stdout=full,
                                   stderr=subprocess.PIPE, text=True, env=ENV, cwd=CWD, timeout=120)
         assert "No space left on device" in assert_one_line_error(proc, 1)
@@ -647,17 +647,17 @@ def test_scripts_end_bad_arguments_in_one_line(script, args, code, tmp_path):
 
 
 def test_the_mulmat_tune_example_benches_a_model_and_analyzes_its_file(tmp_path):
-    from ggml_py.bundled import default_model_path
-    from ggml_py.gguf_model import GGUFModelFile
-    from ggml_py.tune import load
-    from ggml_py.tune_bench import model_name
+    from ggml_py.model.bundled import default_model_path
+    from ggml_py.files.gguf_reader import GGUFModelFile
+    from ggml_py.tune.data import load
+    from ggml_py.model.llama import matrix_shapes
     script = os.path.join(REPO, "examples", "mulmat_tune.py")
     model = default_model_path()
     proc = subprocess.run([sys.executable, script, "-m", model, "-o", "t.json", "--m-max", "1",
                            "--n-threads", "1", "-q"], capture_output=True, text=True, env=ENV,
                           cwd=tmp_path, timeout=300)
     assert proc.returncode == 0 and "-> t.json" in proc.stdout, proc.stderr
-    data = load(tmp_path / "t.json", model=model_name(GGUFModelFile(model)))
+    data = load(tmp_path / "t.json", model=matrix_shapes(GGUFModelFile(model))[0])
     assert data.thread_counts == [1] and data.m_values == [1, 2]
     proc = subprocess.run([sys.executable, script, "analyze", "t.json"], capture_output=True,
                           text=True, env=ENV, cwd=tmp_path, timeout=120)
@@ -666,7 +666,7 @@ def test_the_mulmat_tune_example_benches_a_model_and_analyzes_its_file(tmp_path)
 
 @pytest.mark.parametrize("threads", ["", "0", "abc"])
 def test_bench_pool_bad_threads_end_in_one_line(threads):
-    assert_one_line_error(run("ggml_py.bench", "pool", "-t", threads, "--nodes", 10), 2)
+    assert_one_line_error(run("ggml_py.cli.bench", "pool", "-t", threads, "--nodes", 10), 2)
 
 
 @pytest.mark.parametrize("args", [
@@ -679,13 +679,13 @@ def test_bench_pool_bad_threads_end_in_one_line(threads):
     ["mulmat", "--types", "i32"],
 ])
 def test_bench_subcommands_bad_values_end_in_one_line(args):
-    assert_one_line_error(run("ggml_py.bench", *args), 2)
+    assert_one_line_error(run("ggml_py.cli.bench", *args), 2)
 
 
 @pytest.mark.parametrize("args", [[], ["pool", "--spin-us", "nan"], ["pool", "--spin-us", "-5"],
                                   ["pool", "--spin-us", "1e30"]])
 def test_bench_without_a_subcommand_or_with_a_bad_spin_ends_in_one_line(args):
-    assert_one_line_error(run("ggml_py.bench", *args), 2)
+    assert_one_line_error(run("ggml_py.cli.bench", *args), 2)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -695,11 +695,11 @@ def test_bench_without_a_subcommand_or_with_a_bad_spin_ends_in_one_line(args):
     (["model", "-p", "0", "-n", "0"], "-p and -n are all 0: no test to run"),
 ])
 def test_bench_with_nothing_to_measure_says_so(args, message):
-    assert message in assert_one_line_error(run("ggml_py.bench", *args), 1)
+    assert message in assert_one_line_error(run("ggml_py.cli.bench", *args), 1)
 
 
 def test_bench_mulmat_json_stays_json_when_a_case_is_skipped():
-    proc = run("ggml_py.bench", "mulmat", "--shapes", "32x48,32x64", "--types", "q4_0", "--m", "1",
+    proc = run("ggml_py.cli.bench", "mulmat", "--shapes", "32x48,32x64", "--types", "q4_0", "--m", "1",
                "--threads", "1", "--repeat", "1", "--bandwidth-mib", "1", "--json")
     assert proc.returncode == 0, proc.stderr
     assert [r["k"] for r in json.loads(proc.stdout)["results"]] and "skipping" in proc.stderr
@@ -801,3 +801,16 @@ def test_perplexity_reads_control_token_texts_as_text(tmp_path):
                "-c", 16, "-t", 1)
     assert proc.returncode == 0, proc.stderr
     assert f"calculating perplexity over {as_text} chunks, n_ctx=16," in proc.stderr
+
+
+def test_the_python_api_and_the_programs_take_the_same_default_context(tmp_path):
+    # no n_ctx / no -c: 2048, or the training context when that is smaller
+    for n_ctx_train, expected in ((4096, 2048), (512, 512)):
+        path = tmp_path / f"m{n_ctx_train}.gguf"
+        write_random_llama(path, RandomLlamaSpec(n_vocab=N_VOCAB, n_ctx_train=n_ctx_train),
+                           vocab=vocab())
+        with gg.Llama(str(path), n_threads=1) as llm:
+            assert llm.n_ctx() == expected
+        proc = run("ggml_py.cli.main", "-m", path, "-p", "a", "-n", 1, "-t", 1)
+        assert proc.returncode == 0, proc.stderr
+        assert f"generate: n_ctx = {expected}," in proc.stderr

@@ -11,11 +11,11 @@ from llama_models import (BIASES, SPECS, V, biased_model_path, edited_model, ggu
                           gguf_parts, model_path, scratch_path, vocab)
 from llama_reference import ReferenceLlama
 
-from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
-from ggml_py.kv_cache import KVCache
-from ggml_py.llama import LlamaConfig, LlamaModel
-from ggml_py.random_model import RandomLlamaSpec, random_weights, write_random_llama
-from ggml_py.types import Op, Type
+from ggml_py.files.gguf_reader import GGUFModelFile, ModelLoadError
+from ggml_py.model.kv_cache import KVCache
+from ggml_py.model.llama import LlamaConfig, LlamaModel
+from ggml_py.tools.random_model import RandomLlamaSpec, random_weights, write_random_llama
+from ggml_py.core.types import Op, Type
 
 RNG = np.random.default_rng(1234)
 TOKENS = RNG.integers(0, 512, 48).astype(np.int32)
@@ -136,7 +136,7 @@ def test_graphs_are_cached_and_calls_allocate_nothing():
 def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkeypatch):
     # 20 windows of 16 slots: a sequence fed in batches of 16 needs 20 graphs, more than
     # the 16 once kept, which made every graph be rebuilt (and reallocated) every time
-    import ggml_py.llama as llama
+    import ggml_py.model.llama as llama
     builds = []
     build = llama.build_forward_graph
     monkeypatch.setattr(llama, "build_forward_graph", lambda *a, **k: builds.append(a[3:6]) or build(*a, **k))
@@ -493,7 +493,7 @@ def bad_files():
 
 
 def test_the_gguf_version_is_read_in_the_files_byte_order():
-    from ggml_py.gguf_model import _gguf_version
+    from ggml_py.files.gguf_reader import _gguf_version
     assert _gguf_version(struct.pack("<I", 3)) == 3 and _gguf_version(struct.pack(">I", 3)) == 3
     assert _gguf_version(struct.pack("<I", 9)) == 9 and _gguf_version(b"\x03\x00") is None
 
@@ -602,7 +602,7 @@ def test_without_a_file_type_norms_do_not_count(tmp_path):
 
 
 def test_a_quantized_norm_weight_is_refused_by_name(tmp_path):
-    from ggml_py.quants import quantize
+    from ggml_py.core.quants import quantize
     spec = RandomLlamaSpec(n_vocab=512)
     weights = random_weights(spec)
     norm = np.ascontiguousarray(weights["blk.0.attn_norm.weight"])
@@ -749,7 +749,7 @@ def test_a_file_aligned_to_two_bytes_loads_with_aligned_weights():
             break
     else:
         pytest.fail("no padding gave misaligned F32 data")
-    from ggml_py.tensor import data_alignment
+    from ggml_py.core.types import data_alignment
     models = [LlamaModel(p, n_ctx=16, n_threads=1) for p in (model_path("f32"), path)]
     w = models[1].weights
     weights = [w.token_embd, w.output_norm, w.output] + [x for layer in w.layers

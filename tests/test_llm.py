@@ -12,12 +12,12 @@ from llama_models import N_VOCAB, TEXT, V, edited_model, model_path, vocab
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
-from ggml_py.bundled import default_text_path
-from ggml_py.graph import MAX_THREADS
-from ggml_py.llm import until_stop
-from ggml_py.perplexity import token_nll
-from ggml_py.random_model import RandomLlamaSpec, write_random_llama
-from ggml_py.sampling import Sampler
+from ggml_py.model.bundled import default_text_path
+from ggml_py.core.graph import MAX_THREADS
+from ggml_py.model.session import until_stop
+from ggml_py.model.perplexity import token_nll
+from ggml_py.tools.random_model import RandomLlamaSpec, write_random_llama
+from ggml_py.model.sampling import Sampler
 
 
 @pytest.fixture(scope="module")
@@ -387,7 +387,7 @@ def test_text_is_str_bytes_bytearray_or_memoryview(llm):
 
 
 def test_long_inputs_are_checked_in_one_pass(llm, monkeypatch):
-    import ggml_py.llm as llm_module
+    import ggml_py.model.session as llm_module
     calls = []
     monkeypatch.setattr(llm_module, "checked_int", lambda *a, **k: calls.append(a))
     monkeypatch.setattr(llm, "n_vocab", lambda: calls.append("n_vocab") or N_VOCAB)
@@ -654,7 +654,7 @@ def test_a_fork_child_refuses_a_model_another_thread_was_running_until_cleared(i
     import time
     from test_pool import wait_for_child
     from ggml_py import _core
-    from ggml_py.llama import LlamaModel
+    from ggml_py.model.llama import LlamaModel
     model = LlamaModel(model_path("f32"), n_ctx=64, n_threads=1)
     expected = model.forward([1, 2, 3], [0, 1, 2]).copy()
     model.cache.clear()
@@ -828,7 +828,7 @@ def test_building_graphs_is_not_counted_as_evaluation(monkeypatch):
     # a build made slow on purpose: its time is build time, not the prompt's nor the token's,
     # and not in perplexity's seconds per chunk
     import time
-    import ggml_py.llama as llama_module
+    import ggml_py.model.llama as llama_module
     build = llama_module.build_forward_graph
 
     def slow_build(*args, **kwargs):

@@ -14,7 +14,7 @@ import pytest
 from llama_models import model_path
 
 import ggml_py as gg
-from ggml_py.gguf_model import ModelFileWarning, ModelLoadError
+from ggml_py.files.gguf_reader import ModelFileWarning, ModelLoadError
 
 ENV = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
 

@@ -99,7 +99,7 @@ def assert_cpu_equals_vec_dot(t, w, x_batches, ms, rng):
     x_batches, and random x of each M in ms: every output equals vec_dot of its row
     and column (the kernels this build runs: SIMD where it has them) bit for bit, at
     1, 2 and 3 threads."""
-    from ggml_py import quants as Q
+    from ggml_py.core import quants as Q
     w_batches, n, k = w.shape
     vt = Q.vec_dot_type(t)
     simd, simd_quantizer = Q.kernel_variants(t)["vec_dot"][1], Q.kernel_variants(vt)["from_float"][1]

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
+from ggml_py.core import ops as core_ops
+from ggml_py.core import tensor as core_tensor
 from conftest import compute, f16, make_input, same_bits, shape_id
 
 pytestmark = pytest.mark.kernels
@@ -955,12 +957,12 @@ def test_bad_input_raises(ctx, case):
 
 def test_cpy_quantized_needs_same_rows(ctx, monkeypatch):
     """Quantized copies must stay on the row-by-row kernel paths."""
-    real = gg.ops.type_traits
+    real = core_ops.type_traits
 
     def with_conversions(t):   # as once the quant kernels fill in the traits
         return {**real(t), "has_to_float": True, "has_from_float": True}
 
-    monkeypatch.setattr(gg.ops, "type_traits", with_conversions)
+    monkeypatch.setattr(core_ops, "type_traits", with_conversions)
     q = ctx.new_tensor(gg.Q8_0, (2, 64))
     with pytest.raises(ValueError, match=r"^cpy: a is Q8_0 \(2, 64\) but b is F32 \(4, 32\)"):
         gg.cpy(q, ctx.new_tensor(gg.F32, (4, 32)))
@@ -1249,7 +1251,7 @@ def test_core_objects_cannot_be_copied_or_pickled(ctx, make):
 
 
 def test_tensors_are_not_constructed_directly():
-    for cls in (gg.Tensor, gg.tensor._core.TensorBase):
+    for cls in (gg.Tensor, core_tensor._core.TensorBase):
         with pytest.raises(TypeError, match="cannot be created directly"):
             cls()
         with pytest.raises(TypeError, match="cannot be created directly"):

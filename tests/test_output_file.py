@@ -12,9 +12,9 @@ import time
 import pytest
 
 import ggml_py as gg
-from ggml_py import output_file
-from ggml_py.bundled import default_model_path
-from ggml_py.output_file import OutputPathError, atomic_output, check_output_path
+from ggml_py.files import output as output_file
+from ggml_py.model.bundled import default_model_path
+from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
 
 # the ggml_py under test, from a neutral folder (a checkout's ggml_py/ must not shadow it)
 ENV = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
@@ -45,11 +45,11 @@ def special_files(folder):
 PROGRAM_RUNNER = ("import sys, importlib; module, name = sys.argv.pop(1).split(':'); "
                   "sys.exit(getattr(importlib.import_module(module), name)(sys.argv[1:]))")
 PROGRAMS = {
-    "ggml-quantize": ("ggml_py.quantize_model:main",
+    "ggml-quantize": ("ggml_py.cli.quantize:main",
                       lambda out: [default_model_path(), out, "Q4_0", "--allow-requantize", "-q"]),
-    "ggml-convert": ("ggml_py.convert:main", lambda out: [".", "--outfile", out]),
-    "ggml-tune -o": ("ggml_py.tune_cli:main", lambda out: ["--model-shape", "1.1B", "-o", out, "-q"]),
-    "ggml-tune --plot": ("ggml_py.tune_cli:main",
+    "ggml-convert": ("ggml_py.cli.convert:main", lambda out: [".", "--outfile", out]),
+    "ggml-tune -o": ("ggml_py.cli.tune:main", lambda out: ["--model-shape", "1.1B", "-o", out, "-q"]),
+    "ggml-tune --plot": ("ggml_py.cli.tune:main",
                          lambda out: ["analyze", "missing.json", "--plot", out + ".png"]),
 }
 
@@ -118,8 +118,8 @@ def test_a_folder_without_write_permission(tmp_path):
 def kill_mid_write(out, input_model, unnamed):
     """Start ggml-quantize writing `out`, SIGKILL it once it holds a file open in out's
     folder (the output being written), and wait for it."""
-    script = (f"import sys; import ggml_py.output_file as o; o.USE_UNNAMED_TEMPORARIES = {unnamed}\n"
-              "from ggml_py.quantize_model import main\n"
+    script = (f"import sys; import ggml_py.files.output as o; o.USE_UNNAMED_TEMPORARIES = {unnamed}\n"
+              "from ggml_py.cli.quantize import main\n"
               "sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", script, str(input_model), str(out), "Q4_0",
                              "--allow-requantize", "-q"], env=ENV, stderr=subprocess.PIPE)
@@ -160,7 +160,7 @@ def test_a_run_killed_mid_write_leaves_nothing_that_stays(tmp_path, unnamed):
     # ... which the next run removes; a temporary of a live process is kept
     alive = out.parent / f".model-q4_0.gguf.ggml-py-{os.getpid()}.0123abcd.tmp"
     alive.write_bytes(b"in use")
-    proc = subprocess.run([sys.executable, "-c", PROGRAM_RUNNER, "ggml_py.quantize_model:main",
+    proc = subprocess.run([sys.executable, "-c", PROGRAM_RUNNER, "ggml_py.cli.quantize:main",
                            str(src), str(out), "Q4_0", "--allow-requantize", "-q"],
                           capture_output=True, text=True, timeout=120, env=ENV)
     assert proc.returncode == 0, proc.stderr

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 import ggml_py as gg
+from ggml_py.core import graph as core_graph
 
 WATCHDOG_S = 240   # a deadlock kills the run with every thread's traceback
 
@@ -350,17 +351,17 @@ def test_a_shared_pool_is_not_closed_under_its_other_users():
 def test_default_threads_are_no_more_than_the_cpus_the_process_may_use(monkeypatch):
     # under `taskset -c 0` (or an MPI rank bound to one core) it said 2
     import psutil
-    gg.graph.default_threads.cache_clear()
+    core_graph.default_threads.cache_clear()
     try:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
         assert gg.default_threads() == 1
-        gg.graph.default_threads.cache_clear()
+        core_graph.default_threads.cache_clear()
         # nor more than a pool may have (ggml-main at its default failed on 300 cores)
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(1000)), raising=False)
         monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 1000)
         assert gg.default_threads() == gg.MAX_THREADS
     finally:
-        gg.graph.default_threads.cache_clear()
+        core_graph.default_threads.cache_clear()
 
 
 def test_pool_n_threads_must_match():
@@ -528,12 +529,12 @@ def test_a_fork_child_makes_its_own_pools_and_exits(watchdog):
     pid = os.fork()
     if pid == 0:   # what exiting does (the atexit hook, freeing pools), then out at once
         try:
-            gg.graph._close_shared_pools()
+            core_graph._close_shared_pools()
             user_pool.close()
         finally:
             os._exit(0)
     assert wait_for_child(pid, "a fork child hung closing the pools it inherited") == 0
-    with gg.graph._pools_lock:    # held at the fork, as by another thread making a pool
+    with core_graph._pools_lock:    # held at the fork, as by another thread making a pool
         pid = os.fork()
     if pid == 0:
         code = 1
@@ -739,7 +740,7 @@ def test_graph_arguments_of_the_wrong_kind_are_named():
                        (10 ** 10, ValueError), (True, TypeError)):
         with pytest.raises(error, match="graph.lookahead must be"):
             graph.lookahead = bad           # refused when set, not at every compute after
-    assert graph.lookahead == gg.graph.DEFAULT_LOOKAHEAD
+    assert graph.lookahead == core_graph.DEFAULT_LOOKAHEAD
     graph.lookahead = np.int64(2)
     assert graph.lookahead == 2 and type(graph.lookahead) is int
     graph.lookahead = 0
@@ -751,7 +752,7 @@ def test_graph_arguments_of_the_wrong_kind_are_named():
 def test_force_ref_reads_the_usual_spellings(value, on):
     import subprocess
     import sys
-    code = "import ggml_py.system as s; print(s.FORCE_REF)"
+    code = "import ggml_py.core.system as s; print(s.FORCE_REF)"
     import tempfile
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, GGML_PY_FORCE_REF=value),
@@ -795,7 +796,7 @@ def test_a_daemon_thread_computing_when_python_exits(tmp_path):
 def test_the_pool_benchmark_counts_other_threads_cpu_time():
     # the idle cost is workers' CPU time over the wall time: the scheduler's nanosecond
     # counters (or psutil's ticks) of every thread but the caller
-    from ggml_py.bench.pool import thread_cpu_seconds
+    from ggml_py.cli.bench.pool import thread_cpu_seconds
     me = threading.get_native_id()
 
     def burn():

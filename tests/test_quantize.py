@@ -12,12 +12,12 @@ from llama_models import V, edited_model, gguf_bytes, gguf_parts, model_path, sc
 from llama_reference import ReferenceLlama
 
 import ggml_py as gg
-from ggml_py.llama import LlamaModel
-from ggml_py.quantize_model import (BLOCK_SCALES, TARGETS, ModelInfo, QuantizeError,
-                                    invalid_data, main, quantize_file,
-                                    tensor_type, use_more_bits)
-from ggml_py.random_model import RandomLlamaSpec, write_random_llama
-from ggml_py.types import Type
+from ggml_py.model.llama import LlamaModel
+from ggml_py.cli.quantize import main
+from ggml_py.tools.quantize import (BLOCK_SCALES, TARGETS, ModelInfo, QuantizeError, invalid_data,
+                                    quantize_file, tensor_type, use_more_bits)
+from ggml_py.tools.random_model import RandomLlamaSpec, write_random_llama
+from ggml_py.core.types import Type
 
 import llama_models
 
@@ -177,7 +177,7 @@ def test_quantized_file_loads_and_matches_its_reference(f32_k_model, target):
 def run_cli(*args):
     # the ggml_py under test, from a neutral folder (a checkout's ggml_py/ must not shadow it)
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
-    return subprocess.run([sys.executable, "-c", "import sys; from ggml_py.quantize_model import main; "
+    return subprocess.run([sys.executable, "-c", "import sys; from ggml_py.cli.quantize import main; "
                            "sys.exit(main(sys.argv[1:]))", *map(str, args)],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tempfile.gettempdir())
 
@@ -197,7 +197,7 @@ def one_line_error(capsys, *argv):
 
 
 def test_ctrl_c_stops_in_one_line_and_leaves_no_output(tmp_path, capsys, monkeypatch):
-    import ggml_py.quantize_model as qm
+    import ggml_py.tools.quantize as qm
     calls = []
 
     def interrupted(*args, **kwargs):
@@ -323,7 +323,7 @@ def test_a_failed_write_keeps_the_old_output_and_leaves_no_temporary(tmp_path, m
 
 
 def test_an_output_named_as_a_directory_is_refused_before_the_work(tmp_path, monkeypatch):
-    import ggml_py.quantize_model as qm
+    import ggml_py.tools.quantize as qm
     monkeypatch.setattr(qm, "tensor_plan", lambda *a, **k: pytest.fail("quantized before the check"))
     (tmp_path / "folder").mkdir()
     (tmp_path / "file.gguf").write_bytes(b"old")
@@ -342,7 +342,7 @@ def current_umask():
 
 @pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
 def test_outputs_get_the_permissions_a_plain_open_gives(tmp_path, umask):
-    from ggml_py.output_file import atomic_output
+    from ggml_py.files.output import atomic_output
     previous = os.umask(umask)
     try:
         with atomic_output(tmp_path / "out.gguf") as tmp:
@@ -354,7 +354,7 @@ def test_outputs_get_the_permissions_a_plain_open_gives(tmp_path, umask):
 
 def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
     script = ("import os, signal, sys, time\n"
-              "from ggml_py.output_file import atomic_output\n"
+              "from ggml_py.files.output import atomic_output\n"
               "with atomic_output(sys.argv[1]) as tmp:\n"
               "    open(tmp, 'w').write('half')\n"
               "    os.kill(os.getpid(), signal.SIGTERM)\n"
@@ -369,7 +369,7 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
 
 def test_atomic_output_leaves_sigterm_handlers_as_it_found_them(tmp_path):
     import signal
-    from ggml_py.output_file import atomic_output
+    from ggml_py.files.output import atomic_output
 
     def mine(signum, frame):
         pass
@@ -388,7 +388,7 @@ def test_atomic_output_leaves_sigterm_handlers_as_it_found_them(tmp_path):
 
 def test_write_streamed_makes_each_tensor_only_when_it_is_written(tmp_path):
     import weakref
-    from ggml_py.gguf_write import write_streamed
+    from ggml_py.files.gguf_writer import write_streamed
     made = []
 
     def make(i):
@@ -412,7 +412,7 @@ def test_write_streamed_makes_each_tensor_only_when_it_is_written(tmp_path):
 
 
 def test_an_array_of_arrays_in_the_metadata_is_refused_in_one_line(tmp_path):
-    from ggml_py.quantize_model import field_types, field_value
+    from ggml_py.tools.quantize import field_types, field_value
     reader = gguf.GGUFReader(model_path("f32"))
     writer = gguf.GGUFWriter(str(tmp_path / "nested.gguf"), "llama")
     for key, field in reader.fields.items():
@@ -469,7 +469,7 @@ def test_bad_flags_end_in_one_line_and_status_2(capsys):
 
 def test_python_m_runs_the_console_script(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
-    proc = subprocess.run([sys.executable, "-m", "ggml_py.quantize_model", model_path("f32"),
+    proc = subprocess.run([sys.executable, "-m", "ggml_py.cli.quantize", model_path("f32"),
                            tmp_path / "q8.gguf", "Q8_0", "-q"], capture_output=True, text=True,
                           timeout=120, env=env, cwd=tempfile.gettempdir())
     assert proc.returncode == 0 and "Q8_0" in proc.stdout, proc.stderr
@@ -670,7 +670,7 @@ def test_the_scales_checked_are_the_blocks_scales(type):
 
 @pytest.mark.parametrize("type", [Type.F32, Type.F16, Type.BF16, Type.F64], ids=lambda t: t.name)
 def test_float_tensors_are_checked_value_by_value(type, monkeypatch):
-    import ggml_py.quantize_model as qm
+    import ggml_py.tools.quantize as qm
     monkeypatch.setattr(qm, "CHECK_CHUNK", 7)             # the chunks add up
     values = np.ones(40, np.float64)
     values[[9, 30]] = [np.inf, np.nan]

@@ -12,7 +12,7 @@ import pytest
 from gguf import quants as gq
 
 import ggml_py as gg
-from ggml_py import quants as Q
+from ggml_py.core import quants as Q
 
 pytestmark = [pytest.mark.kernels,
               pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning"),

@@ -5,7 +5,7 @@ import platform
 import numpy as np
 import pytest
 
-from ggml_py.sampling import (Sampler, SamplingParams, apply_penalties, draw, min_p, top_k,
+from ggml_py.model.sampling import (Sampler, SamplingParams, apply_penalties, draw, min_p, top_k,
                               top_p)
 
 LOGITS = np.array([1.0, 3.0, -2.0, 2.0, 0.5], np.float32)

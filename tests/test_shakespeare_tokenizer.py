@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggml_py import convert as cv
-from ggml_py.tokenizer import Tokenizer
+from ggml_py.tools import convert as cv
+from ggml_py.tokenizer.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 SPM_MODEL = REPO / "training" / "tokenizer.model"

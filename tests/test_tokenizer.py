@@ -1,4 +1,4 @@
-"""Tests of ggml_py.tokenizer against llama.cpp's own tokenizer test data.
+"""Tests of ggml_py.tokenizer.tokenizer against llama.cpp's own tokenizer test data.
 
 The ``tests/data/ggml-vocab-*.gguf.inp/.out`` pairs come from llama.cpp's
 ``models/`` folder: each input case must tokenize (add_special=False,
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ggml_py.gguf_metadata import read_gguf_metadata
-from ggml_py.tokenizer import Tokenizer, TokenizerError
+from ggml_py.files.gguf_metadata import read_gguf_metadata
+from ggml_py.tokenizer.tokenizer import Tokenizer, TokenizerError
 
 DATA = Path(__file__).parent / "data"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2")
@@ -324,7 +324,7 @@ def test_a_reader_keeps_the_general_keys_the_special_tokens_depend_on(tmp_path):
 
 
 def test_byte_level_helpers_follow_llama_cpp():
-    from ggml_py import pretokenize as pt
+    from ggml_py.tokenizer import pretokenize as pt
     # a lead byte of 0xF8 or more starts no sequence: one U+FFFD per byte
     assert pt.llama_decode_utf8(b"\xf8\x80\x80\x80") == "\ufffd" * 4
     # a character outside the byte map: llama.cpp's marker, its bytes in hex and then the text
@@ -580,10 +580,10 @@ def test_tiny_vocabulary_file_loads(tmp_path):
 
 def test_tokenizer_error_is_the_loaders_error_and_names_the_file_once(tmp_path):
     """The model loader passes a TokenizerError on as its one-line ModelLoadError."""
-    from ggml_py.gguf_model import GGUFModelFile, ModelLoadError
+    from ggml_py.files.gguf_reader import GGUFModelFile, ModelLoadError
     path = write_tiny_spm(tmp_path / "no-vocab.gguf", tokens=None)
     with pytest.raises(ModelLoadError) as info:
-        GGUFModelFile(path).tokenizer()
+        Tokenizer.from_model_file(GGUFModelFile(path))
     message = str(info.value)
     assert message.count("no-vocab.gguf") == 1, message
     assert "no tokenizer vocabulary (missing 'tokenizer.ggml.tokens')" in message

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import ggml_py as gg
-from ggml_py import tune
-from ggml_py.tune import ProfileTimes, ShapeTimes, TuneData, TuneFileError, interpolate
-from ggml_py.tune_bench import bench, distinct_profiles, extend_to_rows, preset_shapes, row_counts
-from ggml_py.tune_cli import analyze, main as tune_main
+from ggml_py.tune import data as tune
+from ggml_py.tune.data import ProfileTimes, ShapeTimes, TuneData, TuneFileError, interpolate
+from ggml_py.tune.bench import bench, distinct_profiles, extend_to_rows, preset_shapes, row_counts
+from ggml_py.cli.tune import analyze, main as tune_main
 
 
 def test_interpolate_inside_and_past_both_ends():
@@ -54,7 +54,7 @@ def test_extend_to_rows_is_a_straight_line_per_stage():
 
 
 def test_times_bounded_in_m():
-    from ggml_py.tune_bench import bounded_in_m
+    from ggml_py.tune.bench import bounded_in_m
     m = [1, 2, 4, 8, 16, 32]
     # quick samples (False) bound nothing, and are only held to M/M' times the M' before
     assert bounded_in_m(m, [1.0, 0.5, 2.0, 9.0, 3.0, 5.0], [True, False, True, False, True, True]) \
@@ -93,7 +93,7 @@ def test_row_counts_sample_only_where_a_slice_behaves_like_the_whole():
 
 
 def test_quick_samples_rank_profiles_cheaply():
-    from ggml_py.tune_bench import quick_row_counts
+    from ggml_py.tune.bench import quick_row_counts
     q4_row, f32_row = gg.row_bytes(gg.Q4_0, 2048), 4 * 2048
     assert quick_row_counts(2048, 2048, 8, q4_row + f32_row, tiled=False) == [2048]   # cheap: whole
     assert quick_row_counts(32000, 2048, 1, q4_row + f32_row, tiled=False) == [1024]  # many bytes
@@ -106,7 +106,7 @@ def test_quick_samples_rank_profiles_cheaply():
 def sample_small_weights(monkeypatch):
     """Shrink ggml-tune's thresholds so that a 1024-row weight is sampled:
     quick samples of 128 rows; exact rows 8 and 128 (N/8)."""
-    from ggml_py import tune_bench as tb
+    from ggml_py.tune import bench as tb
     monkeypatch.setattr(tb, "FLOP_BUDGET", 1e4)
     monkeypatch.setattr(tb, "FEW_ROWS", 8)
     monkeypatch.setattr(tb, "MIN_SAMPLE_ROWS", 128)
@@ -114,7 +114,7 @@ def sample_small_weights(monkeypatch):
 
 
 def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatch):
-    from ggml_py import tune_bench as tb
+    from ggml_py.tune import bench as tb
     sample_small_weights(monkeypatch)
     runs = []   # (M, profile, threads, weight rows) of every timed case, in order
     time_stages = tb.time_stages
@@ -142,7 +142,7 @@ def test_bench_ranks_on_quick_samples_and_measures_contenders_exactly(monkeypatc
 
 
 def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monkeypatch):
-    from ggml_py import tune_bench as tb
+    from ggml_py.tune import bench as tb
     sample_small_weights(monkeypatch)
     per_row = {("cpu", 1): 1.0, ("blas", 1): 1.1, ("cpu", 2): 0.5, ("blas", 2): 0.6, ("blas-mt", 2): 0.52}
     runs = []
@@ -167,7 +167,7 @@ def test_an_interrupted_quick_sample_does_not_put_a_profile_out_of_the_race(monk
 def test_only_profiles_slower_than_m_are_capped_by_a_smaller_ms_time(monkeypatch):
     # `cpu` grows a little faster than M (2.3x from M=16 to 32): its own times are
     # kept; `blas` timed 3x too slow at M=32 is still lowered to twice its M=16 time
-    from ggml_py import tune_bench as tb
+    from ggml_py.tune import bench as tb
     sample_small_weights(monkeypatch)
     per_row = {"cpu": {1: 1.0, 16: 1.0, 32: 1.15}, "blas": {1: 50.0, 16: 1.2, 32: 3 * 1.2}}
 
@@ -185,7 +185,7 @@ def test_only_profiles_slower_than_m_are_capped_by_a_smaller_ms_time(monkeypatch
 
 
 def test_passes_sweep_every_shape_in_turn_and_keep_the_fastest(monkeypatch):
-    from ggml_py import tune_bench as tb
+    from ggml_py.tune import bench as tb
     sample_small_weights(monkeypatch)
     slowdown = [1.0, 0.5, 0.8]   # the machine during each pass: the second was the quietest
     sweeps = []                  # N of each shape's sweep, in order
@@ -641,8 +641,8 @@ def test_cli_bench_and_analyze(tmp_path, capsys):
 
 
 def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_path, monkeypatch):
-    import ggml_py.graph
-    from ggml_py import tune_cli
+    import ggml_py.core.graph
+    from ggml_py.cli import tune as tune_cli
     asked = []
 
     def fake_bench(shapes, thread_counts, **kwargs):
@@ -650,7 +650,7 @@ def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_pat
         return synthetic_data()
     monkeypatch.setattr(tune_cli, "bench", fake_bench)
     for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2])]:
-        monkeypatch.setattr(ggml_py.graph, "default_threads", lambda: cores)
+        monkeypatch.setattr(ggml_py.core.graph, "default_threads", lambda: cores)
         assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q"]) == 0
         assert asked.pop() == expected
 
@@ -668,7 +668,7 @@ def test_cli_errors(tmp_path, capsys):
 def test_cli_checks_its_output_before_benching(tmp_path, capsys, monkeypatch):
     def no_bench(*args, **kwargs):
         raise AssertionError("benched before finding the output unwritable")
-    monkeypatch.setattr("ggml_py.tune_cli.bench", no_bench)
+    monkeypatch.setattr("ggml_py.cli.tune.bench", no_bench)
     for out in (tmp_path / "missing" / "t.json", tmp_path):
         assert tune_main(["--model-shape", "1.1B", "-o", str(out), "-q"]) == 1
         assert "ggml-tune: error:" in capsys.readouterr().err
@@ -709,7 +709,7 @@ def test_cli_bad_flags_end_in_one_line_and_status_2(tmp_path, capsys, args, matc
 
 
 def test_weight_types_of_a_model_must_have_a_kernel():
-    from ggml_py.tune_bench import weight_type
+    from ggml_py.tune.bench import weight_type
     assert weight_type(int(gg.Q4_0), "w") == gg.Q4_0
     with pytest.raises(ValueError, match="w: tensor type 9999 is not supported"):
         weight_type(9999, "w")
@@ -761,7 +761,7 @@ def test_analyze_reports_crossovers():
 
 
 def test_cache_sizes_are_read():
-    from ggml_py.tune_bench import cache_sizes, parse_cpu_list
+    from ggml_py.tune.bench import cache_sizes, parse_cpu_list
     sizes = cache_sizes(2)
     assert sizes == sorted(sizes) and all((1 << 16) <= s <= (1 << 34) for s in sizes)
     assert parse_cpu_list("0-3,8\n") == [0, 1, 2, 3, 8]
@@ -775,7 +775,7 @@ def test_main_tune_checks_the_file_first_and_benches_ms_up_to_the_context(tmp_pa
     def recording_bench(shapes, model, m_values, thread_counts):
         benched.append(m_values)
         return TuneData(model=model, m_values=m_values, thread_counts=thread_counts)
-    monkeypatch.setattr("ggml_py.tune_bench.bench", recording_bench)
+    monkeypatch.setattr("ggml_py.tune.bench.bench", recording_bench)
     for bad in ("", str(tmp_path)):
         assert cli(["-c", "64", "--tune", "--tune-file", bad]) == 1
         assert "ggml-main: error:" in capsys.readouterr().err and not benched

@@ -1,1 +1,1 @@
-"""Command-line programs: ggml-main (text generation) and ggml-perplexity."""
+"""Command-line programs: every console script's main (ggml-main, ggml-perplexity, ggml-bench, ggml-tune, ggml-quantize, ggml-convert), thin over the library."""

@@ -9,9 +9,9 @@ import sys
 import threading
 import warnings
 
-from ggml_py.gguf_model import ModelLoadError
-from ggml_py.gguf_model import ModelFileWarning
-from ggml_py.llm import Llama, TrainingContextWarning
+from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
+from ggml_py.model.llama import DEFAULT_N_CTX, LlamaConfig, context_size
+from ggml_py.model.session import Llama, TrainingContextWarning
 
 
 def console_script(main):
@@ -85,7 +85,7 @@ def positive_int(text):
 
 def thread_count(text):
     """A thread count flag: 1..MAX_THREADS (the worker pool's limit)."""
-    from ggml_py.graph import MAX_THREADS
+    from ggml_py.core.graph import MAX_THREADS
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"thread count must be at least 1, got {value}")
@@ -111,7 +111,7 @@ def int_list(text, low=None, high=None, what="integers"):
 
 def thread_list(text):
     """A comma-separated list of thread counts, each 1..MAX_THREADS (the pool's limit)."""
-    from ggml_py.graph import MAX_THREADS
+    from ggml_py.core.graph import MAX_THREADS
     return int_list(text, 1, MAX_THREADS, what="thread counts")
 
 
@@ -143,7 +143,7 @@ def ctx_size(text):
 def weight_type(text):
     """A weight type flag: a type name (any case) with a matrix product kernel."""
     import ggml_py as gg
-    from ggml_py.tune_bench import weight_type as checked
+    from ggml_py.tune.bench import weight_type as checked
     names = {t.name.lower(): t for t in gg.Type}
     type = names.get(text.strip().lower())
     if type is None:
@@ -255,13 +255,14 @@ def setup_tune(llm, args, log):
     """
     import time
 
-    from ggml_py import tune
-    from ggml_py.tune_bench import bench, model_shapes
+    from ggml_py.tune import data as tune
+    from ggml_py.model.llama import matrix_shapes
+    from ggml_py.tune.bench import bench
     m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
         if args.tune_file is not None:
             tune.check_writable(args.tune_file, not_over=llm.model.file.path)
-        name, shapes = model_shapes(llm.model.file)
+        name, shapes = matrix_shapes(llm.model.file)
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
@@ -288,33 +289,18 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def resolve_ctx_size(args):
-    """-c as given; -c 0: the model's training context; no -c: the program's default
-    capped at the training context. A model whose training context is not positive
-    needs a -c N."""
-    if not args.ctx_size:
-        from ggml_py.gguf_model import GGUFModelFile
-        from ggml_py.llama import LlamaConfig
-        with warnings.catch_warnings():     # the load that follows gives them
-            warnings.simplefilter("ignore", ModelFileWarning)
-            f = GGUFModelFile(args.model)
-        n_ctx_train = LlamaConfig.from_gguf(f).n_ctx_train
-        if n_ctx_train < 1:
-            raise f.error(f"the model's training context (context_length) is {n_ctx_train}; "
-                          f"give a context size with -c N")
-        args.ctx_size = n_ctx_train if args.ctx_size == 0 else min(args.ctx_default, n_ctx_train)
-    return args.ctx_size
-
-
-def open_llama(model, **kwargs):
-    """Llama(model, **kwargs) and the messages of its TrainingContextWarnings (a context
-    longer than the model's training context) and ModelFileWarnings (a file others may
-    change under its mapping), for the program to log as llama.cpp does;
-    other warnings are shown as Python shows them."""
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
+    """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
+    (model.llama.context_size, with the program's default), the file read once; and the
+    messages of its TrainingContextWarnings (a context longer than the model's training
+    context) and ModelFileWarnings (a file others may change under its mapping), for the
+    program to log as llama.cpp does; other warnings are shown as Python shows them."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
-        llm = Llama(model, **kwargs)
+        f = GGUFModelFile(model, use_mmap=use_mmap)
+        n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
+        llm = Llama(f, n_ctx=n_ctx, **kwargs)
     messages = []
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):

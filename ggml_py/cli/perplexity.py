@@ -11,11 +11,11 @@ import sys
 import time
 
 import ggml_py as gg
-from ggml_py.bundled import default_model_path, default_text_path
+from ggml_py.model.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
                                 kv_type, open_llama, process_escapes, read_prompt_file,
-                                resolve_ctx_size, run, setup_tune)
-from ggml_py.perplexity import ADD_EOS_REFUSED
+                                run, setup_tune)
+from ggml_py.model.perplexity import ADD_EOS_REFUSED
 
 PROG = "ggml-perplexity"
 
@@ -55,23 +55,23 @@ def main(argv=None):
     if args.ctx_size and args.ctx_size < 4:
         parser.error(f"argument -c/--ctx-size: must be at least 4 (0: the model's training "
                      f"context), got {args.ctx_size}")
-    n_ctx = resolve_ctx_size(args)
-    if n_ctx < 4:
-        raise ValueError(f"{args.model}: the model's training context is {n_ctx} tokens; "
-                         f"perplexity needs at least 4: give -c N")
     args.file = args.file or default_text_path()
     cache_type = kv_type(parser, args)
     text = read_prompt_file(args.file)    # as llama.cpp's -f, for every program
     if args.escape:    # llama.cpp escapes params.prompt, which holds the -f text
         text = process_escapes(text)
 
-    llm, load_warnings = open_llama(args.model, n_ctx=n_ctx, n_threads=args.threads,
+    llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
                                     n_batch=args.batch_size, kv_type=cache_type,
                                     use_mmap=args.use_mmap)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
     for message in load_warnings:
         log(f"perplexity: warning: {message}")
+    n_ctx = llm.n_ctx()
+    if n_ctx < 4:
+        raise ValueError(f"{args.model}: the model's training context is {n_ctx} tokens; "
+                         f"perplexity needs at least 4: give -c N")
     if args.tune and args.tune_file is not None:    # bench, save the file, exit
         setup_tune(llm, args, log)
         return 0

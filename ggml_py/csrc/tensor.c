@@ -39,3 +39,18 @@ bool ggml_py_is_contiguous(const struct ggml_py_tensor *t) {
     }
     return true;
 }
+
+const char *ggml_py_op_name(int op) {
+#define GGML_PY_OP_NAME(name) #name,
+    static const char *const names[] = { GGML_PY_OPS(GGML_PY_OP_NAME) };
+#undef GGML_PY_OP_NAME
+    _Static_assert(sizeof names / sizeof names[0] == GGML_PY_OP_COUNT, "one name per op");
+    return op >= 0 && op < GGML_PY_OP_COUNT ? names[op] : NULL;
+}
+
+const char *ggml_py_type_name(int type) {
+#define GGML_PY_TYPE_NAME(name, id) [id] = #name,
+    static const char *const names[GGML_PY_TYPE_COUNT] = { GGML_PY_TYPES(GGML_PY_TYPE_NAME) };
+#undef GGML_PY_TYPE_NAME
+    return type >= 0 && type < GGML_PY_TYPE_COUNT ? names[type] : NULL;
+}

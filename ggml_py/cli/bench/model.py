@@ -1,0 +1,174 @@
+"""ggml-bench model: llama-bench-style prompt processing (pp) and generation (tg) speed.
+
+For each thread count and test, one warm-up run, then -r timed repetitions from
+an empty cache: ppN evaluates N random tokens in batches of -b; tgN generates N
+tokens one at a time (greedy on fixed ids, so sampling costs nothing).
+Reported: tokens per second, mean ± standard deviation over the repetitions.
+"""
+import json
+import statistics
+import time
+
+import numpy as np
+
+from ggml_py.cli.bench.mulmat import read_bandwidth
+
+import ggml_py as gg
+from ggml_py.model.bundled import default_model_path
+from ggml_py.cli.common import count_list, file_name, open_llama, positive_int, thread_list
+from ggml_py.cli.common import run as run_reporting_errors
+
+PROG = "ggml-bench model"
+
+
+def add_arguments(parser):
+    """The flags of `ggml-bench model` (llama-bench's names)."""
+    parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
+                        help="GGUF model file (default: the bundled Shakespeare model)")
+    parser.add_argument("-p", "--n-prompt", type=count_list, default=[512],
+                        help="prompt sizes, comma-separated (default 512)")
+    parser.add_argument("-n", "--n-gen", type=count_list, default=[128],
+                        help="generated tokens, comma-separated (default 128)")
+    parser.add_argument("-t", "--threads", type=thread_list, default=None,
+                        help="thread counts, comma-separated (default: physical cores)")
+    parser.add_argument("-b", "--batch-size", type=positive_int, default=512,
+                        help="batch size (default 512)")
+    parser.add_argument("-r", "--repetitions", type=positive_int, default=5,
+                        help="timed runs per test (default 5)")
+    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
+                        help="KV cache type (default f16)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def size_label(n_params):
+    """A parameter count as llama-bench shows it: 1.1B, 15M, 260K (trailing zeros dropped)."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n_params >= scale:
+            return f"{n_params / scale:.1f}".rstrip("0").rstrip(".") + unit
+    return str(n_params)
+
+
+def time_prompt(llm, n_prompt, rng):
+    """Seconds to evaluate n_prompt random tokens from an empty cache."""
+    ids = rng.integers(0, llm.n_vocab(), n_prompt).tolist()
+    llm.reset()
+    t0 = time.perf_counter()
+    llm._decode(ids)
+    return time.perf_counter() - t0
+
+
+def time_generation(llm, n_gen, rng):
+    """Seconds to generate n_gen tokens one by one from an empty cache."""
+    token = llm.token_bos() if llm.token_bos() is not None else 0
+    llm.reset()
+    t0 = time.perf_counter()
+    for _ in range(n_gen):
+        logits = llm._decode([token])
+        token = int(np.argmax(logits))
+    return time.perf_counter() - t0
+
+
+def run_test(llm, kind, n, repetitions):
+    """Tokens per second of each of `repetitions` timed runs of ppN or tgN (kind "pp" or "tg"),
+    after one untimed warm-up run."""
+    rng = np.random.default_rng(0)
+    timer = time_prompt if kind == "pp" else time_generation
+    # warm-up: one whole run, which builds every graph the timed runs use (a tgN past
+    # 256 tokens needs a graph per 256-slot window; llama-bench's one-token tg warm-up
+    # would leave those to the first timed run)
+    timer(llm, n, rng)
+    samples = [n / timer(llm, n, rng) for _ in range(repetitions)]
+    return samples
+
+
+def run(args):
+    """Run the benchmark; a bad flag value, model file or context size, or output that
+    cannot be written, ends in one line and exit status 1."""
+    return run_reporting_errors(PROG, bench_model, args)
+
+
+def bench_model(args):
+    """Time every test at every thread count; print the table (or JSON). Returns 0."""
+    n_prompts, n_gens = args.n_prompt, args.n_gen
+    if not any(n > 0 for n in n_prompts + n_gens):
+        raise ValueError("-p and -n are all 0: no test to run")
+    threads = args.threads or [gg.default_threads()]
+    n_ctx = max([n for n in n_prompts + n_gens] + [1])
+    args.model = args.model or default_model_path()
+    # timed past the training context without a word, as llama-bench does
+    llm, _ = open_llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
+                        kv_type=args.cache_type_k)
+    f = llm.model.file
+    model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
+    tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]
+    rows = []
+    for n_threads in threads:
+        llm.model.n_threads = n_threads
+        for kind, n in tests:
+            samples = run_test(llm, kind, n, args.repetitions)
+            rows.append({
+                "model_filename": args.model, "model_type": model_name,
+                "model_size": f.weights_nbytes, "model_n_params": f.n_params,
+                "type": f.file_type_name(), "n_threads": n_threads, "n_batch": args.batch_size,
+                "type_kv": args.cache_type_k,
+                "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
+                "test": f"{kind}{n}", "avg_ts": statistics.fmean(samples),
+                "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                "samples_ts": samples,
+            })
+            if not args.json:
+                if len(rows) == 1:
+                    print_header()
+                print_row(rows[-1])
+    bandwidth = read_bandwidth(512)
+    per_token = bytes_per_token(f)
+    for r in rows:
+        if r["n_gen"]:
+            r["roofline_ts"] = bandwidth / per_token
+            r["roofline_fraction"] = r["avg_ts"] / r["roofline_ts"]
+    if args.json:
+        print(json.dumps({"system_info": gg.system_info(), "read_bandwidth": bandwidth,
+                          "weight_bytes_per_token": per_token, "results": rows}, indent=1))
+    else:
+        print(f"\ndecode roofline: {per_token / 2**20:.1f} MiB of weights per token / "
+              f"{bandwidth / 1e9:.1f} GB/s read bandwidth (measured now) = "
+              f"{bandwidth / per_token:.2f} t/s")
+        for r in rows:
+            if r["n_gen"]:
+                print(f"  {r['test']} at {r['n_threads']} threads: {100 * r['roofline_fraction']:.0f} % "
+                      f"of the roofline")
+        print(f"\n{gg.system_info()}")
+    return 0
+
+
+def bytes_per_token(f):
+    """Weight bytes one decoded token reads: every matrix, plus one embedding row."""
+    total = 0
+    tied = not f.has_tensor("output.weight")
+    for t in f.reader.tensors:
+        if t.name == "token_embd.weight" and not tied:
+            total += int(t.n_bytes) // int(t.shape[1])
+        elif len(t.shape) >= 2:
+            total += int(t.n_bytes)
+    return total
+
+
+COLUMNS = (("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("type", 6, "<"),
+           ("threads", 7, ">"), ("test", 13, ">"), ("t/s", 20, ">"))
+
+
+def print_header():
+    """Print the Markdown table header of COLUMNS, numbers right-aligned (as llama-bench)."""
+    print("| " + " | ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS) + " |")
+    print("| " + " | ".join(("-" * (width - 1) + ":") if align == ">" else "-" * width
+                            for name, width, align in COLUMNS) + " |")
+
+
+def print_row(r):
+    """Print one result row of the table: size in GiB or MiB, t/s as mean ± standard deviation."""
+    size = r["model_size"]
+    size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
+    cells = (r["model_type"], size_text, size_label(r["model_n_params"]), r["type"],
+             str(r["n_threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}")
+    print("| " + " | ".join(f"{c:{align}{width}}" for c, (name, width, align) in zip(cells, COLUMNS))
+          + " |", flush=True)

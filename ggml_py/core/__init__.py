@@ -1,0 +1,1 @@
+"""The runtime: types, tensors, ops, graphs, task profiles and the planner, over the C core (_core)."""

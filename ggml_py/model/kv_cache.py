@@ -1,0 +1,133 @@
+"""The KV cache: every layer's K and V rows, kept between forward calls.
+
+The model reaches a cache through these members only, so that another kind of
+cache (pages from a pool, int8 rows with a scale per token and head) can take
+this one's place without a change to the model:
+
+    begin(positions) -> slots        place a batch's tokens, all or none of them
+    rollback()                       undo the begin of a forward that failed
+    window(pad) -> K                 how many slots the next graph attends to
+    fill_mask(mask, positions)       which of those slots each token may see
+    store_and_load(ctx, il, k, v, slots, K) -> (keys, values)
+                                     graph ops: write the batch's rows, read the window
+    n_past, clear(), truncate(n)     the sequence held
+    cut_by_fork                      True: a fork cut a forward short, contents unknown
+
+`LlamaModel(..., make_cache=f)` (and `Llama`) builds its cache with
+f(config, n_ctx, kv_type). The model sizes its buffers for windows of up to
+n_ctx slots, so store_and_load must take any K up to n_ctx. Keys and values come back as F32
+or F16 views or tensors (the model permutes the values). Not there yet, and needed by the caches planned: sequence ids (several
+sequences in one cache: begin, fill_mask, truncate per sequence), and inputs
+of the cache's own that change per call (a page table read by store_and_load).
+
+Shapes are numpy order: T = tokens in the batch, K = slots attended to,
+Hkv = n_head_kv, D = head_dim.
+"""
+import numpy as np
+
+from ggml_py.core import ops
+from ggml_py.core.types import Type, checked_int
+
+
+class KVCache:
+    """K and V rows of every layer, one row per cache slot: k[l], v[l] (n_ctx, Hkv*D),
+    F16 or F32. One sequence, slot = position."""
+
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16):
+        sizes = {"n_layer": n_layer, "n_ctx": n_ctx, "n_head_kv": n_head_kv, "head_dim": head_dim}
+        for name, value in sizes.items():
+            if isinstance(value, Type):      # the argument order before the type was a keyword
+                raise TypeError(f"KVCache: {name} must be an integer, got Type.{value.name} "
+                                f"(the type is a keyword: type=Type.{value.name})")
+        n_layer, n_ctx, n_head_kv, head_dim = (checked_int(f"KVCache: {name}", value, low=1)
+                                               for name, value in sizes.items())
+        type = Type.of(type, "KVCache")
+        if type not in (Type.F16, Type.F32):
+            raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
+        dtype = np.float16 if type == Type.F16 else np.float32
+        self.type, self.n_ctx = type, n_ctx
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        n_embd_kv = n_head_kv * head_dim
+        try:
+            self.k = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+            self.v = [np.zeros((n_ctx, n_embd_kv), dtype) for _ in range(n_layer)]
+            self.slot_pos = np.full(n_ctx, -1, np.int32)   # position held by each slot, -1: empty
+        except (MemoryError, ValueError, OverflowError):   # numpy: "array is too big"
+            size = 2 * n_layer * n_ctx * n_embd_kv * np.dtype(dtype).itemsize
+            raise ValueError(f"cannot allocate the KV cache for n_ctx={n_ctx}: "
+                             f"{size / 2**30:.1f} GiB") from None
+        self.n_past = 0                                  # positions 0..n_past-1 are cached
+        self.cut_by_fork = False   # a forward was half-way in another thread at a fork: unknown
+        self._undo = None          # (n_past, positions, their slots' old positions) of begin
+
+    @property
+    def nbytes(self):
+        """Bytes of all K and V rows: 2 * n_layer * n_ctx * Hkv*D * element size."""
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def clear(self):
+        """Forget every position (the rows stay; empty slots are masked out)."""
+        self.slot_pos[:] = -1
+        self.n_past = 0
+        self.cut_by_fork = False
+        self._undo = None
+
+    def truncate(self, n):
+        """Forget positions >= n (keep a prefix to continue from); n an integer (below 0
+        forgets all, past n_past nothing)."""
+        n = max(0, min(checked_int("truncate: n", n), self.n_past))
+        self.slot_pos[self.slot_pos >= n] = -1
+        self.n_past = n
+        self._undo = None
+
+    def begin(self, positions):
+        """Slot ids for a batch's tokens at `positions` (int32 (T,), distinct), marked as
+        held from now on; rollback() undoes this until the next begin. A refused begin
+        (ValueError) changes nothing, and leaves nothing for rollback() to undo."""
+        self._undo = None
+        if positions.size and (positions.min() < 0 or positions.max() >= self.n_ctx):
+            raise ValueError(f"positions {positions.min()}..{positions.max()} do not fit a "
+                             f"context of {self.n_ctx} tokens")
+        self._undo = (self.n_past, positions.copy(), self.slot_pos[positions].copy())
+        self.slot_pos[positions] = positions
+        self.n_past = max(self.n_past, int(positions.max()) + 1 if positions.size else 0)
+        return positions
+
+    def rollback(self):
+        """Undo the last begin, whose forward failed: its slots are empty again, or
+        hold what they held before. A position held before and begun again may have
+        had its row overwritten part-way: it is forgotten, with every later one."""
+        if self._undo is not None:
+            n_past, positions, held = self._undo
+            self._undo = None
+            self.slot_pos[positions] = held
+            self.n_past = n_past
+            rewritten = positions[held == positions]
+            if rewritten.size:
+                self.truncate(int(rewritten.min()))
+
+    def window(self, pad):
+        """Slots the next graph must attend to: the used ones, rounded up to pad."""
+        return min(self.n_ctx, -(-max(self.n_past, 1) // pad) * pad)
+
+    def fill_mask(self, mask, positions):
+        """mask (T, K) F32: 0 where token t may see slot s (held position <= its own), else -inf."""
+        n_kv = mask.shape[1]
+        held = self.slot_pos[:n_kv]
+        visible = (held[None, :] >= 0) & (held[None, :] <= positions[:, None])
+        mask[...] = np.where(visible, np.float32(0), np.float32(-np.inf))
+
+    def store_and_load(self, ctx, il, k, v, slots, K):
+        """Graph ops of layer il: write k, v (T, Hkv*D) into the rows at `slots` (I32 (T,)),
+        then read the first K slots back as keys, values (Hkv, K, D) — views of the
+        written tensors, so that the reads come after the writes."""
+        D = self.head_dim
+        shape = (self.n_ctx, self.n_head_kv * D)
+        cache_k = ctx.from_buffer(self.k[il], self.type, shape, name=f"cache_k.{il}")
+        cache_v = ctx.from_buffer(self.v[il], self.type, shape, name=f"cache_v.{il}")
+        cache_k = ops.set_rows(cache_k, k, slots)                   # (n_ctx, Hkv*D)
+        cache_v = ops.set_rows(cache_v, v, slots)
+        es, row = cache_k.strides[-1], cache_k.strides[0]
+        keys = ops.view(cache_k, (self.n_head_kv, K, D), (D * es, row, es))     # (Hkv, K, D)
+        values = ops.view(cache_v, (self.n_head_kv, K, D), (D * es, row, es))   # (Hkv, K, D)
+        return keys, values

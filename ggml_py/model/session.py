@@ -1,0 +1,606 @@
+"""`Llama`: the Python API of a loaded model (names follow llama-cpp-python).
+
+    llm = gg.Llama("model.gguf", n_ctx=2048, n_threads=2)
+    ids = llm.tokenize("ROMEO.")                  # BOS added as the vocabulary asks
+    logits = llm.eval(ids)                        # (len(ids), n_vocab), continues the sequence
+    for piece in llm.generate("ROMEO.", max_tokens=64, temperature=0.8, seed=1):
+        print(piece, end="", flush=True)
+    result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
+"""
+import contextlib
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggml_py.core.graph import MAX_THREADS
+from ggml_py.files.gguf_reader import GGUFModelFile
+from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache, matrix_shapes
+from ggml_py.model.sampling import Sampler, SamplingParams
+from ggml_py.tokenizer.tokenizer import Tokenizer
+from ggml_py.core.types import Type, checked_int
+
+KV_TYPES = (Type.F16, Type.F32)
+TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
+# exact types whose values numpy holds as integers (bool is not one: True is no token id)
+INT_TYPES = frozenset({int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]})
+
+
+def token_ids(tokens):
+    """tokens (integers: int or numpy integer types) as a list of ints; TypeError otherwise.
+
+    An integer numpy array or a list of ints is converted in one pass (perplexity hands
+    whole files through here); anything else is checked id by id.
+    """
+    if isinstance(tokens, TEXT_TYPES):
+        raise TypeError(f"expected token ids, got {type(tokens).__name__}")
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1:
+            raise TypeError(f"expected a 1-D array of token ids, got {tokens.ndim}-D")
+        if tokens.dtype.kind in "iu":
+            return tokens.tolist()
+    # (a sequence may iterate by __getitem__ and __len__ alone, as a ctypes array; a
+    # ctypes pointer, an endless __getitem__ without a length, must not be walked)
+    kind = type(tokens)
+    sequence = hasattr(kind, "__getitem__") and hasattr(kind, "__len__")
+    ordered = (isinstance(tokens, Iterable) or sequence) and not isinstance(tokens, (Set, Mapping))
+    if not ordered:
+        raise TypeError(f"expected token ids in order (a list, tuple or 1-D integer array), "
+                        f"got {type(tokens).__name__}")
+    if not isinstance(tokens, Iterable):       # by index, as far as its length says
+        tokens = [tokens[i] for i in range(len(tokens))]
+    if isinstance(tokens, (list, tuple)):
+        types = set(map(type, tokens))
+        if types <= {int}:
+            return list(tokens)
+        if types <= INT_TYPES:
+            ids = np.asarray(tokens)
+            if ids.dtype.kind in "iu":      # not object (an int past 64 bits) or float
+                return ids.tolist()
+    return [checked_int("token id", t) for t in tokens]
+
+
+def stop_strings(stop):
+    """generate's stop argument (None, a str, or a list/tuple of str) as a tuple of
+    non-empty strings; TypeError or ValueError naming what is wrong."""
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise TypeError(f"stop must be a str or a list of str, got {stop!r}")
+    if not all(stops):
+        raise ValueError("stop strings must not be empty")
+    return tuple(stops)
+
+
+def until_stop(pieces, stops):
+    """The text of pieces up to the earliest place a stop string starts (the stop and
+    what follows are dropped, and the iteration ends there). Text that could be the
+    start of a stop string is held back until the next pieces settle it, so the cut
+    does not depend on how the text was split into pieces."""
+    held = ""
+    for piece in pieces:
+        held += piece
+        found, open_at = _first_stop(held, stops), _first_partial_stop(held, stops)
+        if found is not None and (open_at is None or found <= open_at):
+            if found:
+                yield held[:found]
+            return
+        safe = len(held) if open_at is None else open_at   # a later stop may still start there
+        if safe:
+            yield held[:safe]
+            held = held[safe:]
+    found = _first_stop(held, stops)
+    if held[:found]:
+        yield held[:found]
+
+
+def _first_stop(text, stops):
+    """Where the earliest stop string in text starts, or None."""
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
+
+
+def _first_partial_stop(text, stops):
+    """The earliest i where text[i:] is the beginning of a stop string (not all of it), or None."""
+    longest = max(map(len, stops))
+    for i in range(max(0, len(text) - longest + 1), len(text)):
+        tail = text[i:]
+        if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
+            return i
+    return None
+
+
+class _CutByFork:
+    """A Llama's lock in a fork child when another thread of the parent held it: that
+    thread's call stopped half-way here (the cache may hold half a batch), so every
+    call refuses instead of waiting forever on a lock nobody will release."""
+
+    def __enter__(self):
+        raise RuntimeError("this Llama was in use by another thread when the process forked: "
+                           "its sequence is unknown in the child; load the model again here")
+
+    def __exit__(self, *exc):
+        return False
+
+
+class _Closed:
+    """What a closed Llama holds in place of its model and its lock: any use raises."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("this Llama is closed")
+
+    def __enter__(self):
+        raise RuntimeError("this Llama is closed")
+
+    def __exit__(self, *exc):
+        return False
+
+
+_live_llamas = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    for llm in list(_live_llamas):
+        if isinstance(llm._lock, (_CutByFork, _Closed)):      # cut at an earlier fork, or closed
+            continue
+        if llm._lock.acquire(blocking=False):    # free, or held by the thread that forked
+            llm._lock.release()
+        else:
+            llm._lock = _CutByFork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass
+class Timings:
+    """Counters like llama.cpp's perf print (seconds, tokens).
+
+    prompt: a prompt's evaluations (generate's, an eval() of several tokens);
+    eval: those of one generated token (an eval() of one). Building a graph for a
+    new batch shape (once per shape: llama.cpp has no such one-off cost after its
+    warm-up) is kept out of both and counted in build_s. start: when the model was loaded; total time is the wall
+    time from then to the print, as llama.cpp's (which excludes the load too).
+    """
+    load_s: float = 0.0
+    prompt_s: float = 0.0
+    prompt_tokens: int = 0
+    eval_s: float = 0.0
+    eval_tokens: int = 0
+    sample_s: float = 0.0
+    sample_runs: int = 0
+    build_s: float = 0.0
+    builds: int = 0
+    start: float = field(default_factory=time.perf_counter)
+
+    def lines(self):
+        """llama.cpp-style timing lines, and the graph-build line."""
+        def rate(label, seconds, n, unit):
+            ms = 1e3 * seconds
+            per = ms / n if n else 0.0
+            tps = n / seconds if seconds > 0 else 0.0
+            return (f"{label} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, "
+                    f"{tps:8.2f} tokens per second)")
+        total = time.perf_counter() - self.start
+        return [
+            rate("   sampling time", self.sample_s, self.sample_runs, "runs"),
+            f"       load time = {1e3 * self.load_s:10.2f} ms",
+            rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
+            rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
+            f"graph build time = {1e3 * self.build_s:10.2f} ms / {self.builds:5d} graphs",
+            f"      total time = {1e3 * total:10.2f} ms / "
+            f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
+        ]
+
+    def count(self, n_tokens, seconds, build_s, builds, prompt):
+        """Add one evaluation of n_tokens (a prompt's, or a generated token's) that took
+        `seconds`, `build_s` of them building `builds` graphs."""
+        self.build_s += build_s
+        self.builds += builds
+        if prompt:
+            self.prompt_s += seconds - build_s
+            self.prompt_tokens += n_tokens
+        else:
+            self.eval_s += seconds - build_s
+            self.eval_tokens += n_tokens
+
+
+class TrainingContextWarning(UserWarning):
+    """A context longer than the model's training context (allowed, as in llama.cpp)."""
+
+
+class Llama:
+    """A llama-architecture GGUF model, ready to tokenize, evaluate and generate.
+
+    model_path: a llama GGUF file, str, bytes or path (default: the bundled Shakespeare model),
+    or a GGUFModelFile already open (use_mmap is then the file's).
+    n_ctx: KV cache size in tokens (None: 2048, or the model's training context when that
+    is smaller, as the programs' default; 0: the model's training context).
+    n_batch: most tokens evaluated in one graph (longer inputs are split).
+    kv_type: 'f16' (default) or 'f32' cache.
+    n_threads: 1..256 (None: the physical cores).
+    kv_pad: the attention window grows in steps of this many slots.
+    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
+    see ggml_py/model/kv_cache.py for the members the model uses).
+    use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
+    file into memory, so that changing the file later does not reach the model (mapped,
+    a file changed in place makes the next evaluation raise ModelLoadError).
+    Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
+    ValueError / TypeError naming the argument for a bad one. A context longer than the
+    model's training context is allowed with a TrainingContextWarning (a UserWarning),
+    as llama.cpp warns.
+    """
+
+    def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
+                 kv_pad=KV_PAD, make_cache=None, use_mmap=True):
+        t0 = time.perf_counter()
+        kv_type = Type.of(kv_type, "Llama: kv_type")
+        if make_cache is not None and not callable(make_cache):
+            raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
+                            f"cache, got {type(make_cache).__name__}")
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"Llama: kv_type must be 'f16' or 'f32', got {kv_type.name}")
+        n_ctx = None if n_ctx is None else checked_int("n_ctx", n_ctx, low=0)
+        n_batch = checked_int("n_batch", n_batch, low=1)
+        kv_pad = checked_int("kv_pad", kv_pad, low=1)
+        if n_threads is not None:
+            n_threads = checked_int("n_threads", n_threads, low=1, high=MAX_THREADS)
+        if model_path is None:
+            from ggml_py.model.bundled import default_model_path
+            model_path = default_model_path()
+        self.model_path = model_path.path if isinstance(model_path, GGUFModelFile) else \
+            os.fsdecode(model_path)
+        self.model = LlamaModel(model_path if isinstance(model_path, GGUFModelFile) else
+                                self.model_path, n_ctx=n_ctx, kv_type=kv_type,
+                                n_threads=n_threads, kv_pad=kv_pad,
+                                make_cache=make_cache or default_cache, use_mmap=bool(use_mmap))
+        self.tokenizer = Tokenizer.from_model_file(self.model.file)
+        self.n_batch = n_batch
+        self.tokens = []          # the sequence whose K/V rows are in the cache
+        self.changes = 0          # counts changes of the sequence: a paused generate checks it
+        # (prompt ids, logits of its last token) of generate's last prompt, while the cache
+        # holds its rows: the same prompt again starts from them (see _generate)
+        self._prompt_logits = None
+        # one call at a time reads or changes the sequence, the cache and the graphs'
+        # buffers (Python threads sharing a Llama take turns; see _turn)
+        self._lock = threading.RLock()
+        self._in_turn = False     # a call holds the lock (a nested one is refused)
+        _live_llamas.add(self)
+        if self.n_ctx() > self.config.n_ctx_train:
+            warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
+                          f"-- possible training context overflow", TrainingContextWarning,
+                          stacklevel=2)
+        self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
+
+    def close(self):
+        """Let go of the model: its memory-mapped file, KV cache, graphs and buffers
+        (freed once nothing else holds them, e.g. a weight's numpy view). Afterwards
+        whatever needs the model raises RuntimeError (tokenize and detokenize still
+        work); a call running in another thread is waited for. Closing again does
+        nothing. `with gg.Llama(...) as llm:` closes at the end of the block."""
+        lock = self._lock
+        if isinstance(lock, _Closed):
+            return
+        with contextlib.nullcontext() if isinstance(lock, _CutByFork) else self._turn("close"):
+            self.model = self._lock = _Closed()
+            self.tokens = []
+            self._prompt_logits = None
+            self.changes += 1
+        _live_llamas.discard(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @contextlib.contextmanager
+    def _turn(self, what):
+        """This Llama for one call: other threads wait for it; a call from inside it in
+        this thread (a signal handler, or perplexity's callback, calling in) would change
+        the sequence under it, and raises RuntimeError. (The lock is reentrant so that
+        the nested call gets here to be refused, instead of waiting for itself.)"""
+        with self._lock:
+            if self._in_turn:
+                raise RuntimeError(f"{what}: this Llama is in the middle of another call in "
+                                   f"this thread (a signal handler or a callback called in); "
+                                   f"use it after that call returns")
+            self._in_turn = True
+            try:
+                yield
+            finally:
+                self._in_turn = False
+
+    def __reduce_ex__(self, protocol):   # copy, deepcopy and pickle all come here
+        raise TypeError("Llama cannot be copied or pickled: a copy would share its KV cache and "
+                        "sequence with the original; load the model again instead")
+
+    # ---- facts ------------------------------------------------------------------
+
+    @property
+    def config(self):
+        """The model's LlamaConfig."""
+        return self.model.config
+
+    def n_ctx(self):
+        """KV cache size in tokens."""
+        return self.model.n_ctx
+
+    def n_vocab(self):
+        """Vocabulary size: the length of a logits row."""
+        return self.config.n_vocab
+
+    @property
+    def n_tokens(self):
+        """Tokens evaluated so far in the current sequence."""
+        return len(self.tokens)
+
+    def token_bos(self):
+        """The beginning-of-sequence token id, or None if the vocabulary has none."""
+        return self.tokenizer.bos_id
+
+    def token_eos(self):
+        """The end-of-sequence token id, or None if the vocabulary has none."""
+        return self.tokenizer.eos_id
+
+    def n_threads(self):
+        """Threads a forward pass runs on."""
+        return self.model.n_threads
+
+    def set_tune(self, data):
+        """Schedule MUL_MAT profiles with tune data: a TuneData, a tune-file path
+        (str, bytes or os.PathLike; checked against this CPU, build and model), or None
+        for ggml's rule. Anything else is a TypeError, and the schedule stays as it was."""
+        if isinstance(data, (str, bytes, os.PathLike)):
+            from ggml_py.tune import data as tune
+            name, shapes = matrix_shapes(self.model.file)
+            data = tune.load(os.fsdecode(data), model=name, shapes=shapes, n_threads=self.n_threads())
+        with self._turn("set_tune"):   # the graphs are planned again: not under a running eval
+            self.model.set_tune(data)
+
+    # ---- text <-> ids -----------------------------------------------------------
+
+    def tokenize(self, text, add_bos=True, special=False):
+        """Token ids of text (str, or UTF-8 bytes / bytearray / memoryview); BOS if add_bos and the
+        vocabulary adds it; special: control-token texts such as "<s>" become their ids."""
+        if not isinstance(text, TEXT_TYPES):
+            raise TypeError(f"text must be str, bytes, bytearray or memoryview, got "
+                            f"{type(text).__name__}")
+        if isinstance(text, memoryview):
+            text = bytes(text)
+        # bytes go through as they are: invalid UTF-8 is handled as llama.cpp handles it
+        return self.tokenizer.tokenize(text, add_special=add_bos, parse_special=special)
+
+    def _input_ids(self, text_or_ids, add_bos, special):
+        """Token ids of a prompt or perplexity input: text is tokenized (special: control-token
+        texts become their ids), ids are checked."""
+        if isinstance(text_or_ids, TEXT_TYPES):
+            return self.tokenize(text_or_ids, add_bos=add_bos, special=special)
+        return token_ids(text_or_ids)
+
+    def detokenize(self, tokens):
+        """Text of token ids (control tokens such as BOS are not shown)."""
+        return self.tokenizer.detokenize(tokens)
+
+    # ---- evaluation ---------------------------------------------------------------
+
+    def reset(self):
+        """Start a new sequence (the cache is emptied)."""
+        with self._turn("reset"):
+            self._reset()
+
+    def _reset(self):
+        """reset, within a call that holds the Llama."""
+        self.tokens = []
+        self._prompt_logits = None
+        self.model.cache.clear()
+        self.changes += 1
+
+    def eval(self, tokens):
+        """Evaluate tokens (integer ids) after the current sequence; logits
+        (len(tokens), n_vocab), a copy. Counted in timings."""
+        tokens = token_ids(tokens)
+        out = np.empty((len(tokens), self.n_vocab()), np.float32)
+        with self._turn("eval"):
+            self._timed_decode(tokens, prompt=len(tokens) > 1, out=out)
+        return out
+
+    def _timed_decode(self, tokens, prompt, **kwargs):
+        """_decode, counted in timings as a prompt's or a generated token's (see Timings):
+        the tokens it evaluated, so a refused call counts nothing and one stopped part-way
+        (Ctrl-C: the whole batches run are kept) its batches run."""
+        model = self.model
+        t0, build_s, builds, before = time.perf_counter(), model.build_s, model.n_built, self.n_tokens
+        try:
+            return self._decode(tokens, **kwargs)
+        finally:
+            if self.n_tokens > before:
+                self.timings.count(self.n_tokens - before, time.perf_counter() - t0,
+                                   model.build_s - build_s, model.n_built - builds, prompt)
+
+    def _check_vocab(self, tokens):
+        """ValueError unless every token id (a list of ints) is in 0..n_vocab - 1."""
+        n_vocab = self.n_vocab()
+        ids = np.asarray(tokens)     # one pass: perplexity checks whole files
+        if ids.dtype.kind in "iu":
+            if ids.min() >= 0 and ids.max() < n_vocab:
+                return
+            bad = tokens[int(np.flatnonzero((ids < 0) | (ids >= n_vocab))[0])]
+        else:   # an id past 64 bits (object), or ints of both signs past int64 (float)
+            bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+            if bad is None:
+                return
+        raise ValueError(f"token id {bad} is not in 0..{n_vocab - 1}")
+
+    def _decode(self, tokens, out=None, first_output=0):
+        """Run tokens through the model in n_batch pieces, appending them to the sequence.
+
+        out: (len(tokens) - first_output, V) receives the logits of tokens from
+        first_output on; without out only the last token's logits are computed,
+        and returned (a view valid until the next call).
+        """
+        if not tokens:
+            raise ValueError("no tokens to evaluate")
+        self._check_vocab(tokens)    # all of them before any batch runs
+        if self.n_tokens + len(tokens) > self.n_ctx():
+            raise ValueError(f"{self.n_tokens} + {len(tokens)} tokens do not fit the context "
+                             f"of {self.n_ctx()} tokens")
+        cache = self.model.cache
+        if cache.cut_by_fork or cache.n_past != self.n_tokens:
+            # (the model used directly: forward in another thread at a fork, or its
+            # cache cleared or filled behind this Llama's back)
+            raise RuntimeError(f"the model's cache does not hold this Llama's sequence of "
+                               f"{self.n_tokens} tokens; call reset() to start over")
+        self.changes += 1
+        logits = None
+        for start in range(0, len(tokens), self.n_batch):
+            batch = tokens[start:start + self.n_batch]
+            end = start + len(batch)
+            positions = np.arange(self.n_tokens, self.n_tokens + len(batch), dtype=np.int32)
+            # rows of this batch whose logits are wanted: from first_output on, or the last
+            lo = max(first_output - start, 0) if out is not None and end > first_output \
+                else len(batch) - 1
+            try:
+                logits = self.model.forward(batch, positions, n_out=len(batch) - lo)
+                self.tokens.extend(batch)
+            except BaseException:   # (a signal handler's exception may come between the two)
+                self.model.cache.truncate(self.n_tokens)   # drop rows a half-run batch wrote
+                raise
+            if out is not None and end > first_output:
+                out[start + lo - first_output:end - first_output] = logits
+        return logits[-1]
+
+    # ---- generation ---------------------------------------------------------------
+
+    def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                 repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True,
+                 frequency_penalty=0.0, presence_penalty=0.0, stop=None):
+        """The text pieces generated after prompt (text, or token ids), an iterator that
+        produces them as they are generated; the arguments are checked now.
+
+        Stops after max_tokens (None or < 0: until the end of the context), at an
+        end-of-generation token unless ignore_eos, when the context is full, or where
+        the text reaches one of the stop strings (a str or a list of them; the stop
+        string and what follows are not produced, and text that may begin one is
+        held back until it is known not to).
+        temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
+        The penalties (repeat, frequency, presence) look back over the last
+        repeat_last_n tokens, the prompt's included, as llama-cli's (-1: the whole context).
+        """
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, seed=seed)
+        stops = stop_strings(stop)
+        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+        return until_stop(pieces, stops) if stops else pieces
+
+    def _pieces(self, tokens):
+        """Text of the token ids, piece by piece (UTF-8 sequences split across tokens joined)."""
+        decoder = self.tokenizer.decoder(strip_leading_space=False)
+        for token in tokens:
+            piece = decoder.feed(token)
+            if piece:
+                yield piece
+        rest = decoder.flush()
+        if rest:
+            yield rest
+
+    def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
+                        add_bos=True):
+        """Generated token ids (see generate), an iterator. A text prompt's control-token
+        texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
+        llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
+        is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
+        first next(), reusing the cached prefix of the prompt."""
+        ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
+        max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        self._check_vocab(ids)
+        if len(ids) >= self.n_ctx():
+            raise ValueError(f"the prompt has {len(ids)} tokens, the context {self.n_ctx()}")
+        banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()
+        sampler = Sampler(params, banned=banned)
+        sampler.accept_all(ids)
+        return self._generate(ids, sampler, max_tokens)
+
+    def _generate(self, ids, sampler, max_tokens):
+        """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
+        with self._turn("generate"):      # one call at a time changes the sequence
+            logits = self._prompt_again(ids)
+            if logits is None:
+                keep = self._common_prefix(ids)
+                self.tokens = self.tokens[:keep]
+                self.model.cache.truncate(keep)
+                self._prompt_logits = None
+                # a copy: the graph's buffer is the next call's (and kept: the sampler
+                # reads logits, never writes them)
+                logits = self._timed_decode(ids[keep:], prompt=True).copy()
+                self._prompt_logits = (ids, logits)
+            mine = self.changes
+
+        n = 0
+        while max_tokens < 0 or n < max_tokens:
+            t0 = time.perf_counter()
+            token = sampler.sample(logits)
+            sampler.accept(token)
+            self.timings.sample_s += time.perf_counter() - t0
+            self.timings.sample_runs += 1
+            if self.tokenizer.is_eog(token):
+                return
+            yield token
+            n += 1
+            # as llama-cli and llama-cpp-python: a token that would take the last slot is the
+            # last one (prompt and generated tokens together are at most n_ctx)
+            if self.n_tokens + 1 >= self.n_ctx() or (0 <= max_tokens <= n):
+                return
+            with self._turn("generate"):
+                if self.changes != mine:
+                    raise RuntimeError("generate: this Llama's sequence was changed by another "
+                                       "call (eval, generate, perplexity or reset) while the "
+                                       "generator was paused; start a new generate")
+                logits = self._timed_decode([token], prompt=False).copy()
+                mine = self.changes
+
+    def _prompt_again(self, ids):
+        """The logits of the last prompt's last token when ids is that prompt again and the
+        cache still holds its rows (the sequence cut back to it), else None.
+
+        Re-running only the last token would take another MUL_MAT profile than the whole
+        prompt's batch took (BLAS from 32 tokens, activations rounded to Q8_0 below): logits
+        that differ by more than rounding, and a text that differs for the same seed."""
+        cache = self.model.cache
+        if self._prompt_logits is None or self._prompt_logits[0] != ids \
+                or self.tokens[:len(ids)] != ids \
+                or cache.cut_by_fork or cache.n_past != self.n_tokens:   # (_decode says why)
+            return None
+        self.tokens = self.tokens[:len(ids)]
+        self.model.cache.truncate(len(ids))
+        self.changes += 1
+        return self._prompt_logits[1].copy()
+
+    def _common_prefix(self, ids):
+        """Tokens of the cached sequence reusable for ids (the last id is always re-run)."""
+        n = 0
+        for a, b in zip(self.tokens, ids[:-1]):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    # ---- perplexity ---------------------------------------------------------------
+
+    def perplexity(self, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
+        """llama.cpp's perplexity of text (str, bytes, or token ids with BOS) with chunks
+        of n_ctx tokens evaluated in batches of n_batch (None: this Llama's), at most
+        n_chunks of them (negative: all); a PerplexityResult (see ggml_py.model.perplexity)."""
+        from ggml_py.model.perplexity import perplexity
+        return perplexity(self, text, n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks,
+                          callback=callback)
