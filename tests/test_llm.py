@@ -14,7 +14,7 @@ from llama_reference import ReferenceLlama
 import ggml_py as gg
 from ggml_py.model.bundled import default_text_path
 from ggml_py.core.graph import MAX_THREADS
-from ggml_py.model.session import until_stop
+from ggml_py.model.stops import until_stop
 from ggml_py.model.perplexity import token_nll
 from ggml_py.tools.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.model.sampling import Sampler

@@ -14,7 +14,6 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Set
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +21,8 @@ from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache, matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
+from ggml_py.model.stops import stop_strings, until_stop
+from ggml_py.model.timings import Timings
 from ggml_py.tokenizer.tokenizer import Tokenizer
 from ggml_py.core.types import Type, checked_int
 
@@ -65,56 +66,6 @@ def token_ids(tokens):
     return [checked_int("token id", t) for t in tokens]
 
 
-def stop_strings(stop):
-    """generate's stop argument (None, a str, or a list/tuple of str) as a tuple of
-    non-empty strings; TypeError or ValueError naming what is wrong."""
-    if stop is None:
-        return ()
-    stops = (stop,) if isinstance(stop, str) else stop
-    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
-        raise TypeError(f"stop must be a str or a list of str, got {stop!r}")
-    if not all(stops):
-        raise ValueError("stop strings must not be empty")
-    return tuple(stops)
-
-
-def until_stop(pieces, stops):
-    """The text of pieces up to the earliest place a stop string starts (the stop and
-    what follows are dropped, and the iteration ends there). Text that could be the
-    start of a stop string is held back until the next pieces settle it, so the cut
-    does not depend on how the text was split into pieces."""
-    held = ""
-    for piece in pieces:
-        held += piece
-        found, open_at = _first_stop(held, stops), _first_partial_stop(held, stops)
-        if found is not None and (open_at is None or found <= open_at):
-            if found:
-                yield held[:found]
-            return
-        safe = len(held) if open_at is None else open_at   # a later stop may still start there
-        if safe:
-            yield held[:safe]
-            held = held[safe:]
-    found = _first_stop(held, stops)
-    if held[:found]:
-        yield held[:found]
-
-
-def _first_stop(text, stops):
-    """Where the earliest stop string in text starts, or None."""
-    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=None)
-
-
-def _first_partial_stop(text, stops):
-    """The earliest i where text[i:] is the beginning of a stop string (not all of it), or None."""
-    longest = max(map(len, stops))
-    for i in range(max(0, len(text) - longest + 1), len(text)):
-        tail = text[i:]
-        if any(len(tail) < len(s) and s.startswith(tail) for s in stops):
-            return i
-    return None
-
-
 class _CutByFork:
     """A Llama's lock in a fork child when another thread of the parent held it: that
     thread's call stopped half-way here (the cache may hold half a batch), so every
@@ -156,59 +107,6 @@ def _after_fork_in_child():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@dataclass
-class Timings:
-    """Counters like llama.cpp's perf print (seconds, tokens).
-
-    prompt: a prompt's evaluations (generate's, an eval() of several tokens);
-    eval: those of one generated token (an eval() of one). Building a graph for a
-    new batch shape (once per shape: llama.cpp has no such one-off cost after its
-    warm-up) is kept out of both and counted in build_s. start: when the model was loaded; total time is the wall
-    time from then to the print, as llama.cpp's (which excludes the load too).
-    """
-    load_s: float = 0.0
-    prompt_s: float = 0.0
-    prompt_tokens: int = 0
-    eval_s: float = 0.0
-    eval_tokens: int = 0
-    sample_s: float = 0.0
-    sample_runs: int = 0
-    build_s: float = 0.0
-    builds: int = 0
-    start: float = field(default_factory=time.perf_counter)
-
-    def lines(self):
-        """llama.cpp-style timing lines, and the graph-build line."""
-        def rate(label, seconds, n, unit):
-            ms = 1e3 * seconds
-            per = ms / n if n else 0.0
-            tps = n / seconds if seconds > 0 else 0.0
-            return (f"{label} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, "
-                    f"{tps:8.2f} tokens per second)")
-        total = time.perf_counter() - self.start
-        return [
-            rate("   sampling time", self.sample_s, self.sample_runs, "runs"),
-            f"       load time = {1e3 * self.load_s:10.2f} ms",
-            rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
-            rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
-            f"graph build time = {1e3 * self.build_s:10.2f} ms / {self.builds:5d} graphs",
-            f"      total time = {1e3 * total:10.2f} ms / "
-            f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
-        ]
-
-    def count(self, n_tokens, seconds, build_s, builds, prompt):
-        """Add one evaluation of n_tokens (a prompt's, or a generated token's) that took
-        `seconds`, `build_s` of them building `builds` graphs."""
-        self.build_s += build_s
-        self.builds += builds
-        if prompt:
-            self.prompt_s += seconds - build_s
-            self.prompt_tokens += n_tokens
-        else:
-            self.eval_s += seconds - build_s
-            self.eval_tokens += n_tokens
 
 
 class TrainingContextWarning(UserWarning):
