@@ -75,7 +75,8 @@ core = Extension(
     libraries=blas_libs,
     extra_compile_args=compile_args(),
     extra_link_args=link_args() + blas_link_args,
-    depends=glob.glob("include/*.h") + glob.glob("ggml_py/csrc/**/*.h", recursive=True),
+    depends=glob.glob("include/*.h") + glob.glob("ggml_py/csrc/**/*.h", recursive=True)
+    + glob.glob("ggml_py/*.pxi"),
 )
 
 setup(ext_modules=cythonize([core], compiler_directives=cython_directives()))

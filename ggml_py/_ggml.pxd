@@ -119,13 +119,14 @@ cdef extern from "ggml_py_pool.h" nogil:
     void ggml_py_pool_stop(ggml_py_pool *pool)
     void ggml_py_pool_destroy(ggml_py_pool *pool)
 
-cdef extern from "ggml_py_quants.h" nogil:
+cdef extern from "ggml_py.h" nogil:
     struct ggml_py_kernel_pair:
         ggml_py_from_float_fn from_float_ref
         ggml_py_from_float_fn from_float_simd
         ggml_py_vec_dot_fn vec_dot_ref
         ggml_py_vec_dot_fn vec_dot_simd
 
+cdef extern from "ggml_py_quants.h" nogil:
     int ggml_py_get_kernel_pair(int type, ggml_py_kernel_pair *out)
 
 

@@ -156,16 +156,24 @@ typedef void (*ggml_py_from_float_fn)(const float *x, void *y, int64_t n);
 /* s = dot(x[0:n], y[0:n]); x in this type, y in its vec_dot_type. */
 typedef void (*ggml_py_vec_dot_fn)(int64_t n, float *s, const void *x, const void *y);
 
+/* The scalar twin and the SIMD kernel (NULL where none is built) of the slots that have
+ * both: from_float as activations are converted for vec_dot, and vec_dot. */
+struct ggml_py_kernel_pair {
+    ggml_py_from_float_fn from_float_ref, from_float_simd;
+    ggml_py_vec_dot_fn    vec_dot_ref, vec_dot_simd;
+};
+
 struct ggml_py_type_traits {
     const char *name;
     int64_t blck_size;        /* elements per block                        */
     size_t  type_size;        /* bytes per block                           */
     bool    is_quantized;
     ggml_py_to_float_fn   to_float;
-    ggml_py_from_float_fn from_float;      /* fastest available            */
+    ggml_py_from_float_fn from_float;      /* the kernel picked from `kernels` (or the reference) */
     ggml_py_from_float_fn from_float_ref;  /* deterministic reference      */
-    ggml_py_vec_dot_fn    vec_dot;
+    ggml_py_vec_dot_fn    vec_dot;         /* the kernel picked from `kernels` */
     int32_t vec_dot_type;
+    struct ggml_py_kernel_pair kernels;
 };
 
 /* The traits of `type`, or NULL for an id that is not a type. */

@@ -165,12 +165,8 @@ void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *x, const void *y
 void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *x, const void *y);
 void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *x, const void *y);
 
-/* Both versions of a type's kernels, for tests that hold them against each
- * other: the scalar twin and the SIMD kernel (NULL where none is built). */
-struct ggml_py_kernel_pair {
-    ggml_py_from_float_fn from_float_ref, from_float_simd;
-    ggml_py_vec_dot_fn    vec_dot_ref, vec_dot_simd;
-};
+/* Both versions of a type's kernels (struct ggml_py_kernel_pair, in its traits row), for
+ * tests that hold them against each other. */
 /* Returns 0, or -1 for an id that is not a type. */
 int ggml_py_get_kernel_pair(int type, struct ggml_py_kernel_pair *out);
 

@@ -1,60 +1,16 @@
 /* traits.c - one row per type: block size, bytes per block, conversions and
  * the dot product every op uses. No op switches over types.
  *
- * The table starts on the scalar twins; ggml_py_select_kernels() moves the
- * slots that have a SIMD version over to it (or back, when forced). */
+ * A row holds both versions of the kernels that have a SIMD twin (`kernels`);
+ * ggml_py_select_kernels() points vec_dot and from_float at the SIMD one (or, when
+ * forced, at the scalar twin). */
 #include "impl.h"
 #include "simd.h"
 #include "vec.h"
 #include "ggml_py_quants.h"
 #include "mul_mat.h"
 
-#define QUANT_ROW(t, blck, size, dot_type)                                        \
-    .name = #t, .blck_size = blck, .type_size = size, .is_quantized = true,       \
-    .to_float = ggml_py_dequantize_row_##t,                                       \
-    .from_float = ggml_py_quantize_row_##t##_ref,                                 \
-    .from_float_ref = ggml_py_quantize_row_##t##_ref, .vec_dot_type = dot_type
-
-static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
-    [GGML_PY_TYPE_F32] = {
-        .name = "f32", .blck_size = 1, .type_size = sizeof(float),
-        .to_float = ggml_py_f32_row_to_f32,
-        .from_float = ggml_py_f32_to_f32_row, .from_float_ref = ggml_py_f32_to_f32_row,
-        .vec_dot = ggml_py_vec_dot_f32_ref, .vec_dot_type = GGML_PY_TYPE_F32,
-    },
-    [GGML_PY_TYPE_F16] = {
-        .name = "f16", .blck_size = 1, .type_size = sizeof(ggml_py_fp16_t),
-        .to_float = ggml_py_f16_to_f32_row,
-        .from_float = ggml_py_f32_to_f16_row, .from_float_ref = ggml_py_f32_to_f16_row,
-        .vec_dot = ggml_py_vec_dot_f16_ref, .vec_dot_type = GGML_PY_TYPE_F16,
-    },
-    [GGML_PY_TYPE_BF16] = {
-        .name = "bf16", .blck_size = 1, .type_size = sizeof(ggml_py_bf16_t),
-        .to_float = ggml_py_bf16_to_f32_row,
-        .from_float = ggml_py_f32_to_bf16_row, .from_float_ref = ggml_py_f32_to_bf16_row,
-        .vec_dot = ggml_py_vec_dot_bf16_ref, .vec_dot_type = GGML_PY_TYPE_BF16,
-    },
-    /* quantized block formats: layouts in include/ggml_py_quants.h */
-    [GGML_PY_TYPE_Q4_0] = { QUANT_ROW(q4_0, 32, 18, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q4_0_ref },
-    [GGML_PY_TYPE_Q4_1] = { QUANT_ROW(q4_1, 32, 20, GGML_PY_TYPE_Q8_1), .vec_dot = ggml_py_vec_dot_q4_1_ref },
-    [GGML_PY_TYPE_Q5_0] = { QUANT_ROW(q5_0, 32, 22, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q5_0_ref },
-    [GGML_PY_TYPE_Q5_1] = { QUANT_ROW(q5_1, 32, 24, GGML_PY_TYPE_Q8_1), .vec_dot = ggml_py_vec_dot_q5_1_ref },
-    [GGML_PY_TYPE_Q8_0] = { QUANT_ROW(q8_0, 32, 34, GGML_PY_TYPE_Q8_0), .vec_dot = ggml_py_vec_dot_q8_0_ref },
-    [GGML_PY_TYPE_Q8_1] = { QUANT_ROW(q8_1, 32, 36, GGML_PY_TYPE_Q8_1) },
-    [GGML_PY_TYPE_Q2_K] = { QUANT_ROW(q2_K, 256, 84,  GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q2_K_ref },
-    [GGML_PY_TYPE_Q3_K] = { QUANT_ROW(q3_K, 256, 110, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q3_K_ref },
-    [GGML_PY_TYPE_Q4_K] = { QUANT_ROW(q4_K, 256, 144, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q4_K_ref },
-    [GGML_PY_TYPE_Q5_K] = { QUANT_ROW(q5_K, 256, 176, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q5_K_ref },
-    [GGML_PY_TYPE_Q6_K] = { QUANT_ROW(q6_K, 256, 210, GGML_PY_TYPE_Q8_K), .vec_dot = ggml_py_vec_dot_q6_K_ref },
-    [GGML_PY_TYPE_Q8_K] = { QUANT_ROW(q8_K, 256, 292, GGML_PY_TYPE_Q8_K) },
-    [GGML_PY_TYPE_I8]  = { .name = "i8",  .blck_size = 1, .type_size = 1 },
-    [GGML_PY_TYPE_I16] = { .name = "i16", .blck_size = 1, .type_size = 2 },
-    [GGML_PY_TYPE_I32] = { .name = "i32", .blck_size = 1, .type_size = 4 },
-    [GGML_PY_TYPE_I64] = { .name = "i64", .blck_size = 1, .type_size = 8 },
-    [GGML_PY_TYPE_F64] = { .name = "f64", .blck_size = 1, .type_size = 8 },
-};
-
-/* Scalar twin and SIMD kernel of each slot that has both. */
+/* Scalar twin and SIMD kernel of a slot that has both. */
 #if defined(GGML_PY_HAVE_AVX2)
 #define SIMD(fn) fn##_avx2
 #if defined(GGML_PY_HAVE_VNNI)
@@ -67,27 +23,59 @@ static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
 #define SIMD_NAME "scalar reference"
 #endif
 
-static const struct {
-    int type;
-    struct ggml_py_kernel_pair k;
-} kernel_pairs[] = {
-    { GGML_PY_TYPE_F32,  { NULL, NULL, ggml_py_vec_dot_f32_ref,  SIMD(ggml_py_vec_dot_f32) } },
-    { GGML_PY_TYPE_F16,  { NULL, NULL, ggml_py_vec_dot_f16_ref,  SIMD(ggml_py_vec_dot_f16) } },
-    { GGML_PY_TYPE_Q4_0, { NULL, NULL, ggml_py_vec_dot_q4_0_ref, SIMD(ggml_py_vec_dot_q4_0) } },
-    { GGML_PY_TYPE_Q4_1, { NULL, NULL, ggml_py_vec_dot_q4_1_ref, SIMD(ggml_py_vec_dot_q4_1) } },
-    { GGML_PY_TYPE_Q5_0, { NULL, NULL, ggml_py_vec_dot_q5_0_ref, SIMD(ggml_py_vec_dot_q5_0) } },
-    { GGML_PY_TYPE_Q5_1, { NULL, NULL, ggml_py_vec_dot_q5_1_ref, SIMD(ggml_py_vec_dot_q5_1) } },
-    { GGML_PY_TYPE_Q8_0, { ggml_py_quantize_row_q8_0_act_ref, SIMD(ggml_py_quantize_row_q8_0),
-                           ggml_py_vec_dot_q8_0_ref, SIMD(ggml_py_vec_dot_q8_0) } },
-    { GGML_PY_TYPE_Q8_1, { ggml_py_quantize_row_q8_1_act_ref, SIMD(ggml_py_quantize_row_q8_1), NULL, NULL } },
-    { GGML_PY_TYPE_Q2_K, { NULL, NULL, ggml_py_vec_dot_q2_K_ref, SIMD(ggml_py_vec_dot_q2_K) } },
-    { GGML_PY_TYPE_Q3_K, { NULL, NULL, ggml_py_vec_dot_q3_K_ref, SIMD(ggml_py_vec_dot_q3_K) } },
-    { GGML_PY_TYPE_Q4_K, { NULL, NULL, ggml_py_vec_dot_q4_K_ref, SIMD(ggml_py_vec_dot_q4_K) } },
-    { GGML_PY_TYPE_Q5_K, { NULL, NULL, ggml_py_vec_dot_q5_K_ref, SIMD(ggml_py_vec_dot_q5_K) } },
-    { GGML_PY_TYPE_Q6_K, { NULL, NULL, ggml_py_vec_dot_q6_K_ref, SIMD(ggml_py_vec_dot_q6_K) } },
-    { GGML_PY_TYPE_Q8_K, { ggml_py_quantize_row_q8_K_ref, SIMD(ggml_py_quantize_row_q8_K), NULL, NULL } },
+/* the dot product of type t against its vec_dot type: twin and SIMD kernel */
+#define DOT(t) .vec_dot_ref = ggml_py_vec_dot_##t##_ref, .vec_dot_simd = SIMD(ggml_py_vec_dot_##t)
+/* how activations are converted to type t (a vec_dot type): twin and SIMD kernel */
+#define ACTS(t, ref) .from_float_ref = ref, .from_float_simd = SIMD(ggml_py_quantize_row_##t)
+
+#define QUANT_ROW(t, blck, size, dot_type)                                        \
+    .name = #t, .blck_size = blck, .type_size = size, .is_quantized = true,       \
+    .to_float = ggml_py_dequantize_row_##t,                                       \
+    .from_float = ggml_py_quantize_row_##t##_ref,                                 \
+    .from_float_ref = ggml_py_quantize_row_##t##_ref, .vec_dot_type = dot_type
+
+/* vec_dot and from_float start on the twins; ggml_py_select_kernels() sets them */
+static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
+    [GGML_PY_TYPE_F32] = {
+        .name = "f32", .blck_size = 1, .type_size = sizeof(float),
+        .to_float = ggml_py_f32_row_to_f32,
+        .from_float = ggml_py_f32_to_f32_row, .from_float_ref = ggml_py_f32_to_f32_row,
+        .vec_dot_type = GGML_PY_TYPE_F32, .kernels = { DOT(f32) },
+    },
+    [GGML_PY_TYPE_F16] = {
+        .name = "f16", .blck_size = 1, .type_size = sizeof(ggml_py_fp16_t),
+        .to_float = ggml_py_f16_to_f32_row,
+        .from_float = ggml_py_f32_to_f16_row, .from_float_ref = ggml_py_f32_to_f16_row,
+        .vec_dot_type = GGML_PY_TYPE_F16, .kernels = { DOT(f16) },
+    },
+    [GGML_PY_TYPE_BF16] = {
+        .name = "bf16", .blck_size = 1, .type_size = sizeof(ggml_py_bf16_t),
+        .to_float = ggml_py_bf16_to_f32_row,
+        .from_float = ggml_py_f32_to_bf16_row, .from_float_ref = ggml_py_f32_to_bf16_row,
+        .vec_dot = ggml_py_vec_dot_bf16_ref, .vec_dot_type = GGML_PY_TYPE_BF16,
+    },
+    /* quantized block formats: layouts in include/ggml_py_quants.h */
+    [GGML_PY_TYPE_Q4_0] = { QUANT_ROW(q4_0, 32, 18, GGML_PY_TYPE_Q8_0), .kernels = { DOT(q4_0) } },
+    [GGML_PY_TYPE_Q4_1] = { QUANT_ROW(q4_1, 32, 20, GGML_PY_TYPE_Q8_1), .kernels = { DOT(q4_1) } },
+    [GGML_PY_TYPE_Q5_0] = { QUANT_ROW(q5_0, 32, 22, GGML_PY_TYPE_Q8_0), .kernels = { DOT(q5_0) } },
+    [GGML_PY_TYPE_Q5_1] = { QUANT_ROW(q5_1, 32, 24, GGML_PY_TYPE_Q8_1), .kernels = { DOT(q5_1) } },
+    [GGML_PY_TYPE_Q8_0] = { QUANT_ROW(q8_0, 32, 34, GGML_PY_TYPE_Q8_0),
+                            .kernels = { ACTS(q8_0, ggml_py_quantize_row_q8_0_act_ref), DOT(q8_0) } },
+    [GGML_PY_TYPE_Q8_1] = { QUANT_ROW(q8_1, 32, 36, GGML_PY_TYPE_Q8_1),
+                            .kernels = { ACTS(q8_1, ggml_py_quantize_row_q8_1_act_ref) } },
+    [GGML_PY_TYPE_Q2_K] = { QUANT_ROW(q2_K, 256, 84,  GGML_PY_TYPE_Q8_K), .kernels = { DOT(q2_K) } },
+    [GGML_PY_TYPE_Q3_K] = { QUANT_ROW(q3_K, 256, 110, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q3_K) } },
+    [GGML_PY_TYPE_Q4_K] = { QUANT_ROW(q4_K, 256, 144, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q4_K) } },
+    [GGML_PY_TYPE_Q5_K] = { QUANT_ROW(q5_K, 256, 176, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q5_K) } },
+    [GGML_PY_TYPE_Q6_K] = { QUANT_ROW(q6_K, 256, 210, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q6_K) } },
+    [GGML_PY_TYPE_Q8_K] = { QUANT_ROW(q8_K, 256, 292, GGML_PY_TYPE_Q8_K),
+                            .kernels = { ACTS(q8_K, ggml_py_quantize_row_q8_K_ref) } },
+    [GGML_PY_TYPE_I8]  = { .name = "i8",  .blck_size = 1, .type_size = 1 },
+    [GGML_PY_TYPE_I16] = { .name = "i16", .blck_size = 1, .type_size = 2 },
+    [GGML_PY_TYPE_I32] = { .name = "i32", .blck_size = 1, .type_size = 4 },
+    [GGML_PY_TYPE_I64] = { .name = "i64", .blck_size = 1, .type_size = 8 },
+    [GGML_PY_TYPE_F64] = { .name = "f64", .blck_size = 1, .type_size = 8 },
 };
-#define N_KERNEL_PAIRS ((int) (sizeof(kernel_pairs) / sizeof(kernel_pairs[0])))
 
 const struct ggml_py_type_traits *ggml_py_get_type_traits(int type) {
     if (type < 0 || type >= GGML_PY_TYPE_COUNT || type_traits[type].name == NULL) return NULL;
@@ -95,11 +83,9 @@ const struct ggml_py_type_traits *ggml_py_get_type_traits(int type) {
 }
 
 int ggml_py_get_kernel_pair(int type, struct ggml_py_kernel_pair *out) {
-    if (ggml_py_get_type_traits(type) == NULL) return -1;
-    memset(out, 0, sizeof(*out));
-    for (int i = 0; i < N_KERNEL_PAIRS; i++) {
-        if (kernel_pairs[i].type == type) *out = kernel_pairs[i].k;
-    }
+    const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(type);
+    if (tt == NULL) return -1;
+    *out = tt->kernels;
     return 0;
 }
 
@@ -107,16 +93,16 @@ int ggml_py_get_kernel_pair(int type, struct ggml_py_kernel_pair *out) {
  * scalar twins. Called once at import, before any compute. Returns a short
  * description of what was picked. */
 const char *ggml_py_select_kernels(int force_ref) {
-    for (int i = 0; i < N_KERNEL_PAIRS; i++) {
-        const struct ggml_py_kernel_pair *k = &kernel_pairs[i].k;
-        struct ggml_py_type_traits *tt = &type_traits[kernel_pairs[i].type];
-        const int simd = !force_ref;
+    const int simd = !force_ref;
+    for (int type = 0; type < GGML_PY_TYPE_COUNT; type++) {
+        struct ggml_py_type_traits *tt = &type_traits[type];
+        const struct ggml_py_kernel_pair *k = &tt->kernels;
         if (k->vec_dot_ref) tt->vec_dot = simd && k->vec_dot_simd ? k->vec_dot_simd : k->vec_dot_ref;
         if (k->from_float_ref) {
             tt->from_float = simd && k->from_float_simd ? k->from_float_simd : k->from_float_ref;
         }
     }
-    ggml_py_mul_mat_select(!force_ref);
-    ggml_py_row_kernels_select(!force_ref);
+    ggml_py_mul_mat_select(simd);
+    ggml_py_row_kernels_select(simd);
     return force_ref ? "scalar reference" : SIMD_NAME;
 }
