@@ -341,6 +341,14 @@ def test_rope_attn_factor_scales_the_rotated_q_and_k_as_llama_cpp():
      "head_count 8 is not a multiple of head_count_kv 3"),
     ({"llama.expert_count": ([V.UINT32], 1)}, "mixture-of-experts llama models are not supported"),
     ({"llama.rope.scaling.attn_factor": ([V.FLOAT32], 0.0)}, "attn_factor' = 0.0 must be a finite number > 0"),
+    # heads of one dimension (64 x 1: the matrices keep their shapes): loaded, then the first
+    # forward failed in rope, as llama.cpp's rope asserts an even count at its first token
+    ({"llama.attention.head_count": ([V.UINT32], 64), "llama.attention.head_count_kv": ([V.UINT32], 32),
+      "llama.rope.dimension_count": None},
+     "the head size 1 \\(embedding_length / head_count\\) is odd: rope rotates pairs of dimensions$"),
+    ({"llama.attention.key_length": ([V.UINT32], 3), "llama.attention.value_length": ([V.UINT32], 3),
+      "llama.rope.dimension_count": ([V.UINT32], 3)},
+     "the head size 3 \\(attention.key_length\\) is odd"),
 ])
 def test_files_llama_cpp_refuses_are_refused(keys, match):
     with pytest.raises(ModelLoadError, match=match):
@@ -639,6 +647,8 @@ def resized_vocab(n):
     (500, None, "the tokenizer has 500 tokens, the model 512 (rows of token_embd.weight)"),
     (600, None, "the tokenizer has 600 tokens, the model 512 (rows of token_embd.weight)"),
     (512, (U32, 600), "the tokenizer has 512 tokens, the model 600 (llama.vocab_size)"),
+    # the embedding and output matrices have a row per token
+    (600, (U32, 600), "tensor 'token_embd.weight' has shape (512, 64), expected (600, 64)"),
 ])
 def test_vocabulary_must_match_the_model(n_tokens, vocab_size, problem):
     # as llama.cpp, whose n_vocab is the token count: refused at load, not mid-generation

@@ -8,13 +8,14 @@ parse_special=False) to exactly the ids llama.cpp's test-tokenizer-0 expects.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 
 import pytest
 
 from ggml_py.files.gguf_metadata import read_gguf_metadata
-from ggml_py.tokenizer.tokenizer import Tokenizer, TokenizerError
+from ggml_py.tokenizer.tokenizer import Tokenizer, TokenizerError, TokenizerWarning
 
 DATA = Path(__file__).parent / "data"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2")
@@ -732,6 +733,29 @@ def write_bpe_vocab(path: Path, tokens: list[str], merges: list[str], add_bos: b
     return path
 
 
+@pytest.mark.parametrize("index, merge", [(0, ""), (1, "ab"), (1, "a "), (1, " a"), (1, " "),
+                                          (2, "  ")])
+def test_a_merge_that_is_not_two_texts_is_refused(tmp_path, index, merge):
+    """llama.cpp aborts on an empty merge; one without a space after its first character, or
+    with nothing after that space, it stores as a pair no text matches. A damaged file."""
+    merges = ["a b", "b c", "a bc"]
+    merges[index] = merge
+    path = write_bpe_vocab(tmp_path / "merges.gguf", ["a", "b", "c", "ab", "bc", "abc"], merges)
+    with pytest.raises(TokenizerError, match=f"^{path}: tokenizer.ggml.merges\\[{index}\\] = "
+                                             f"{re.escape(repr(merge))} is not two texts separated "
+                                             f"by a space$"):
+        Tokenizer.from_gguf(path)
+
+
+@pytest.mark.parametrize("merge", ["a  b", " a b", "a b c", "a  "])
+def test_a_merge_split_as_llama_cpp_splits_it_is_two_texts(tmp_path, merge):
+    """llama.cpp splits at the first space after the first character: " a" "b", "a" " b",
+    "a" "b c", "a" " " are pairs (that byte-level symbols, never holding a space, never
+    match): accepted, and nothing is merged by them."""
+    path = write_bpe_vocab(tmp_path / "odd.gguf", ["a", "b", "c", "ab"], [merge])
+    assert Tokenizer.from_gguf(path).tokenize("ab", add_special=False) == [0, 1]
+
+
 def test_a_merge_listed_twice_keeps_its_first_rank(tmp_path):
     """llama.cpp fills bpe_ranks with emplace, so the first "a b" (rank 0) wins over its
     repeat (rank 2) and merges before "b c" (rank 1): "abc" is "ab" "c", not "a" "bc"."""
@@ -755,18 +779,41 @@ def test_add_bos_token_without_a_bos_token_is_refused(tmp_path):
         Tokenizer.from_gguf(path)
 
 
-def test_a_special_id_one_past_the_vocabulary_is_ignored(tmp_path):
-    """llama.cpp keeps the default for an id >= n_vocab ("bad special token ... using default id 1")."""
-    path = write_spm_vocab(tmp_path / "bos.gguf", SPECIAL_TOKENS, SPECIAL_TYPES, bos_id=len(SPECIAL_TOKENS))
-    tok = Tokenizer.from_gguf(path)
-    assert tok.bos_id == 1
+@pytest.mark.parametrize("key, value, kept", [("bos_token_id", len(SPECIAL_TOKENS), 1),
+                                             ("bos_token_id", 2 ** 32 - 1, 1),
+                                             ("padding_token_id", 10 ** 6, "none")])
+def test_a_special_id_past_the_vocabulary_is_ignored_with_a_warning(key, value, kept):
+    """llama.cpp keeps the default for an id >= n_vocab and says so ("bad special token:
+    'tokenizer.ggml.bos_token_id' = 270, using default id 1"): loaded, with one warning line."""
+    fields = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": SPECIAL_TOKENS,
+              "tokenizer.ggml.token_type": SPECIAL_TYPES, f"tokenizer.ggml.{key}": value}
+    with pytest.warns(TokenizerWarning) as caught:
+        tok = Tokenizer.from_metadata(fields, "bos.gguf")
+    assert [str(w.message) for w in caught] == [
+        f"bos.gguf: tokenizer.ggml.{key} = {value} is past the vocabulary ({len(SPECIAL_TOKENS)} "
+        f"tokens): ignored, the default ({kept}) kept, as llama.cpp does"]
+    assert (tok.bos_id, tok.pad_id) == (1, None)
     assert tok.tokenize("a") == [1, 259, A]
 
 
-def test_fewer_scores_than_tokens_is_refused(tmp_path):
-    """llama.cpp reads a score for every token, past the end of a short array; refused here."""
-    path = write_tiny_spm(tmp_path / "scores.gguf", scores=(GGUF_ARRAY, gguf_array(6, [0.0] * 10)))
-    with pytest.raises(TokenizerError, match=f"scores.gguf: 10 scores for {len(TINY_TOKENS)} tokens$"):
+def test_a_special_id_past_the_vocabulary_of_a_file_warns_naming_the_file(tmp_path):
+    path = write_spm_vocab(tmp_path / "bos.gguf", SPECIAL_TOKENS, SPECIAL_TYPES, bos_id=len(SPECIAL_TOKENS))
+    with pytest.warns(TokenizerWarning, match=f"^{path}: tokenizer.ggml.bos_token_id = "
+                                              f"{len(SPECIAL_TOKENS)} is past the vocabulary"):
+        assert Tokenizer.from_gguf(path).bos_id == 1
+
+
+@pytest.mark.parametrize("name, count", [("scores", 10), ("scores", len(TINY_TOKENS) + 1),
+                                         ("token_type", len(TINY_TOKENS) - 1),
+                                         ("token_type", 2 * len(TINY_TOKENS))])
+def test_a_per_token_array_must_have_one_entry_per_token(tmp_path, name, count):
+    """llama.cpp reads entry i for token i whatever the length: past the end of a short
+    array; a long one no longer says which value belongs to which token. Both refused."""
+    item_type = 6 if name == "scores" else GGUF_U32
+    path = write_tiny_spm(tmp_path / "per-token.gguf",
+                          **{name: (GGUF_ARRAY, gguf_array(item_type, [1] * count))})
+    with pytest.raises(TokenizerError, match=f"^{path}: tokenizer.ggml.{name} has {count} entries, "
+                                             f"tokenizer.ggml.tokens has {len(TINY_TOKENS)}$"):
         Tokenizer.from_gguf(path)
 
 

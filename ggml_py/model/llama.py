@@ -131,6 +131,11 @@ class LlamaConfig:
         n_rot = key("rope.dimension_count", head_dim)
         if n_rot != head_dim:   # llama.cpp rotates whole heads of a llama model
             raise f.error(f"rope.dimension_count {n_rot} must equal the head size {head_dim}")
+        if head_dim % 2:        # rope turns pairs (llama.cpp's rope asserts it at the first token)
+            given = "attention.key_length" if f.has(f"{ARCH}.attention.key_length") else \
+                "embedding_length / head_count"
+            raise f.error(f"the head size {head_dim} ({given}) is odd: rope rotates pairs of "
+                          f"dimensions")
 
         # as llama.cpp reads them: the type is linear unless named, the factor the
         # scaling.factor key or else the older scale_linear, 0 (or none given) no scaling
