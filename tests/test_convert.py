@@ -12,6 +12,9 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from ggml_py.tools import convert as cv  # noqa: E402
+from ggml_py.tools.convert.sentencepiece_model import read_sentencepiece_model  # noqa: E402
+from ggml_py.tools.convert.tensors import permute_rope_rows  # noqa: E402
+from ggml_py.tools.convert.vocab import bpe_pre_name  # noqa: E402
 from ggml_py.cli.convert import main as convert_main  # noqa: E402
 from ggml_py.files.gguf_metadata import read_gguf_metadata  # noqa: E402
 from ggml_py.files.gguf_reader import GGUFModelFile  # noqa: E402
@@ -283,7 +286,7 @@ def test_handwritten_model_matches_sentencepiece(tmp_path):
     path = tmp_path / "t.model"
     write_spm_model(path, add_dummy_prefix=False)
     sp = spm.SentencePieceProcessor(model_file=str(path))
-    m = cv.read_sentencepiece_model(path)
+    m = read_sentencepiece_model(path)
     assert m["pieces"] == [sp.id_to_piece(i) for i in range(sp.vocab_size())]
     assert m["scores"] == pytest.approx([sp.get_score(i) for i in range(sp.vocab_size())])
     assert (m["bos_id"], m["eos_id"], m["unk_id"], m["pad_id"]) == (sp.bos_id(), sp.eos_id(), sp.unk_id(), sp.pad_id())
@@ -676,7 +679,7 @@ def test_byte_level_checkpoints_tokenize_as_llama_cpp(tmp_path, name, pre_tokeni
 def test_bpe_pre_tokenizer_names(pre_tokenizer, ignore_merges, clean, name):
     tj = {"pre_tokenizer": pre_tokenizer, "model": {"type": "BPE", "ignore_merges": ignore_merges}}
     tok_cfg = {} if clean is None else {"clean_up_tokenization_spaces": clean}
-    assert cv.bpe_pre_name(tj, tok_cfg, Path("tokenizer.json")) == name
+    assert bpe_pre_name(tj, tok_cfg, Path("tokenizer.json")) == name
 
 
 @pytest.mark.parametrize("pre_tokenizer", [
@@ -924,7 +927,7 @@ def test_attention_and_mlp_biases_are_converted(tmp_path):
         for hf_name, name, heads in (("q_proj", "attn_q", N_HEAD), ("k_proj", "attn_k", N_HEAD_KV)):
             bias = hf[f"model.layers.{i}.self_attn.{hf_name}.bias"]
             np.testing.assert_array_equal(t[f"blk.{i}.{name}.bias"].data,
-                                          cv.permute_rope_rows(bias, heads))
+                                          permute_rope_rows(bias, heads))
     model = LlamaModel(str(out), n_ctx=8, n_threads=1)
     assert all(layer.bq is not None and layer.b_down is not None for layer in model.weights.layers)
 
