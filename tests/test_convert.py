@@ -18,7 +18,7 @@ from ggml_py.tools.convert.vocab import bpe_pre_name  # noqa: E402
 from ggml_py.cli.convert import main as convert_main  # noqa: E402
 from ggml_py.files.gguf_metadata import read_gguf_metadata  # noqa: E402
 from ggml_py.files.gguf_reader import GGUFModelFile  # noqa: E402
-from ggml_py.model.llama import LlamaConfig  # noqa: E402
+from ggml_py.model.config import LlamaConfig  # noqa: E402
 from ggml_py.tokenizer.tokenizer import Tokenizer  # noqa: E402
 from test_tokenizer import load_cases, vocab_path  # noqa: E402
 

@@ -650,7 +650,7 @@ def test_the_mulmat_tune_example_benches_a_model_and_analyzes_its_file(tmp_path)
     from ggml_py.model.bundled import default_model_path
     from ggml_py.files.gguf_reader import GGUFModelFile
     from ggml_py.tune.data import load
-    from ggml_py.model.llama import matrix_shapes
+    from ggml_py.model.weights import matrix_shapes
     script = os.path.join(REPO, "examples", "mulmat_tune.py")
     model = default_model_path()
     proc = subprocess.run([sys.executable, script, "-m", model, "-o", "t.json", "--m-max", "1",

@@ -13,7 +13,8 @@ from llama_reference import ReferenceLlama
 
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelLoadError
 from ggml_py.model.kv_cache import KVCache
-from ggml_py.model.llama import LlamaConfig, LlamaModel
+from ggml_py.model.config import LlamaConfig
+from ggml_py.model.llama import LlamaModel
 from ggml_py.tools.random_model import RandomLlamaSpec, random_weights, write_random_llama
 from ggml_py.core.types import Op, Type
 

@@ -10,7 +10,7 @@ import threading
 import warnings
 
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
-from ggml_py.model.llama import DEFAULT_N_CTX, LlamaConfig, context_size
+from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
 from ggml_py.model.session import Llama, TrainingContextWarning
 
 
@@ -256,7 +256,7 @@ def setup_tune(llm, args, log):
     import time
 
     from ggml_py.tune import data as tune
-    from ggml_py.model.llama import matrix_shapes
+    from ggml_py.model.weights import matrix_shapes
     from ggml_py.tune.bench import bench
     m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
@@ -291,7 +291,7 @@ def setup_tune(llm, args, log):
 
 def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
-    (model.llama.context_size, with the program's default), the file read once; and the
+    (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
     program to log as llama.cpp does; other warnings are shown as Python shows them."""

@@ -16,7 +16,7 @@ from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, 
                                 weight_type)
 from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
 from ggml_py.files.gguf_reader import GGUFModelFile
-from ggml_py.model.llama import matrix_shapes
+from ggml_py.model.weights import matrix_shapes
 from ggml_py.tune.bench import PRESETS, bench, preset_shapes
 
 

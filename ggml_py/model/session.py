@@ -19,7 +19,8 @@ import numpy as np
 
 from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
-from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache, matrix_shapes
+from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache
+from ggml_py.model.weights import matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import stop_strings, until_stop
 from ggml_py.model.timings import Timings

@@ -264,7 +264,8 @@ def runnable_config(src, reader):
     (architecture, hyper-parameters, tensor set and shapes, vocabulary): the output
     would be refused too, so none is written. The weights' types are not checked:
     they are to be re-typed (an IQ4_NL input quantized to Q8_0 runs)."""
-    from ggml_py.model.llama import LlamaConfig, LlamaWeights
+    from ggml_py.model.config import LlamaConfig
+    from ggml_py.model.weights import LlamaWeights
     f = GGUFModelFile(src, reader, shapes_only=True)
     config = LlamaConfig.from_gguf(f)
     LlamaWeights.from_gguf(f, config)

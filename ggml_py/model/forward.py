@@ -1,0 +1,148 @@
+"""The llama forward pass as a ggml_py graph: embeddings, then per layer attention and
+the feed-forward block, then the output. Reads top to bottom like llama2.c.
+
+Shapes are numpy order and written beside the names: T = tokens in the batch, K = cache
+slots attended to (the window), E = n_embd, H = n_head, Hkv = n_head_kv, D = head_dim,
+F = n_ff, V = n_vocab.
+"""
+import math
+
+
+from ggml_py import _core
+from ggml_py.core import ops
+from ggml_py.core.graph import build_forward
+from ggml_py.core.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
+from ggml_py.core.tensor import Context
+from ggml_py.core.types import Type
+from ggml_py.model.weights import LayerWeights
+
+PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
+
+
+class ForwardGraph:
+    """A built forward pass for T tokens over a K-slot window, with its inputs."""
+
+    def __init__(self, ctx, tokens, positions, slots, mask, logits, graph, buffer_bytes=None):
+        self.ctx, self.graph = ctx, graph
+        self.buffer_bytes = buffer_bytes    # the packed intermediates (None: unpacked)
+        self.tokens = tokens.numpy()        # int32 (T,)
+        self.positions = positions.numpy()  # int32 (T,)
+        self.slots = slots.numpy()          # int32 (T,)
+        self.mask = mask.numpy()            # float32 (T, K)
+        self.logits = logits.numpy()        # float32 (n_out, V)
+
+
+def _weight(ctx, w):
+    """A leaf tensor over a weight's mapped bytes (no copy)."""
+    return ctx.from_buffer(w.data, w.type, w.shape, name=w.name)
+
+
+def linear(w, x, bias=None):
+    """w x (+ bias): w (N, E), x (T, E), bias (N,) or None -> (T, N)."""
+    y = ops.mul_mat(w, x)
+    return y if bias is None else ops.add(y, bias)
+
+
+def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
+    """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
+    D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
+    q = ops.reshape(linear(lw.wq, x, lw.bq), (T, H, D))             # (T, H, D)
+    k = ops.reshape(linear(lw.wk, x, lw.bk), (T, Hkv, D))           # (T, Hkv, D)
+    v = linear(lw.wv, x, lw.bv)                                     # (T, Hkv*D)
+    q = ops.rope(q, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
+                 rope_freqs)
+    k = ops.rope(k, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
+                 rope_freqs)
+
+    keys, values = cache.store_and_load(x.ctx, il, ops.reshape(k, (T, Hkv * D)), v,
+                                        slots, K)                   # (Hkv, K, D) each
+    values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
+
+    queries = ops.permute(q, (1, 0, 2))                              # (H, T, D)
+    if T >= PACKED_ATTENTION_MIN_T:
+        # packed copies (a few MB), so that the products can take BLAS
+        keys, queries = ops.cont(keys), ops.cont(queries)
+
+    # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
+    scores = ops.mul_mat(keys, queries)                             # (H, T, K)
+    # rope's attn_factor scales the rotated q and k (whole heads), so the scores by its square
+    probs = ops.soft_max(scores, mask, c.rope_attn_factor ** 2 / math.sqrt(D))   # (H, T, K)
+    out = ops.mul_mat(values, probs)                                # (H, T, D)
+    out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, H*D)
+    return linear(lw.wo, out, lw.bo)                                # (T, E)
+
+
+def feed_forward(x, lw):
+    """SwiGLU: w_down(silu(w_gate x) * w_up x), x (T, E) -> (T, E) (each plus its bias, if any)."""
+    gated = ops.swiglu(linear(lw.w_gate, x, lw.b_gate), linear(lw.w_up, x, lw.b_up))   # (T, F)
+    return linear(lw.w_down, gated, lw.b_down)
+
+
+def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None,
+                        mask_buffer=None):
+    """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
+
+    n_out: logits are computed for the last n_out tokens only (1 to sample the
+    next token, T for all).
+    packed: intermediates share one buffer where their lifetimes allow
+    (graph_alloc); otherwise each has its own memory. buffer_for: see
+    graph_alloc.build_packed (a buffer shared with other graphs). mask_buffer:
+    a float32 array of T * K or more elements to hold the mask (shared with
+    other graphs that never run at the same time; None: the graph's own).
+    """
+    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer)
+    if packed:
+        leaf_bytes = _leaf_bytes(c, T, 0 if mask_buffer is not None else K)
+        built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
+        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
+                            buffer_bytes=built.buffer_bytes)
+    # every result its own memory: the arena a first build (structs only) counts, each
+    # result aligned
+    plan = plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
+    arena = plan.other_bytes + plan.unpacked_bytes + _core.ARENA_ALIGN * len(plan.sizes)
+    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=arena))
+    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
+
+
+def forward_graph_bytes(c, weights, cache, T, K, n_out):
+    """Bytes of the packed intermediates of build_forward_graph(..., T, K, n_out), found
+    without building it (tensor structs only)."""
+    build = _forward_builder(c, weights, cache, T, K, n_out)
+    return plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K)).buffer_bytes
+
+
+def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
+    """build(ctx) -> (ctx, tokens, positions, slots, mask, logits) of the forward pass."""
+    def build(ctx):
+        tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
+        positions = ctx.new_tensor(Type.I32, (T,), name="positions")
+        slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
+        if mask_buffer is None:
+            mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        else:
+            mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
+        rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
+
+        x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
+        for il, layer in enumerate(weights.layers):
+            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
+                                 if w is not None})
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
+            x = ops.add(x, attention(c, h, lw, cache, il, positions, slots, mask, rope_freqs,
+                                     T, K))
+            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
+            x = ops.add(x, feed_forward(h, lw))
+
+        if n_out < T:           # the output matrix is the largest: skip unwanted rows
+            x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
+        x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
+        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n_out, V)
+        logits.name = "logits"
+        return ctx, tokens, positions, slots, mask, logits
+    return build
+
+
+def _leaf_bytes(c, T, K):
+    """Arena bytes of one forward graph besides its results: structs and inputs."""
+    n_tensors = c.n_layer * 64 + 32     # ~48 per layer, 14 more with every bias
+    return n_tensors * STRUCT_BYTES + 4 * T * (K + 3) + 4096

@@ -1,0 +1,102 @@
+"""A llama model's weights from its GGUF file (memory-mapped, checked against the
+config), and the matrix products they make."""
+import os
+from dataclasses import dataclass
+
+
+from ggml_py.files.gguf_reader import USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
+from ggml_py.model.config import LlamaConfig
+from ggml_py.tune.bench import weight_type
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """The weights of one transformer block (gguf_model.Weight each), numpy-order shapes."""
+    attn_norm: object   # (E,)
+    wq: object          # (H*D, E)
+    wk: object          # (Hkv*D, E)
+    wv: object          # (Hkv*D, E)
+    wo: object          # (E, H*D)
+    ffn_norm: object    # (E,)
+    w_gate: object      # (F, E)
+    w_up: object        # (F, E)
+    w_down: object      # (E, F)
+    # optional biases, as llama.cpp's LLM_ARCH_LLAMA loads them (None: absent)
+    bq: object = None       # (H*D,)
+    bk: object = None       # (Hkv*D,)
+    bv: object = None       # (Hkv*D,)
+    bo: object = None       # (E,)
+    b_gate: object = None   # (F,)
+    b_up: object = None     # (F,)
+    b_down: object = None   # (E,)
+
+
+@dataclass(frozen=True)
+class LlamaWeights:
+    """Every weight as a gguf_model.Weight: memory-mapped bytes, type, shape."""
+    token_embd: object  # (V, E)
+    layers: tuple
+    output_norm: object  # (E,)
+    output: object       # (V, E), token_embd when the file ties them
+    rope_freqs: object   # (n_rot/2,) or None
+
+    @classmethod
+    def from_gguf(cls, f: GGUFModelFile, c: LlamaConfig):
+        """Every weight of the file, checked against config `c`; ModelLoadError for a missing,
+        misshapen or unusable tensor, or one the model does not use."""
+        E, F, V = c.n_embd, c.n_ff, c.n_vocab
+        Q, KV = c.n_head * c.head_dim, c.n_embd_kv
+        layers = []
+        for i in range(c.n_layer):
+            def w(name, shape, use=USE_MATMUL):
+                return f.weight(f"blk.{i}.{name}.weight", shape, use)
+
+            def b(name, n):
+                return f.weight(f"blk.{i}.{name}.bias", (n,), USE_NORM, required=False)
+            layers.append(LayerWeights(
+                attn_norm=w("attn_norm", (E,), USE_NORM),
+                wq=w("attn_q", (Q, E)), wk=w("attn_k", (KV, E)), wv=w("attn_v", (KV, E)),
+                wo=w("attn_output", (E, Q)),
+                ffn_norm=w("ffn_norm", (E,), USE_NORM),
+                w_gate=w("ffn_gate", (F, E)), w_up=w("ffn_up", (F, E)), w_down=w("ffn_down", (E, F)),
+                bq=b("attn_q", Q), bk=b("attn_k", KV), bv=b("attn_v", KV), bo=b("attn_output", E),
+                b_gate=b("ffn_gate", F), b_up=b("ffn_up", F), b_down=b("ffn_down", E),
+            ))
+        token_embd = f.weight("token_embd.weight", (V, E), USE_ROWS)
+        output = f.weight("output.weight", (V, E), USE_MATMUL, required=False)
+        if output is None:   # tied embeddings
+            output = f.weight("token_embd.weight", (V, E), USE_MATMUL)
+        rope_freqs = f.weight("rope_freqs.weight", (c.n_rot // 2,), USE_NORM, required=False)
+        output_norm = f.weight("output_norm.weight", (E,), USE_NORM)
+        # as llama.cpp: a tensor the model does not use means the file is not what its
+        # metadata says (a wrong block_count, another architecture's extra weights)
+        unused = f.unused_tensors()
+        if unused:
+            names = ", ".join(repr(n) for n in unused[:4]) + (", ..." if len(unused) > 4 else "")
+            n_file = len(f.tensors)
+            raise f.error(f"wrong number of tensors: a llama model of block_count {c.n_layer} "
+                          f"uses {n_file - len(unused)} of the file's {n_file}; not used: {names}")
+        return cls(token_embd=token_embd, layers=tuple(layers), output_norm=output_norm,
+                   output=output, rope_freqs=rope_freqs)
+
+
+# the weights each layer multiplies by (mul_mat's left operand), besides the output matrix
+MATMUL_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def matrix_shapes(f):
+    """(model name, distinct (N, K, type)) of the matrix products a forward pass of the
+    model in GGUFModelFile `f` runs: what the tune bench times for it. The name is the
+    one a tune file records: general.name, else the file name."""
+    shapes = set()
+    for t in f.reader.tensors:
+        base = t.name.rsplit(".", 1)[0].split(".")[-1]
+        is_output = t.name == "output.weight" or (t.name == "token_embd.weight"
+                                                  and not f.has_tensor("output.weight"))
+        if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
+            k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
+            shapes.add((n, k, weight_type(int(t.tensor_type), f"{f.path}: {t.name}")))
+    if not shapes:
+        raise ValueError(f"{f.path}: no llama matrix products found")
+    name = str(f.get("general.name", default=None) or os.path.basename(f.path))
+    return name, sorted(shapes)
