@@ -14,7 +14,7 @@ from llama_reference import ReferenceLlama
 import ggml_py as gg
 from ggml_py.model.llama import LlamaModel
 from ggml_py.cli.quantize import main
-from ggml_py.tools.quantize import (BLOCK_SCALES, TARGETS, ModelInfo, QuantizeError, invalid_data,
+from ggml_py.tools.quantize import (TARGETS, ModelInfo, QuantizeError, block_scales, invalid_data,
                                     quantize_file, tensor_type, use_more_bits)
 from ggml_py.tools.random_model import RandomLlamaSpec, write_random_llama
 from ggml_py.core.types import Type
@@ -634,9 +634,27 @@ def test_nan_or_inf_in_the_input_is_refused_as_llama_cpp_refuses_it(tmp_path, ca
     assert sorted(os.listdir(tmp_path)) == ["q8.gguf"]
 
 
-@pytest.mark.parametrize("type", [t for t in BLOCK_SCALES if t != Type.Q8_K], ids=lambda t: t.name)
+# ggml's block structs (ggml-common.h): the byte offset and type of each scale that
+# ggml_validate_row_data checks
+GGML_BLOCK_SCALES = {
+    Type.Q4_0: ((0, np.float16),), Type.Q4_1: ((0, np.float16), (2, np.float16)),
+    Type.Q5_0: ((0, np.float16),), Type.Q5_1: ((0, np.float16), (2, np.float16)),
+    Type.Q8_0: ((0, np.float16),),
+    Type.Q2_K: ((80, np.float16), (82, np.float16)), Type.Q3_K: ((108, np.float16),),
+    Type.Q4_K: ((0, np.float16), (2, np.float16)), Type.Q5_K: ((0, np.float16), (2, np.float16)),
+    Type.Q6_K: ((208, np.float16),), Type.Q8_K: ((0, np.float32),),
+}
+
+
+@pytest.mark.parametrize("type", sorted(GGML_BLOCK_SCALES), ids=lambda t: t.name)
+def test_the_scales_found_are_ggmls(type):
+    assert block_scales(type) == GGML_BLOCK_SCALES[type]
+
+
+@pytest.mark.parametrize("type", [t for t in GGML_BLOCK_SCALES if t != Type.Q8_K], ids=lambda t: t.name)
 def test_the_scales_checked_are_exactly_the_fields_whose_nan_reaches_the_values(type):
-    # independent of BLOCK_SCALES: a NaN written at each 2-byte position of a block in turn
+    # on quantized data (block_scales probes a block of zeros): a NaN written at each
+    # 2-byte position of a block in turn
     x = np.random.default_rng(5).standard_normal((1, 256)).astype(np.float32)
     q = gg.quantize(x, type)
     size = gg.type_traits(type)["type_size"]
@@ -646,17 +664,17 @@ def test_the_scales_checked_are_exactly_the_fields_whose_nan_reaches_the_values(
         bad[0, offset:offset + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
         if np.isnan(gg.dequantize(bad, type, x.shape)).any():
             poisoning.add(offset)
-    assert poisoning == {offset for offset, _ in BLOCK_SCALES[type]}
+    assert poisoning == {offset for offset, _ in block_scales(type)}
 
 
-@pytest.mark.parametrize("type", [t for t in Type if t in BLOCK_SCALES], ids=lambda t: t.name)
+@pytest.mark.parametrize("type", [t for t in Type if block_scales(t)], ids=lambda t: t.name)
 def test_the_scales_checked_are_the_blocks_scales(type):
-    # a NaN written where BLOCK_SCALES says a scale is makes that block de-quantize to NaN
+    # a NaN written where block_scales says a scale is makes that block de-quantize to NaN
     # (Q8_K is not de-quantized: its float scale is its first 4 bytes, as in ggml's block_q8_K)
     x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
     q = gg.quantize(x, type)
     assert invalid_data(type, q) is None
-    for offset, dtype in BLOCK_SCALES[type]:
+    for offset, dtype in block_scales(type):
         bad = q.copy()
         size = gg.type_traits(type)["type_size"]
         at = size + offset                                   # the second block of row 0

@@ -30,6 +30,7 @@ when complete; an output that is the input file is refused.
 The program, ggml-quantize, is ggml_py.cli.quantize.
 """
 import collections
+import functools
 import os
 import re
 import sys
@@ -310,16 +311,30 @@ def check_requantize(src, reader, types):
                                 f"to re-type quantized weights")
 
 
-# Where ggml's row validation (ggml_validate_row_data, which llama.cpp's quantize runs
-# over its input) looks in a block: the byte offset and dtype of each scale
-BLOCK_SCALES = {
-    Type.Q4_0: ((0, np.float16),), Type.Q4_1: ((0, np.float16), (2, np.float16)),
-    Type.Q5_0: ((0, np.float16),), Type.Q5_1: ((0, np.float16), (2, np.float16)),
-    Type.Q8_0: ((0, np.float16),),
-    Type.Q2_K: ((80, np.float16), (82, np.float16)), Type.Q3_K: ((108, np.float16),),
-    Type.Q4_K: ((0, np.float16), (2, np.float16)), Type.Q5_K: ((0, np.float16), (2, np.float16)),
-    Type.Q6_K: ((208, np.float16),), Type.Q8_K: ((0, np.float32),),
-}
+@functools.cache
+def block_scales(type):
+    """((byte offset, numpy dtype), ...) of the scales in a block of `type`: where ggml's row
+    validation (ggml_validate_row_data, which llama.cpp's quantize runs over its input)
+    looks. Found, not listed: they are the fields whose NaN reaches the block's values, which
+    the C de-quantizer (its block layout the only copy) shows on a block of zeros. Empty for
+    a type without blocks."""
+    traits = type_traits(type)
+    if not traits["is_quantized"]:
+        return ()
+    size, n = traits["type_size"], traits["blck_size"]
+    for dtype in (np.float16, np.float32):     # half scales, else a float one (Q8_K)
+        nan = np.frombuffer(np.array(np.nan, dtype).tobytes(), np.uint8)
+        found = []
+        for offset in range(0, size - nan.size + 1, nan.size):
+            block = np.zeros((1, size), np.uint8)
+            block[0, offset:offset + nan.size] = nan
+            if not np.isfinite(dequantize(block, type, (1, n))).all():
+                found.append((offset, dtype))
+        if found:
+            return tuple(found)
+    return ()
+
+
 FLOAT_DTYPES = {Type.F32: np.float32, Type.F16: np.float16, Type.F64: np.float64}
 CHECK_CHUNK = 1 << 22     # values checked at a time (a bool per value: 4 MiB)
 
@@ -346,12 +361,12 @@ def invalid_data(type, data):
         return None
     type = Type(int(type))
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if type in BLOCK_SCALES:
+    if block_scales(type):
         size = type_traits(type)["type_size"]
         if raw.size % size:
             raise ValueError(f"invalid_data: {raw.size} bytes are not whole {type.name} blocks")
         blocks = raw.reshape(-1, size)
-        for offset, dtype in BLOCK_SCALES[type]:
+        for offset, dtype in block_scales(type):
             width = np.dtype(dtype).itemsize
             scales = np.ascontiguousarray(blocks[:, offset:offset + width]).view(dtype).reshape(-1)
             bad = np.flatnonzero(~np.isfinite(scales))
