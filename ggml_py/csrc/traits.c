@@ -23,10 +23,12 @@
 #define SIMD_NAME "scalar reference"
 #endif
 
-/* the dot product of type t against its vec_dot type: twin and SIMD kernel */
-#define DOT(t) .vec_dot_ref = ggml_py_vec_dot_##t##_ref, .vec_dot_simd = SIMD(ggml_py_vec_dot_##t)
+/* the dot product of type t against its vec_dot type: twin and SIMD kernel (vec_dot
+ * starts on the twin, so that a program that never selects kernels runs the twins) */
+#define DOT(t) .vec_dot = ggml_py_vec_dot_##t##_ref,                                 \
+    .kernels.vec_dot_ref = ggml_py_vec_dot_##t##_ref, .kernels.vec_dot_simd = SIMD(ggml_py_vec_dot_##t)
 /* how activations are converted to type t (a vec_dot type): twin and SIMD kernel */
-#define ACTS(t, ref) .from_float_ref = ref, .from_float_simd = SIMD(ggml_py_quantize_row_##t)
+#define ACTS(t, ref) .kernels.from_float_ref = ref, .kernels.from_float_simd = SIMD(ggml_py_quantize_row_##t)
 
 #define QUANT_ROW(t, blck, size, dot_type)                                        \
     .name = #t, .blck_size = blck, .type_size = size, .is_quantized = true,       \
@@ -34,19 +36,18 @@
     .from_float = ggml_py_quantize_row_##t##_ref,                                 \
     .from_float_ref = ggml_py_quantize_row_##t##_ref, .vec_dot_type = dot_type
 
-/* vec_dot and from_float start on the twins; ggml_py_select_kernels() sets them */
 static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
     [GGML_PY_TYPE_F32] = {
         .name = "f32", .blck_size = 1, .type_size = sizeof(float),
         .to_float = ggml_py_f32_row_to_f32,
         .from_float = ggml_py_f32_to_f32_row, .from_float_ref = ggml_py_f32_to_f32_row,
-        .vec_dot_type = GGML_PY_TYPE_F32, .kernels = { DOT(f32) },
+        .vec_dot_type = GGML_PY_TYPE_F32, DOT(f32),
     },
     [GGML_PY_TYPE_F16] = {
         .name = "f16", .blck_size = 1, .type_size = sizeof(ggml_py_fp16_t),
         .to_float = ggml_py_f16_to_f32_row,
         .from_float = ggml_py_f32_to_f16_row, .from_float_ref = ggml_py_f32_to_f16_row,
-        .vec_dot_type = GGML_PY_TYPE_F16, .kernels = { DOT(f16) },
+        .vec_dot_type = GGML_PY_TYPE_F16, DOT(f16),
     },
     [GGML_PY_TYPE_BF16] = {
         .name = "bf16", .blck_size = 1, .type_size = sizeof(ggml_py_bf16_t),
@@ -55,21 +56,21 @@ static struct ggml_py_type_traits type_traits[GGML_PY_TYPE_COUNT] = {
         .vec_dot = ggml_py_vec_dot_bf16_ref, .vec_dot_type = GGML_PY_TYPE_BF16,
     },
     /* quantized block formats: layouts in include/ggml_py_quants.h */
-    [GGML_PY_TYPE_Q4_0] = { QUANT_ROW(q4_0, 32, 18, GGML_PY_TYPE_Q8_0), .kernels = { DOT(q4_0) } },
-    [GGML_PY_TYPE_Q4_1] = { QUANT_ROW(q4_1, 32, 20, GGML_PY_TYPE_Q8_1), .kernels = { DOT(q4_1) } },
-    [GGML_PY_TYPE_Q5_0] = { QUANT_ROW(q5_0, 32, 22, GGML_PY_TYPE_Q8_0), .kernels = { DOT(q5_0) } },
-    [GGML_PY_TYPE_Q5_1] = { QUANT_ROW(q5_1, 32, 24, GGML_PY_TYPE_Q8_1), .kernels = { DOT(q5_1) } },
+    [GGML_PY_TYPE_Q4_0] = { QUANT_ROW(q4_0, 32, 18, GGML_PY_TYPE_Q8_0), DOT(q4_0) },
+    [GGML_PY_TYPE_Q4_1] = { QUANT_ROW(q4_1, 32, 20, GGML_PY_TYPE_Q8_1), DOT(q4_1) },
+    [GGML_PY_TYPE_Q5_0] = { QUANT_ROW(q5_0, 32, 22, GGML_PY_TYPE_Q8_0), DOT(q5_0) },
+    [GGML_PY_TYPE_Q5_1] = { QUANT_ROW(q5_1, 32, 24, GGML_PY_TYPE_Q8_1), DOT(q5_1) },
     [GGML_PY_TYPE_Q8_0] = { QUANT_ROW(q8_0, 32, 34, GGML_PY_TYPE_Q8_0),
-                            .kernels = { ACTS(q8_0, ggml_py_quantize_row_q8_0_act_ref), DOT(q8_0) } },
+                            ACTS(q8_0, ggml_py_quantize_row_q8_0_act_ref), DOT(q8_0) },
     [GGML_PY_TYPE_Q8_1] = { QUANT_ROW(q8_1, 32, 36, GGML_PY_TYPE_Q8_1),
-                            .kernels = { ACTS(q8_1, ggml_py_quantize_row_q8_1_act_ref) } },
-    [GGML_PY_TYPE_Q2_K] = { QUANT_ROW(q2_K, 256, 84,  GGML_PY_TYPE_Q8_K), .kernels = { DOT(q2_K) } },
-    [GGML_PY_TYPE_Q3_K] = { QUANT_ROW(q3_K, 256, 110, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q3_K) } },
-    [GGML_PY_TYPE_Q4_K] = { QUANT_ROW(q4_K, 256, 144, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q4_K) } },
-    [GGML_PY_TYPE_Q5_K] = { QUANT_ROW(q5_K, 256, 176, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q5_K) } },
-    [GGML_PY_TYPE_Q6_K] = { QUANT_ROW(q6_K, 256, 210, GGML_PY_TYPE_Q8_K), .kernels = { DOT(q6_K) } },
+                            ACTS(q8_1, ggml_py_quantize_row_q8_1_act_ref) },
+    [GGML_PY_TYPE_Q2_K] = { QUANT_ROW(q2_K, 256, 84,  GGML_PY_TYPE_Q8_K), DOT(q2_K) },
+    [GGML_PY_TYPE_Q3_K] = { QUANT_ROW(q3_K, 256, 110, GGML_PY_TYPE_Q8_K), DOT(q3_K) },
+    [GGML_PY_TYPE_Q4_K] = { QUANT_ROW(q4_K, 256, 144, GGML_PY_TYPE_Q8_K), DOT(q4_K) },
+    [GGML_PY_TYPE_Q5_K] = { QUANT_ROW(q5_K, 256, 176, GGML_PY_TYPE_Q8_K), DOT(q5_K) },
+    [GGML_PY_TYPE_Q6_K] = { QUANT_ROW(q6_K, 256, 210, GGML_PY_TYPE_Q8_K), DOT(q6_K) },
     [GGML_PY_TYPE_Q8_K] = { QUANT_ROW(q8_K, 256, 292, GGML_PY_TYPE_Q8_K),
-                            .kernels = { ACTS(q8_K, ggml_py_quantize_row_q8_K_ref) } },
+                            ACTS(q8_K, ggml_py_quantize_row_q8_K_ref) },
     [GGML_PY_TYPE_I8]  = { .name = "i8",  .blck_size = 1, .type_size = 1 },
     [GGML_PY_TYPE_I16] = { .name = "i16", .blck_size = 1, .type_size = 2 },
     [GGML_PY_TYPE_I32] = { .name = "i32", .blck_size = 1, .type_size = 4 },
