@@ -66,11 +66,11 @@ def test_no_mmap_keeps_the_weights_whatever_happens_to_the_file(model_copy):
     assert np.array_equal(first_logits(llm), mapped)
 
 
-def test_ggml_main_no_mmap_gives_the_same_text():
-    def run(*flags):
+def test_ggml_main_no_mmap_gives_the_same_text(tmp_path):
+    def run(*flags):    # from a neutral folder: a checkout's ggml_py/ must not shadow the one tested
         proc = subprocess.run([sys.executable, "-m", "ggml_py.cli.main", "-p", "ROMEO.", "-n", "12",
                                "-s", "3", *flags], capture_output=True, text=True, env=ENV,
-                              timeout=120)
+                              timeout=120, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout
     assert run("--no-mmap") == run()
@@ -98,7 +98,8 @@ def test_a_bus_error_in_compute_is_explained_before_the_process_dies(model_copy)
               "llm.model.forward(np.array([1, 2, 3]), np.arange(3))\n"
               "print('computed')\n")
     proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script, str(model_copy)],
-                          capture_output=True, text=True, env=ENV, timeout=120)
+                          capture_output=True, text=True, env=ENV, timeout=120,
+                          cwd=model_copy.parent)
     assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stderr)
     assert "ggml_py: bus error (SIGBUS) while computing a graph" in proc.stderr
     assert "--no-mmap" in proc.stderr and "computed" not in proc.stdout

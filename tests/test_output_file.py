@@ -16,7 +16,7 @@ from ggml_py.files import output as output_file
 from ggml_py.model.bundled import default_model_path
 from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
 
-# the ggml_py under test, from a neutral folder (a checkout's ggml_py/ must not shadow it)
+# the ggml_py under test, run from a neutral folder (a checkout's ggml_py/ must not shadow it)
 ENV = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
 
 
@@ -122,7 +122,8 @@ def kill_mid_write(out, input_model, unnamed):
               "from ggml_py.cli.quantize import main\n"
               "sys.exit(main(sys.argv[1:]))")
     proc = subprocess.Popen([sys.executable, "-c", script, str(input_model), str(out), "Q4_0",
-                             "--allow-requantize", "-q"], env=ENV, stderr=subprocess.PIPE)
+                             "--allow-requantize", "-q"], env=ENV, stderr=subprocess.PIPE,
+                            cwd=out.parent.parent)
     folder = str(out.parent)
     deadline = time.monotonic() + 60
     try:
@@ -162,7 +163,7 @@ def test_a_run_killed_mid_write_leaves_nothing_that_stays(tmp_path, unnamed):
     alive.write_bytes(b"in use")
     proc = subprocess.run([sys.executable, "-c", PROGRAM_RUNNER, "ggml_py.cli.quantize:main",
                            str(src), str(out), "Q4_0", "--allow-requantize", "-q"],
-                          capture_output=True, text=True, timeout=120, env=ENV)
+                          capture_output=True, text=True, timeout=120, env=ENV, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert sorted(os.listdir(out.parent)) == sorted([alive.name, out.name])
 
