@@ -491,7 +491,7 @@ def bounded_in_m(m_values, values, exact=None, capped=True):
     put a smaller M's fastest run, scaled, in place of almost every larger
     M's own — a best of several looks that the BLAS profiles, whose time grows
     more slowly than M and so rarely meets the cap, do not get — and tip the
-    choice towards `cpu` at the crossover (measured: docs/benchmarks.md).
+    choice towards `cpu` at the crossover (measured: docs/tune.md).
     """
     out = [float(v) for v in values]
     exact = exact or [True] * len(out)
