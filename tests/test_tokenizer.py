@@ -1,4 +1,4 @@
-"""Tests of ggml_py.tokenizer.tokenizer against llama.cpp's own tokenizer test data.
+"""Tests of ggml_py.tokenizer against llama.cpp's own tokenizer test data.
 
 The ``tests/data/ggml-vocab-*.gguf.inp/.out`` pairs come from llama.cpp's
 ``models/`` folder: each input case must tokenize (add_special=False,
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ggml_py.files.gguf_metadata import read_gguf_metadata
-from ggml_py.tokenizer.tokenizer import Tokenizer, TokenizerError, TokenizerWarning
+from ggml_py.tokenizer import Tokenizer, TokenizerError, TokenizerWarning
 
 DATA = Path(__file__).parent / "data"
 VOCABS = ("llama-spm", "llama-bpe", "gpt-2")
@@ -381,6 +381,13 @@ def test_from_gguf_reader_and_metadata_agree(tmp_path):
         assert tok.tokenize("Hi!") == [1, 260, 3 + ord("i"), 3 + ord("!")]
         assert tok.detokenize(tok.tokenize("Hi!", add_special=False)) == "Hi!"
     assert "tiny-spm.gguf" in from_reader.source
+
+
+def test_the_tokenizer_module_still_offers_its_names():
+    import ggml_py.tokenizer as package
+    from ggml_py.tokenizer import tokenizer as module
+    assert [n for n in module.__all__ if not hasattr(module, n)] == []
+    assert all(getattr(module, n) is getattr(package, n) for n in package.__all__)
 
 
 # -- special tokens in small vocabularies ------------------------------------

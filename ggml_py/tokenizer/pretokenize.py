@@ -4,7 +4,7 @@ Invalid UTF-8 handling (surrogate escapes back to bytes, llama.cpp's own
 UTF-8 decoding), the GPT-2 byte-to-unicode mapping of byte-level BPE, the
 regex pre-tokenizers selected by ``tokenizer.ggml.pre`` and the
 ``clean_spaces`` passes of detokenization, as in src/llama-vocab.cpp and
-src/unicode.cpp. Used by ``ggml_py.tokenizer.tokenizer``.
+src/unicode.cpp. Used by the ``vocab``, ``spm``, ``bpe`` and ``decode`` modules beside it.
 """
 
 from __future__ import annotations
