@@ -150,7 +150,7 @@ class LlamaConfig:
         token_embd = f.tensors.get("token_embd.weight")
         if token_embd is None:
             raise f.error("missing tensor 'token_embd.weight'")
-        n_vocab = count("vocab_size", int(token_embd.shape[-1]))
+        n_vocab = count("vocab_size", token_embd.shape[0] if token_embd.shape else 1)  # (V, E)
         # as llama.cpp (whose n_vocab is the token count): every token needs its rows
         n_tokens = f.array_len("tokenizer.ggml.tokens")
         if n_tokens is not None and n_tokens != n_vocab:
@@ -426,8 +426,8 @@ def matrix_shapes(f):
         is_output = t.name == "output.weight" or (t.name == "token_embd.weight"
                                                   and not f.has_tensor("output.weight"))
         if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
-            k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
-            shapes.add((n, k, weight_type(int(t.tensor_type), f"{f.path}: {t.name}")))
+            n, k = t.shape                              # numpy order: (rows, row length)
+            shapes.add((n, k, weight_type(t.type, f"{f.path}: {t.name}")))
     if not shapes:
         raise ValueError(f"{f.path}: no llama matrix products found")
     name = str(f.get("general.name", default=None) or os.path.basename(f.path))

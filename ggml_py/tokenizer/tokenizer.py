@@ -16,9 +16,8 @@ byte-level vocabularies and the end-of-generation token detection.
 The pre-tokenizers, the byte mapping and the UTF-8 handling live in
 ``ggml_py.tokenizer.pretokenize``. The code is pure Python on the standard library and
 the ``regex`` package (its error type derives from ggml_py's
-``ModelLoadError``); a ``gguf.GGUFReader`` can be passed in but a path is
-read with ``ggml_py.files.gguf_metadata`` (faster than ``GGUFReader`` for 100k+
-entry vocabularies).
+``ModelLoadError``). A path is read with ggml_py's GGUF reader (files/gguf_file.py);
+a file open with it (``GGUFFile``), or a ``gguf.GGUFReader``, can be passed in.
 """
 
 from __future__ import annotations
@@ -216,9 +215,9 @@ def _check_kind(value: Any, kind: str, key: str, source: str) -> Any:
 class Tokenizer:
     """A llama.cpp-compatible tokenizer built from GGUF ``tokenizer.*`` metadata.
 
-    Build one with :meth:`from_gguf` (a path or an open ``gguf.GGUFReader``) or
-    :meth:`from_metadata` / the constructor (a mapping of metadata keys to
-    values, e.g. what a model loader already read).
+    Build one with :meth:`from_gguf` (a path, or a file open as a ``GGUFFile`` or a
+    ``gguf.GGUFReader``) or :meth:`from_metadata` / the constructor (a mapping of
+    metadata keys to values, e.g. what a model loader already read).
     """
 
     # Bound the per-word cache of the byte-level BPE so long-running
@@ -228,10 +227,11 @@ class Tokenizer:
     def __init__(self, fields: Mapping[str, Any], source: str = "<metadata>") -> None:
         """Build the tokenizer from GGUF metadata ``fields`` (key -> value).
 
-        Values may be plain Python values, numpy arrays or ``gguf.ReaderField``
-        objects. ``source`` names the origin (e.g. the file path) in error
-        messages. Raises :class:`TokenizerError` (a ``ValueError``) if the
-        metadata holds no usable tokenizer or a value of the wrong type.
+        Values may be plain Python values, numpy arrays, a ``GGUFFile``'s ``Field``
+        objects or ``gguf.ReaderField`` objects. ``source`` names the origin (e.g.
+        the file path) in error messages. Raises :class:`TokenizerError` (a
+        ``ValueError``) if the metadata holds no usable tokenizer or a value of the
+        wrong type.
         """
         self.source = source
         get = self._field_getter(fields, source)
@@ -261,18 +261,18 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path_or_reader: Any, source: str | None = None) -> "Tokenizer":
-        """Load the tokenizer of a GGUF file (a path) or of a ``gguf.GGUFReader``.
+        """Load the tokenizer of a GGUF file: a path, or the file open as a
+        ``GGUFFile`` (ggml_py's reader) or a ``gguf.GGUFReader``.
 
         ``source`` names the file in error messages (default: the path, or
-        the absolute path a reader has mapped). Raises ``ValueError`` naming
+        the path the open file was read from). Raises ``ValueError`` naming
         the file if it is not a GGUF file, :class:`TokenizerError` (also a
         ``ValueError``) if it has no usable tokenizer.
         """
         if hasattr(path_or_reader, "fields"):
-            if source is None:
-                # GGUFReader memory-maps the file; numpy's memmap knows its name.
-                source = str(getattr(getattr(path_or_reader, "data", None), "filename", None)
-                             or "<GGUFReader>")
+            if source is None:    # a GGUFFile knows its path, a GGUFReader's memmap its name
+                source = str(getattr(path_or_reader, "path", None) or getattr(getattr(
+                    path_or_reader, "data", None), "filename", None) or "<GGUFReader>")
             return cls(tokenizer_fields(path_or_reader), source)
         path = os.fspath(path_or_reader)
         return cls(read_gguf_metadata(path), path if source is None else source)
