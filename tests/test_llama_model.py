@@ -502,7 +502,7 @@ def bad_files():
 
 
 def test_the_gguf_version_is_read_in_the_files_byte_order():
-    from ggml_py.files.gguf_reader import _gguf_version
+    from ggml_py.files.gguf_file import _gguf_version
     assert _gguf_version(struct.pack("<I", 3)) == 3 and _gguf_version(struct.pack(">I", 3)) == 3
     assert _gguf_version(struct.pack("<I", 9)) == 9 and _gguf_version(b"\x03\x00") is None
 

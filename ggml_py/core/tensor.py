@@ -4,14 +4,13 @@ C keeps ggml's order (ne[0] is a row's length); here shapes read as numpy's:
 `ctx.new_tensor(F32, (4, 3))` is 4 rows of 3, i.e. ne = (3, 4, 1, 1).
 """
 import math
-import operator
 
 import numpy as np
 
 from ggml_py import _core
 from ggml_py.core.profiles import TaskProfile
 from ggml_py.core.types import (NUMPY_DTYPES, TYPES_OF_DTYPES, Op, Type, data_alignment,
-                                exact_shape, row_bytes, type_traits)
+                                exact_shape, row_bytes)
 
 MAX_DIMS = 4
 

@@ -1,15 +1,14 @@
 """Open a GGUF model file: metadata, and weights used in place (memory-mapped).
 
-`gguf.GGUFReader` maps the file; each weight is a numpy view of the mapping, which
-`Context.from_buffer` wraps without a copy, so the weights a forward pass never
-touches never enter memory. GGUF stores ggml `ne` order for tensor shapes; the
-shapes here are numpy order (reversed).
+open_reader reads the file with the one GGUF reader (files/gguf_file.py), which maps
+it; each weight is a numpy view of the mapping, which `Context.from_buffer` wraps
+without a copy, so the weights a forward pass never touches never enter memory.
+Shapes are numpy order (GGUF stores ggml's `ne`, reversed).
 
 Every problem with a file becomes one `ModelLoadError` naming the file and the
 problem; command-line programs print its message and exit non-zero.
 """
 import contextlib
-import functools
 import os
 import stat
 import warnings
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_py.core.types import Type, data_alignment, row_bytes, type_traits
+from ggml_py.files import gguf_file as gf
 
 REQUIRED = object()
 
@@ -50,189 +50,33 @@ class Weight:
         return self.data.nbytes
 
 
-class _FileProblem(Exception):
-    """A problem the reader's checks found in the file's header (message: the problem)."""
-
-
-@functools.lru_cache(maxsize=None)
-def _reader_class():
-    """gguf.GGUFReader, checking the header as llama.cpp's gguf reader does, and with
-    its per-item read made ~3x cheaper.
-
-    The checks run before the reader builds its tensor views, so that each problem
-    gets its own message (the reader itself stops at the first numpy error, or
-    accepts overlapping and misaligned tensor data).
-
-    The reader parses every metadata item (32k-128k vocabulary strings) with
-    one numpy slice each; slicing the np.memmap subclass costs most of that
-    time. Reading through a plain ndarray view of the same mapping gives the
-    same arrays, still memory-mapped.
-    """
-    import gguf
-
-    array_type = int(gguf.GGUFValueType.ARRAY)
-    value_types = frozenset(int(t) for t in gguf.GGUFValueType)
-
-    class Reader(gguf.GGUFReader):
-        _itemsizes = {}
-
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None or plain.base is not self.data:
-                plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
-            count = int(count)
-            itemsize = self._itemsizes.get(dtype)
-            if itemsize is None:
-                itemsize = self._itemsizes[dtype] = np.dtype(dtype).itemsize
-            raw = plain[offset:offset + itemsize * count]
-            if len(raw) < itemsize * count:   # (the reader would go on, item by item, past
-                # the end, or numpy would fail to view a few odd bytes)
-                what = "1 item" if count == 1 else f"{count} items"
-                raise _FileProblem(f"truncated or corrupt GGUF file ({what} of "
-                                   f"{np.dtype(dtype).name} at byte {offset} "
-                                   f"run{'s' if count == 1 else ''} past its end)")
-            arr = raw.view(dtype)
-            order = self.byte_order if override_order is None else override_order
-            return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
-
-        def _get_field_parts(self, orig_offs, raw_type):
-            # an array's count is checked against the bytes left before the reader
-            # walks it item by item (2^40 one-byte items would take hours)
-            raw_type = int(raw_type)   # a numpy scalar against an enum is slow (and numpy
-            # drops a KeyboardInterrupt raised while it compares them)
-            if raw_type not in value_types:    # (called for every item of an array too)
-                raise _bad_value_type(raw_type, orig_offs - 4)
-            if raw_type == array_type:
-                item_type = int(self._get(orig_offs, np.uint32)[0])
-                if item_type not in value_types:
-                    raise _bad_value_type(item_type, orig_offs)
-                count = int(self._get(orig_offs + 4, np.uint64)[0])
-                scalar = self.gguf_scalar_to_np.get(item_type)
-                least = np.dtype(scalar).itemsize if scalar is not None else 8  # a string's length
-                if count * least > len(self.data) - (orig_offs + 12):
-                    raise _FileProblem(f"truncated or corrupt GGUF file (an array of {count} "
-                                       f"items at byte {orig_offs} runs past its end)")
-            return super()._get_field_parts(orig_offs, raw_type)
-
-        def _push_field(self, field, skip_sum=False):
-            if field.name in self.fields:
-                raise _FileProblem(f"duplicate metadata key {field.name!r}")
-            return super()._push_field(field, skip_sum)
-
-        def _build_tensor_info(self, offs, count):
-            # called once the metadata is read, before the reader uses general.alignment
-            field = self.fields.get("general.alignment")
-            if field is not None:
-                value = field.contents()
-                if field.types != [gguf.GGUFValueType.UINT32] or value == 0 or value & (value - 1):
-                    raise _FileProblem(f"general.alignment = {_shown(field, value)} must be a "
-                                       f"UINT32 power of two")
-            return super()._build_tensor_info(offs, count)
-
-        def _build_tensors(self, start_offs, fields):
-            _check_tensor_infos(fields, int(self.alignment), start_offs, self.data.size)
-            return super()._build_tensors(start_offs, fields)
-
-    return Reader
-
-
-def _bad_value_type(type_id, offset):
-    """The error for a metadata value type id (at byte `offset`) that GGUF does not have."""
-    return _FileProblem(f"truncated or corrupt GGUF file (the metadata value type at byte "
-                        f"{offset} is {type_id}, which GGUF does not have)")
-
-
-def _check_tensor_infos(fields, alignment, data_start, file_size):
-    """Tensor infos as llama.cpp's gguf reader wants them: unique names, known types,
-    whole blocks per row, and data laid out in order, each tensor at the running sum
-    of the sizes before it padded to the alignment; then no tensor past the file's end."""
-    import gguf
-    seen, expected = set(), 0
-    for field in fields:
-        name, dims, raw_type, offset = field.name, field.parts[3], field.parts[4], field.parts[5]
-        if name in seen:
-            raise _FileProblem(f"duplicate tensor name {name!r}")
-        seen.add(name)
-        raw = int(raw_type[0])
-        try:
-            qtype = gguf.GGMLQuantizationType(raw)
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise _FileProblem(f"tensor {name!r} has type id {raw}, a tensor type ggml_py does "
-                               f"not know") from None
-        ne = [int(d) for d in dims.tolist()] or [1]   # no dimensions: one value, as llama.cpp
-        if len(ne) > 4:
-            raise _FileProblem(f"tensor {name!r} has {len(ne)} dimensions (at most 4)")
-        if ne[0] % block:
-            raise _FileProblem(f"tensor {name!r} of type {qtype.name} has {ne[0]} elements per "
-                               f"row, not a multiple of its block size {block}")
-        if int(offset[0]) != expected:
-            raise _FileProblem(f"tensor {name!r} has offset {int(offset[0])}, expected {expected} "
-                               f"(tensor data must follow in order, aligned to {alignment} bytes)")
-        nbytes = int(np.prod(ne, dtype=object)) // block * type_size
-        if data_start + expected + nbytes > file_size:
-            raise _FileProblem(f"truncated: tensor {name!r} ends at byte "
-                               f"{data_start + expected + nbytes}, the file has {file_size}")
-        expected += -(-nbytes // alignment) * alignment
-
-
 def layout_problem(reader):
-    """Why the file `reader` (a gguf.GGUFReader) opened cannot be used alone, as llama.cpp
-    cannot use it here, or None: a byte order not this host's (its weights would be read
+    """Why the file `reader` (a GGUFFile) cannot be used alone, as llama.cpp cannot use
+    it here, or None: a byte order not this host's (its weights would be read
     byte-swapped), or one shard of a split model (the others hold the rest)."""
-    if reader.byte_order != "I":
-        return (f"{reader.endianess.name.lower()}-endian GGUF file: ggml_py, like llama.cpp, "
-                f"reads only files in this host's byte order ({sys.byteorder}-endian)")
+    if reader.byte_order != sys.byteorder:
+        return (f"{reader.byte_order}-endian GGUF file: ggml_py, like llama.cpp, reads only "
+                f"files in this host's byte order ({sys.byteorder}-endian)")
     field = reader.fields.get("split.count")
-    count = field.contents() if field is not None and len(field.types) == 1 else 1
+    count = field.value if field is not None else 1
     if isinstance(count, int) and count > 1:
         return (f"one shard of a split GGUF model (split.count = {count}): split GGUF files are "
                 f"not supported; merge them first (llama.cpp's gguf-split --merge)")
     return None
 
 
-def _shown(field, value):
-    """A metadata value for a message: short, with its GGUF type."""
-    types = [t.name for t in field.types]
-    if len(types) > 1:
-        return f"an array of {len(field.data)} {types[-1]}"
-    text = repr(value)
-    return f"{text[:40]}... ({types[0]})" if len(text) > 40 else f"{text} ({types[0]})"
-
-
-@functools.lru_cache(maxsize=None)
-def _value_types():
-    """GGUF value types a `get(key, type=...)` accepts, by Python type: as llama.cpp, a
-    key of another type is refused (here integers of any width are accepted as int,
-    and integers or floats as float)."""
-    from gguf import GGUFValueType as V
-    ints = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
-    return {int: ints, float: ints | {V.FLOAT32, V.FLOAT64}, str: {V.STRING}, bool: {V.BOOL}}
-
-
-def _gguf_type_name(raw):
-    import gguf
-    try:
-        return gguf.GGMLQuantizationType(raw).name
-    except ValueError:
-        return f"type id {raw}"
-
-
-GGUF_VERSIONS = (2, 3)    # what llama.cpp reads (version 1 files predate its gguf reader)
-
-
-def _gguf_version(raw):
-    """The version of a GGUF header's 4 version bytes, in the file's byte order (a
-    big-endian file's version reads as a multiple of 65536 the other way); None: too short."""
-    if len(raw) < 4:
-        return None
-    version = int.from_bytes(raw, "little")
-    return int.from_bytes(raw, "big") if version & 0xFFFF == 0 else version
+# GGUF value types a `get(key, type=...)` accepts, by Python type: as llama.cpp, a key of
+# another type is refused (here integers of any width are accepted as int, and integers
+# or floats as float)
+_INTS = {gf.UINT8, gf.INT8, gf.UINT16, gf.INT16, gf.UINT32, gf.INT32, gf.UINT64, gf.INT64}
+_VALUE_TYPES = {int: _INTS, float: _INTS | {gf.FLOAT32, gf.FLOAT64}, str: {gf.STRING},
+                bool: {gf.BOOL}}
+_NUMPY_DTYPES = {Type.F32: np.float32, Type.F16: np.float16}
 
 
 def open_reader(path, use_mmap=True):
-    """A gguf.GGUFReader of the GGUF file `path`, its header checked as llama.cpp checks
-    it (layout_problem and the reader's own checks); ModelLoadError saying why not.
+    """The GGUFFile of the GGUF file `path`, checked as llama.cpp checks it (the reader's
+    checks, then layout_problem); ModelLoadError saying why not.
 
     use_mmap False: the file is first read whole into memory of this process's own
     (a memfd), which the reader maps instead, so that nothing done to the file later
@@ -247,29 +91,12 @@ def open_reader(path, use_mmap=True):
     if not os.path.isfile(path):   # a FIFO would block the open; it cannot be memory-mapped
         raise ModelLoadError(f"{path}: not a regular file (a GGUF file is memory-mapped)")
     try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
-    magic = head[:4]
-    if magic != b"GGUF":
-        raise ModelLoadError(f"{path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-    version = _gguf_version(head[4:])
-    if version is not None and version not in GGUF_VERSIONS:
-        raise ModelLoadError(f"{path}: GGUF version {version} is not supported (only "
-                             f"{' and '.join(map(str, GGUF_VERSIONS))}, as llama.cpp)")
-    try:
         with contextlib.nullcontext(path) if use_mmap else _in_memory(path) as mapped:
-            reader = _reader_class()(mapped)
+            reader = gf.GGUFFile(mapped)
     except OSError as e:
         raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
-    except _FileProblem as e:
+    except gf.GGUFError as e:
         raise ModelLoadError(f"{path}: {e}") from None
-    except UnicodeDecodeError as e:   # the reader decodes key and tensor names
-        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file (a key or tensor name is "
-                             f"not UTF-8 text: byte 0x{e.object[e.start]:02x})") from None
-    except Exception as e:   # the reader reports truncation as ValueError, IndexError, ...
-        raise ModelLoadError(f"{path}: truncated or corrupt GGUF file ({_short(e)})") from None
     problem = layout_problem(reader)
     if problem:
         raise ModelLoadError(f"{path}: {problem}")
@@ -313,14 +140,20 @@ def _warn_if_others_may_write(path):
                       f"(--no-mmap reads it into memory)", ModelFileWarning, stacklevel=3)
 
 
-def field_contents(field, path):
-    """A metadata field's value (gguf's contents()); ModelLoadError naming the file and
-    the key for a string that is not UTF-8."""
-    try:
-        return field.contents()
-    except UnicodeDecodeError as e:
-        raise ModelLoadError(f"{path}: metadata {field.name!r} is not UTF-8 text "
-                             f"(byte {e.object[e.start]:#04x} at {e.start})") from None
+def field_contents(key, field, path):
+    """A metadata field's value; ModelLoadError naming the file and the key for a string
+    (or a string of an array) that is not UTF-8 text."""
+    value = field.value
+    texts = [value] if field.type == gf.STRING else value if field.item_type == gf.STRING else ()
+    for text in texts:
+        if not text.isascii():   # the reader keeps bytes that are not UTF-8 as surrogates
+            raw = text.encode("utf-8", "surrogateescape")
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ModelLoadError(f"{path}: metadata {key!r} is not UTF-8 text "
+                                     f"(byte {raw[e.start]:#04x} at {e.start})") from None
+    return value
 
 
 class GGUFModelFile:
@@ -340,7 +173,8 @@ class GGUFModelFile:
         self.path = os.fspath(path)
         self.use_mmap = use_mmap or reader is not None
         self.reader = open_reader(self.path, use_mmap) if reader is None else reader
-        self._loaded_stat = _identity(os.stat(self.path)) if self.use_mmap else None
+        self._stat_path = os.path.abspath(self.path)    # the same file after a chdir
+        self._loaded_stat = _identity(os.stat(self._stat_path)) if self.use_mmap else None
         if self.use_mmap:
             _warn_if_others_may_write(self.path)
         self.shapes_only = shapes_only
@@ -360,7 +194,7 @@ class GGUFModelFile:
         if not self.use_mmap:
             return
         try:
-            now = _identity(os.stat(self.path))
+            now = _identity(os.stat(self._stat_path))
         except OSError:
             return
         was = self._loaded_stat
@@ -388,24 +222,23 @@ class GGUFModelFile:
             if default is REQUIRED:
                 raise self.error(f"missing metadata key {key!r}")
             return default
-        value = field_contents(field, self.path)
+        value = field_contents(key, field, self.path)
         if type is None:
             return value
-        if field.types and field.types[0] in _value_types()[type]:
+        if field.type in _VALUE_TYPES[type]:
             return type(value)
-        raise self.error(f"metadata {key!r} = {_shown(field, value)} is not {type.__name__}")
+        raise self.error(f"metadata {key!r} = {field.describe()} is not {type.__name__}")
 
     def array_len(self, key):
         """Number of items of array key `key`; None if it is absent or not an array."""
-        import gguf
         field = self.reader.fields.get(key)
-        if field is None or field.types[:1] != [gguf.GGUFValueType.ARRAY]:
+        if field is None or field.type != gf.ARRAY:
             return None
-        return len(field.data)
+        return len(field.value)
 
     def metadata(self):
         """All metadata as plain values (large arrays included)."""
-        return {k: field_contents(f, self.path) for k, f in self.reader.fields.items()}
+        return {k: field_contents(k, f, self.path) for k, f in self.reader.fields.items()}
 
     # ---- tensors --------------------------------------------------------------
 
@@ -423,25 +256,26 @@ class GGUFModelFile:
             if required:
                 raise self.error(f"missing tensor {name!r}")
             return None
-        raw = int(t.tensor_type)
         try:
-            wtype = Type(raw)
+            wtype = Type(t.type)
         except ValueError:
             if not self.shapes_only:
-                raise self.error(f"tensor {name!r} has type {_gguf_type_name(raw)}, "
+                raise self.error(f"tensor {name!r} has type {gf.tensor_type_name(t.type)}, "
                                  f"which ggml_py does not support") from None
-        file_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        file_shape = t.shape
         if file_shape != tuple(shape):
             raise self.error(f"tensor {name!r} has shape {file_shape}, expected {tuple(shape)}")
         if self.shapes_only:
             self.used.add(name)
             return Weight(name, None, file_shape, None)
-        data = t.data
+        data = t.data     # its bytes; F32 and F16 as their numpy values
+        if wtype in _NUMPY_DTYPES:
+            data = data.view(_NUMPY_DTYPES[wtype]).reshape(file_shape)
         if use == USE_NORM and wtype != Type.F32:
             if wtype not in (Type.F16, Type.BF16):
                 raise self.error(f"tensor {name!r} is {wtype.name}; norm weights must be F32, "
                                  f"F16 or BF16")
-            data, wtype = self._to_f32(t, wtype), Type.F32
+            data, wtype = self._to_f32(data, wtype, file_shape), Type.F32
         traits = type_traits(wtype)
         if use == USE_MATMUL and not traits["has_vec_dot"]:
             raise self.error(f"tensor {name!r} is {wtype.name}: this build has no dot-product "
@@ -468,24 +302,22 @@ class GGUFModelFile:
         return [t.name for t in self.reader.tensors if t.name not in self.used]
 
     @staticmethod
-    def _to_f32(t, wtype):
-        """An F16 or BF16 tensor as a new F32 array (numpy-order shape)."""
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    def _to_f32(data, wtype, shape):
+        """F16 values or BF16 bytes (uint8) as a new F32 array of numpy `shape`."""
         if wtype == Type.F16:
-            return np.asarray(t.data, np.float16).astype(np.float32).reshape(shape)
-        # the reader hands BF16 over as raw bytes: (2n,) uint8
-        raw = np.ascontiguousarray(t.data).view(np.uint16).astype(np.uint32) << 16
+            return data.astype(np.float32)
+        raw = data.view(np.uint16).astype(np.uint32) << 16    # BF16: float32's top half
         return raw.view(np.float32).reshape(shape)
 
     @property
     def weights_nbytes(self):
         """Bytes of all tensors in the file."""
-        return sum(int(t.n_bytes) for t in self.reader.tensors)
+        return sum(t.nbytes for t in self.reader.tensors)
 
     @property
     def n_params(self):
         """Elements of all tensors in the file."""
-        return sum(int(t.n_elements) for t in self.reader.tensors)
+        return sum(t.n_elements for t in self.reader.tensors)
 
     def file_type_name(self):
         """The file type, like llama.cpp's ftype ('Q4_K_M', 'F16', ...): general.file_type
@@ -501,11 +333,7 @@ class GGUFModelFile:
         counts = {}
         for t in self.reader.tensors:
             if len(t.shape) >= 2:
-                name = _gguf_type_name(int(t.tensor_type))
-                counts[name] = counts.get(name, 0) + int(t.n_bytes)
+                name = gf.tensor_type_name(t.type)
+                counts[name] = counts.get(name, 0) + t.nbytes
         return max(counts, key=counts.get) if counts else "?"
 
-
-def _short(e):
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__

@@ -125,7 +125,7 @@ class LlamaConfig:
         token_embd = f.tensors.get("token_embd.weight")
         if token_embd is None:
             raise f.error("missing tensor 'token_embd.weight'")
-        n_vocab = count("vocab_size", int(token_embd.shape[-1]))
+        n_vocab = count("vocab_size", token_embd.shape[0] if token_embd.shape else 1)  # (V, E)
         # as llama.cpp (whose n_vocab is the token count): every token needs its rows
         n_tokens = f.array_len("tokenizer.ggml.tokens")
         if n_tokens is not None and n_tokens != n_vocab:

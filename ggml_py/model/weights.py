@@ -94,8 +94,8 @@ def matrix_shapes(f):
         is_output = t.name == "output.weight" or (t.name == "token_embd.weight"
                                                   and not f.has_tensor("output.weight"))
         if len(t.shape) == 2 and (base in MATMUL_TENSORS or is_output):
-            k, n = int(t.shape[0]), int(t.shape[1])   # GGUF lists ne order
-            shapes.add((n, k, weight_type(int(t.tensor_type), f"{f.path}: {t.name}")))
+            n, k = t.shape                              # numpy order: (rows, row length)
+            shapes.add((n, k, weight_type(t.type, f"{f.path}: {t.name}")))
     if not shapes:
         raise ValueError(f"{f.path}: no llama matrix products found")
     name = str(f.get("general.name", default=None) or os.path.basename(f.path))

@@ -20,9 +20,8 @@ the errors), ``partition`` (special tokens split out of the text), ``spm`` and
 :class:`IncrementalDecoder`) and ``pretokenize`` (the pre-tokenizers, the byte
 mapping and the UTF-8 handling). The code is pure Python on the standard library and
 the ``regex`` package (its error type derives from ggml_py's
-``ModelLoadError``); a ``gguf.GGUFReader`` can be passed in but a path is
-read with ``ggml_py.files.gguf_metadata`` (faster than ``GGUFReader`` for 100k+
-entry vocabularies).
+``ModelLoadError``). A path is read with ggml_py's GGUF reader (files/gguf_file.py);
+a file open with it (``GGUFFile``), or a ``gguf.GGUFReader``, can be passed in.
 """
 
 from __future__ import annotations
@@ -61,7 +60,8 @@ __all__ = [
 class Tokenizer(Vocab):
     """A llama.cpp-compatible tokenizer built from GGUF ``tokenizer.*`` metadata.
 
-    Build one with :meth:`from_gguf` (a path or an open ``gguf.GGUFReader``) or
+    Build one with :meth:`from_gguf` (a path, or a file open as a ``GGUFFile`` or a
+    ``gguf.GGUFReader``) or
     :meth:`from_metadata` / the constructor (a mapping of metadata keys to
     values, e.g. what a model loader already read). The vocabulary and the
     queries on it (``n_vocab``, ``bos_id``, ``is_eog``, ``token_text``, ...)
@@ -83,18 +83,18 @@ class Tokenizer(Vocab):
 
     @classmethod
     def from_gguf(cls, path_or_reader: Any, source: str | None = None) -> "Tokenizer":
-        """Load the tokenizer of a GGUF file (a path) or of a ``gguf.GGUFReader``.
+        """Load the tokenizer of a GGUF file: a path, or the file open as a
+        ``GGUFFile`` (ggml_py's reader) or a ``gguf.GGUFReader``.
 
         ``source`` names the file in error messages (default: the path, or
-        the absolute path a reader has mapped). Raises ``ValueError`` naming
+        the path the open file was read from). Raises ``ValueError`` naming
         the file if it is not a GGUF file, :class:`TokenizerError` (also a
         ``ValueError``) if it has no usable tokenizer.
         """
         if hasattr(path_or_reader, "fields"):
-            if source is None:
-                # GGUFReader memory-maps the file; numpy's memmap knows its name.
-                source = str(getattr(getattr(path_or_reader, "data", None), "filename", None)
-                             or "<GGUFReader>")
+            if source is None:    # a GGUFFile knows its path, a GGUFReader's memmap its name
+                source = str(getattr(path_or_reader, "path", None) or getattr(getattr(
+                    path_or_reader, "data", None), "filename", None) or "<GGUFReader>")
             return cls(tokenizer_fields(path_or_reader), source)
         path = os.fspath(path_or_reader)
         return cls(read_gguf_metadata(path), path if source is None else source)

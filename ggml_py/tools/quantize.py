@@ -40,6 +40,7 @@ import gguf
 import numpy as np
 from tqdm import tqdm
 
+from ggml_py.files.gguf_file import ARRAY, STRING, tensor_type_name
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelLoadError, open_reader
 from ggml_py.files.gguf_writer import write_streamed
 from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
@@ -202,33 +203,32 @@ class Writer(gguf.GGUFWriter):
 
 
 def field_types(field):
-    """(value type, item type or None) of a metadata field. An array's item type is read
-    from the file: gguf's reader leaves it out of `field.types` when the array is empty."""
-    vtype = field.types[0]
-    if vtype != gguf.GGUFValueType.ARRAY:
-        return vtype, None
-    return vtype, gguf.GGUFValueType(int(field.parts[3][0]))  # parts: key len, key, ARRAY, item type
+    """(value type, item type or None) of a metadata field (a gguf_file.Field), as
+    gguf's writer takes them; an empty array keeps its item type."""
+    if field.type != ARRAY:
+        return gguf.GGUFValueType(field.type), None
+    return gguf.GGUFValueType(ARRAY), gguf.GGUFValueType(field.item_type)
 
 
 def field_value(field):
     """A metadata value as the file holds it: strings as their raw bytes (old
-    conversions stored tokens that are not UTF-8; llama.cpp copies the bytes)."""
-    vtype, sub_type = field_types(field)
-    if gguf.GGUFValueType.STRING not in (vtype, sub_type):
-        return field.contents()
-    strings = [field.parts[i].tobytes() for i in field.data]
-    return strings if sub_type is not None else strings[0]
+    conversions stored tokens that are not UTF-8; llama.cpp copies the bytes, which
+    the reader kept as surrogate escapes)."""
+    if field.type == STRING:
+        return field.value.encode("utf-8", "surrogateescape")
+    if field.item_type == STRING:
+        return [text.encode("utf-8", "surrogateescape") for text in field.value]
+    return field.value
 
 
 def copy_metadata(reader, writer, file_type):
     """Every key/value of the input, in its order, but the ones the writer owns or we change."""
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type",
-                                              "general.quantization_version"):
+        if key in ("general.architecture", "general.file_type", "general.quantization_version"):
             continue
         if key == "general.alignment":
             # the writer lays the tensor data out to its own alignment, not to the key
-            writer.add_custom_alignment(int(reader.alignment))
+            writer.add_custom_alignment(reader.alignment)
             continue
         vtype, sub_type = field_types(field)
         if sub_type == gguf.GGUFValueType.ARRAY:
@@ -242,7 +242,8 @@ def copy_metadata(reader, writer, file_type):
 
 def to_f32(t):
     """A GGUF tensor's values as float32, numpy shape (rows, row length)."""
-    return gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+    qtype = gguf.GGMLQuantizationType(t.type)
+    return gguf.quants.dequantize(t.data, qtype).astype(np.float32, copy=False)
 
 
 def dequantizable(qtype):
@@ -287,8 +288,8 @@ def open_input(src, dst):
     except ModelLoadError as exc:
         raise QuantizeError(str(exc)) from None
     for t in reader.tensors:
-        if is_weight(t) and not dequantizable(t.tensor_type):
-            raise QuantizeError(f"{src}: tensor {t.name} is {t.tensor_type.name}, "
+        if is_weight(t) and not dequantizable(gguf.GGMLQuantizationType(t.type)):
+            raise QuantizeError(f"{src}: tensor {t.name} is {tensor_type_name(t.type)}, "
                                 "which cannot be read as floats to re-type")
     model = ModelInfo(n_layer=config.n_layer, n_head=config.n_head, n_head_kv=config.n_head_kv,
                       tied_output="output.weight" not in {t.name for t in reader.tensors})
@@ -298,17 +299,17 @@ def open_input(src, dst):
 def new_types(reader, target, model):
     """{tensor name: its type in the output}: llama.cpp's rules for the weights; the
     other tensors keep theirs."""
-    return {t.name: tensor_type(t.name, int(t.shape[0]), target, model) if is_weight(t)
-            else t.tensor_type for t in reader.tensors}
+    return {t.name: tensor_type(t.name, t.shape[-1], target, model) if is_weight(t)
+            else gguf.GGMLQuantizationType(t.type) for t in reader.tensors}
 
 
 def check_requantize(src, reader, types):
     """As llama.cpp without --allow-requantize: no quantized tensor re-encoded into another type."""
     for t in reader.tensors:
-        if int(types[t.name]) != int(t.tensor_type) and t.tensor_type not in FLOAT_TYPES:
-            raise QuantizeError(f"{src}: requantizing from type {t.tensor_type.name} is disabled "
-                                f"({t.name} -> {types[t.name].name}); pass --allow-requantize "
-                                f"to re-type quantized weights")
+        if int(types[t.name]) != t.type and t.type not in FLOAT_TYPES:
+            raise QuantizeError(f"{src}: requantizing from type {tensor_type_name(t.type)} is "
+                                f"disabled ({t.name} -> {types[t.name].name}); pass "
+                                f"--allow-requantize to re-type quantized weights")
 
 
 @functools.cache
@@ -392,13 +393,13 @@ def check_input(t):
     ggml's row validation: the block quantizers pass over a NaN, zeroing part of the
     block silently (QuantizeError). A type ggml_py has no blocks of (IQ4_NL, ...) is
     de-quantized by gguf, a slice of rows at a time, where gguf can."""
-    problem = invalid_data(t.tensor_type, t.data)
-    if problem is None and int(t.tensor_type) not in Type._value2member_map_ \
-            and dequantizable(t.tensor_type):
-        rows = np.asarray(t.data).reshape(-1, t.data.shape[-1])
+    problem = invalid_data(t.type, t.data)
+    qtype = gguf.GGMLQuantizationType(t.type)
+    if problem is None and t.type not in Type._value2member_map_ and dequantizable(qtype):
+        rows = t.data.reshape(-1, t.data.shape[-1])
         step = max(1, CHECK_CHUNK // max(1, rows.shape[1]))
         n_bad, first = _non_finite(
-            (gguf.quants.dequantize(rows[i:i + step], t.tensor_type).reshape(-1), np.isfinite)
+            (gguf.quants.dequantize(rows[i:i + step], qtype).reshape(-1), np.isfinite)
             for i in range(0, len(rows), step))
         if n_bad:
             problem = (f"{n_bad} of its {t.n_elements} values de-quantize to NaN or inf "
@@ -431,8 +432,8 @@ def tensor_plan(reader, types, made=lambda: None):
     def make(t, new, shape):
         def data():
             check_input(t)
-            if int(new) == int(t.tensor_type):
-                out = np.asarray(t.data)
+            if int(new) == t.type:
+                out = t.data
             else:
                 values = to_f32(t).reshape(shape)
                 if new == Type.F32:
@@ -448,7 +449,7 @@ def tensor_plan(reader, types, made=lambda: None):
 
     plan = []
     for t in sorted(reader.tensors, key=lambda t: (layer_of(t.name), t.name)):  # llama.cpp's order
-        shape = tuple(int(d) for d in reversed(t.shape))      # numpy order
+        shape = t.shape
         new = types[t.name]
         plan.append((t.name, shape, gguf.GGMLQuantizationType(int(new)), make(t, new, shape)))
     return plan

@@ -147,9 +147,9 @@ def bytes_per_token(f):
     tied = not f.has_tensor("output.weight")
     for t in f.reader.tensors:
         if t.name == "token_embd.weight" and not tied:
-            total += int(t.n_bytes) // int(t.shape[1])
+            total += t.nbytes // t.shape[-2]        # one of its rows
         elif len(t.shape) >= 2:
-            total += int(t.n_bytes)
+            total += t.nbytes
     return total
 
 
