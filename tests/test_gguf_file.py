@@ -157,9 +157,11 @@ def test_models_load_and_quantize_without_ggufs_reader(monkeypatch, tmp_path):
     assert matrices and set(matrices) == {Type.Q8_0}
 
 
-def test_loading_a_model_does_not_import_gguf():
-    # gguf takes longer to import than the bundled model takes to load
+def test_loading_a_model_does_not_import_gguf(tmp_path):
+    # gguf takes longer to import than the bundled model takes to load; run from a neutral
+    # folder (a checkout's unbuilt ggml_py/ must not shadow the installed one)
     code = ("import sys, ggml_py as gg; gg.Llama(n_threads=1).close(); "
             "print('gguf' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)
     assert out.stdout.split() == ["False"]
