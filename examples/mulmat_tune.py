@@ -5,8 +5,8 @@
     python examples/mulmat_tune.py analyze tune.json --plot tune.png    # winners, crossovers
 
 Then `ggml-main -m model.gguf --tune-file tune.json` schedules with it. How a pass
-measures is in `ggml_py/tune_bench.py`; the file, the estimates and the checks a
-file must pass in `ggml_py/tune.py`; the flags in `ggml_py/tune_cli.py`; all of it
+measures is in `ggml_py/tune/bench.py`; the file, the estimates and the checks a
+file must pass in `ggml_py/tune/data.py`; the flags in `ggml_py/cli/tune.py`; all of it
 in `docs/tune.md`.
 """
 import sys

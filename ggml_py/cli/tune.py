@@ -117,7 +117,7 @@ def analyze(data, out=None):
 def plot_path(path, inputs=None):
     """Where --plot PATH draws: PATH, with .png added when it names no format (a
     name ending in "." gets "png"); checked before anything is printed: a format
-    matplotlib can write, at a path output_file's rules let it write (not `inputs`)."""
+    matplotlib can write, at a path files.output's rules let it write (not `inputs`)."""
     if not path:
         raise ValueError("--plot needs a file name")
     ext = os.path.splitext(path)[1]

@@ -276,7 +276,7 @@ def runnable_config(src, reader):
 
 
 def open_input(src, dst):
-    """Read and check `src` (a llama GGUF) and that `dst` may be written (output_file's
+    """Read and check `src` (a llama GGUF) and that `dst` may be written (files.output's
     rules: not `src`): (reader, ModelInfo)."""
     try:
         check_output_path(dst, inputs={src: "the input file"})

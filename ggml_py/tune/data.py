@@ -179,7 +179,7 @@ class TuneData:
 
 
 def check_writable(path, not_over=None):
-    """Raise TuneFileError unless a tune file can be saved at `path` (output_file's
+    """Raise TuneFileError unless a tune file can be saved at `path` (files.output's
     rules) — before a bench, not after it. not_over: a file (the model) it must not replace."""
     try:
         check_output_path(path, inputs={not_over: "the model file"} if not_over is not None else None)
