@@ -150,20 +150,31 @@ void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *
     *s = sumf;
 }
 
+/* One Q4_K / Q5_K super-block against its Q8_K block: *isum and *summs get int32
+ * lanes of k4_block_sum's two integer sums (dot_ref.c). */
+static inline void k4_block(const uint8_t *packed, const uint8_t *qs, const uint8_t *qh,
+                            const ggml_py_block_q8_K *y, __m256i *isum, __m128i *summs) {
+    const __m256i sm = ggml_py_k4_scales_mins(packed);
+    const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+    *summs = ggml_py_k4_mins_dot(sm, y->bsums);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i lo, hi;
+        ggml_py_k4_chunk_values(qs, qh, c, &lo, &hi);
+        acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y->qs + 64 * c, scales, c));
+    }
+    *isum = acc;
+}
+
 void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            ggml_py_k4_chunk_values(x[i].qs, NULL, c, &lo, &hi);
-            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
-        }
-        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        __m256i isum;
+        __m128i summs;
+        k4_block(x[i].scales, x[i].qs, NULL, &y[i], &isum, &summs);
+        sumf += ggml_py_k4_finish(&y[i], isum, summs, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -173,15 +184,10 @@ void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *
     const ggml_py_block_q8_K *y = vy;
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            ggml_py_k4_chunk_values(x[i].qs, x[i].qh, c, &lo, &hi);
-            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
-        }
-        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        __m256i isum;
+        __m128i summs;
+        k4_block(x[i].scales, x[i].qs, x[i].qh, &y[i], &isum, &summs);
+        sumf += ggml_py_k4_finish(&y[i], isum, summs, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -192,14 +198,14 @@ void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-        const int8_t *sc = x[i].scales;
         const int8_t *q8 = y[i].qs;
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, q8 += 128) {
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_q6_K_offset(x[i].scales, y[i].bsums));
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, q8 += 128) {
+            const __m256i sc = ggml_py_q6_K_half_scales(x[i].scales + 8 * c);
             __m256i q[4];
             ggml_py_q6_K_half(ql, qh, q);
             for (int g = 0; g < 4; g++) {
-                acc = _mm256_add_epi32(acc, ggml_py_q6_K_dot32(q[g], q8 + 32 * g, sc[2 * g], sc[2 * g + 1]));
+                acc = _mm256_add_epi32(acc, ggml_py_q6_K_dot32(q[g], q8 + 32 * g, ggml_py_spread_i16(sc, 2 * g, 2 * g + 1)));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);
