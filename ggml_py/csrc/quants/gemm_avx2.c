@@ -197,10 +197,10 @@ INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
             dh |= (uint64_t) xb->d << (16 * i);
             for (int j = 0; j < nr1; j++) {
                 const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
-                isum[j][i] = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_q6_K_offset(xb->scales, yb->bsums));
+                isum[j][i] = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_k_offset(_mm_loadu_si128((const __m128i *) xb->scales), yb->bsums, 5));
             }
             for (int c = 0; c < 2; c++) {
-                const __m256i sc = ggml_py_q6_K_half_scales(xb->scales + 8 * c);
+                const __m256i sc = ggml_py_scales8_i16(_mm_loadl_epi64((const __m128i *) (xb->scales + 8 * c)));
                 __m256i q[4];
                 ggml_py_q6_K_half(xb->ql + 64 * c, xb->qh + 32 * c, q);
                 for (int g = 0; g < 4; g++) {
@@ -218,6 +218,73 @@ INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         }
     }
     store4(acc, nr0, nr1, d, ldd, dd);
+}
+
+/* Q2_K or (three_bits) Q3_K x Q8_K: per super-block, each weight row's scales
+ * (and Q2_K's mins, Q3_K's offset of 4) are unpacked once and each group of 32
+ * values once for its activation rows; each output then takes vec_dot_q2_K's /
+ * vec_dot_q3_K's integer sum, and the float step runs for the four rows at once. */
+INLINE void gemm_k23_body(int three_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                          const char *y, size_t by, float *d, int64_t ldd, int64_t dd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    const size_t block = three_bits ? sizeof(ggml_py_block_q3_K) : sizeof(ggml_py_block_q2_K);
+    __m128 acc[R1];
+    for (int j = 0; j < R1; j++) acc[j] = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++) {
+        __m256i isum[R1][R0], summs[R1][R0];
+        uint64_t dh = 0, mh = 0;
+        for (int i = 0; i < R0; i++) {
+            for (int j = 0; j < nr1; j++) isum[j][i] = summs[j][i] = _mm256_setzero_si256();
+            if (i >= nr0) continue;
+            const ggml_py_block_q2_K *b2 = (const ggml_py_block_q2_K *) (x + i * bx + ib * block);
+            const ggml_py_block_q3_K *b3 = (const ggml_py_block_q3_K *) b2;
+            __m128i sc3 = _mm_setzero_si128();
+            __m256i hmask = _mm256_setzero_si256();
+            if (three_bits) {
+                sc3 = ggml_py_q3_K_scales_v(b3->scales);
+                hmask = _mm256_loadu_si256((const __m256i *) b3->hmask);
+                dh |= (uint64_t) b3->d << (16 * i);
+            } else {
+                dh |= (uint64_t) b2->d << (16 * i);
+                mh |= (uint64_t) b2->dmin << (16 * i);
+            }
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                if (three_bits) isum[j][i] = _mm256_sub_epi32(isum[j][i], ggml_py_k_offset(sc3, yb->bsums, 2));
+                else summs[j][i] = ggml_py_q2_K_mins_dot(b2->scales, yb->bsums);
+            }
+            for (int c = 0; c < 2; c++) {
+                const __m256i sc = three_bits ? ggml_py_scales8_i16(c ? _mm_unpackhi_epi64(sc3, sc3) : sc3)
+                                              : ggml_py_q2_K_half_scales(b2->scales + 8 * c);
+                const __m256i q2 = _mm256_loadu_si256((const __m256i *) ((three_bits ? b3->qs : b2->qs) + 32 * c));
+                for (int k = 0; k < 4; k++) {
+                    const __m256i v = ggml_py_k23_values(q2, three_bits ? &hmask : NULL, c, k);
+                    const __m256i s = ggml_py_spread_i16(sc, 2 * k, 2 * k + 1);
+                    for (int j = 0; j < nr1; j++) {
+                        const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c + 32 * k;
+                        const __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *) q8));
+                        isum[j][i] = _mm256_add_epi32(isum[j][i], _mm256_madd_epi16(p, s));
+                    }
+                }
+            }
+        }
+        for (int j = 0; j < nr1; j++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+            acc[j] = k_finish4(acc[j], yb, dh, ggml_py_hsum4_i32_8(isum[j]), !three_bits, mh,
+                               ggml_py_hsum4_i32_8(summs[j]));
+        }
+    }
+    store4(acc, nr0, nr1, d, ldd, dd);
+}
+
+INLINE void gemm_q2_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k23_body(0, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
+}
+
+INLINE void gemm_q3_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k23_body(1, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
 }
 
 /* F16 x F16: one accumulator per output (not bitwise equal to vec_dot_f16). */
@@ -261,6 +328,8 @@ FULL_SIZES(gemm_f16)
 FULL_SIZES(gemm_q4_K)
 FULL_SIZES(gemm_q5_K)
 FULL_SIZES(gemm_q6_K)
+FULL_SIZES(gemm_q2_K)
+FULL_SIZES(gemm_q3_K)
 
 /* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
  *
@@ -388,6 +457,8 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
         case GGML_PY_TYPE_Q4_K: return gemm_q4_K;
         case GGML_PY_TYPE_Q5_K: return gemm_q5_K;
         case GGML_PY_TYPE_Q6_K: return gemm_q6_K;
+        case GGML_PY_TYPE_Q2_K: return gemm_q2_K;
+        case GGML_PY_TYPE_Q3_K: return gemm_q3_K;
         default:                return NULL;
     }
 }

@@ -65,13 +65,6 @@ static inline int ggml_py_hsum_i32_8(__m256i a) {
     return _mm_cvtsi128_si32(s1);
 }
 
-/* Sum of q * y over 32 values whose two halves of 16 have scales sc0, sc1
- * (p16: the 16 pair sums of maddubs). */
-static inline __m256i ggml_py_scaled_dot32(__m256i p16, int sc0, int sc1) {
-    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short) sc1), _mm_set1_epi16((short) sc0));
-    return _mm256_madd_epi16(p16, scales);
-}
-
 /* Half of a Q6_K super-block (ql: its 64 bytes of low nibbles, qh: its 32 bytes
  * of high bit pairs): 128 six-bit values, 0..63, as four groups of 32 bytes. */
 static inline void ggml_py_q6_K_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
@@ -110,24 +103,62 @@ static inline __m256i ggml_py_spread_i16(__m256i v, int lo, int hi) {
                                                    _mm_set1_epi16((short) (0x0100 + 0x0202 * lo))));
 }
 
-/* Q6_K's scales 8c .. 8c + 7 of half c as int16, in both 128-bit lanes. */
-static inline __m256i ggml_py_q6_K_half_scales(const int8_t *sc) {
-    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *) sc)));
+/* Eight int8 scales (the low 8 bytes of sc: half c's 8c .. 8c + 7 of Q3_K's or
+ * Q6_K's 16) as int16, in both 128-bit lanes. */
+static inline __m256i ggml_py_scales8_i16(__m128i sc) {
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
+}
+
+/* Q3_K's 16 signed 6-bit scales (value - 32) from its 12 packed bytes, on 32-bit
+ * words (ggml_py_q3_K_scales at once; no round trip through memory). */
+static inline __m128i ggml_py_q3_K_scales_v(const uint8_t *packed) {
+    uint32_t a[3];
+    memcpy(a, packed, sizeof(a));
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t s0 = (a[0] & m4) | ((a[2] & m2) << 4);
+    const uint32_t s1 = (a[1] & m4) | (((a[2] >> 2) & m2) << 4);
+    const uint32_t s2 = ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4);
+    const uint32_t s3 = ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4);
+    return _mm_sub_epi8(_mm_set_epi32((int) s3, (int) s2, (int) s1, (int) s0), _mm_set1_epi8(32));
 }
 
 /* Sum of q * y over 32 Q6_K values 0..63 (yq: their 32 Q8_K activations), halves
  * of 16 scaled by the int16s of sc (ggml_py_spread_i16); int32 lanes. The - 32 of
- * each value is taken off once per block (ggml_py_q6_K_offset). */
+ * each value is taken off once per block (ggml_py_k_offset). */
 static inline __m256i ggml_py_q6_K_dot32(__m256i q, const int8_t *yq, __m256i sc) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *) yq)), sc);
 }
 
-/* 32 * sum of scale j * (sum of activations 16j .. 16j + 15): what the values'
- * offset of 32 takes off a Q6_K block's integer sum (int32 lanes). */
-static inline __m256i ggml_py_q6_K_offset(const int8_t *scales, const int16_t *bsums) {
-    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) scales));
-    const __m256i s = _mm256_madd_epi16(sc, _mm256_loadu_si256((const __m256i *) bsums));
-    return _mm256_slli_epi32(s, 5);
+/* (sum of scale j * (sum of activations 16j .. 16j + 15)) << shift, in int32
+ * lanes: what an offset of 2^shift on every value (Q6_K's 32, Q3_K's 4) takes off
+ * a block's integer sum (scales: the block's 16 int8 scales). */
+static inline __m256i ggml_py_k_offset(__m128i scales, const int16_t *bsums, int shift) {
+    const __m256i s = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), _mm256_loadu_si256((const __m256i *) bsums));
+    return _mm256_slli_epi32(s, shift);
+}
+
+/* Q2_K's scales 8c .. 8c + 7 of half c (low nibbles of its 16 bytes) as int16,
+ * in both 128-bit lanes. */
+static inline __m256i ggml_py_q2_K_half_scales(const uint8_t *packed) {
+    const __m128i b = _mm_and_si128(_mm_loadl_epi64((const __m128i *) packed), _mm_set1_epi8(0xF));
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+}
+
+/* int32 lanes summing to sum of min j * bsums[j] (Q2_K's mins: the high nibbles
+ * of its 16 scale bytes). */
+static inline __m256i ggml_py_q2_K_mins_dot(const uint8_t *packed, const int16_t *bsums) {
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *) packed), 4), _mm_set1_epi8(0xF));
+    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(m), _mm256_loadu_si256((const __m256i *) bsums));
+}
+
+/* Values 128c + 32k .. + 31 of a Q2_K / Q3_K super-block, without Q3_K's offset
+ * of 4: two bits at 2k of qs (its 32 bytes of half c) and, for Q3_K, the bit
+ * 4c + k of each hmask byte as bit 2 (hmask: NULL for Q2_K); 0..7. */
+static inline __m256i ggml_py_k23_values(__m256i qs, const __m256i *hmask, int c, int k) {
+    const __m256i v = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+    if (!hmask) return v;
+    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(*hmask, 4 * c + k), _mm256_set1_epi8(1));
+    return _mm256_or_si256(v, _mm256_slli_epi16(hb, 2));
 }
 
 /* A Q4_K / Q5_K block's 8 six-bit scales (int16s of the low 128-bit lane) and 8
