@@ -81,8 +81,8 @@ static inline void ggml_py_q6_K_half(const uint8_t *ql, const uint8_t *qh, __m25
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
 }
 
-/* Lane i of the result: the sum of s[i]'s lanes (four weight rows' sums at once;
- * unpacks and adds: x1.2 faster than hadds on an AMD EPYC VM). */
+/* Lane i of the result: the sum of s[i]'s lanes (four weight rows' sums at once,
+ * by unpacks and adds rather than hadds; docs/benchmarks.md). */
 static inline __m128i ggml_py_hsum4_i32_4(const __m128i s[4]) {
     const __m128i t0 = _mm_add_epi32(_mm_unpacklo_epi32(s[0], s[1]), _mm_unpackhi_epi32(s[0], s[1]));
     const __m128i t1 = _mm_add_epi32(_mm_unpacklo_epi32(s[2], s[3]), _mm_unpackhi_epi32(s[2], s[3]));
