@@ -99,8 +99,9 @@ static inline __m128i ggml_py_hsum4_i32_8(const __m256i s[4]) {
 /* Every int16 of each 128-bit lane of v set to that lane's int16 number lo (low
  * lane) or hi (high lane): one shuffle spreads a scale over its values. */
 static inline __m256i ggml_py_spread_i16(__m256i v, int lo, int hi) {
-    return _mm256_shuffle_epi8(v, _mm256_set_m128i(_mm_set1_epi16((short) (0x0100 + 0x0202 * hi)),
-                                                   _mm_set1_epi16((short) (0x0100 + 0x0202 * lo))));
+    const char l0 = (char) (2 * lo), l1 = (char) (2 * lo + 1), h0 = (char) (2 * hi), h1 = (char) (2 * hi + 1);
+    return _mm256_shuffle_epi8(v, _mm256_setr_epi8(l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1,
+                                                   h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1));
 }
 
 /* Eight int8 scales (the low 8 bytes of sc: half c's 8c .. 8c + 7 of Q3_K's or
