@@ -452,10 +452,16 @@ def test_bench_model_table_and_json():
     assert [r.split("|")[5].strip() for r in rows] == ["1", "1", "2", "2"]
     assert [r.split("|")[6].strip() for r in rows] == ["pp16", "tg4", "pp16", "tg4"]
     assert all(re.search(r"\d+\.\d\d ± \d+\.\d\d \|$", r) for r in rows)
+    # the roofline of each tgN row: the read bandwidth measured on its own thread count
+    roofline = re.findall(r"tg4 at (\d) threads: \d+ % of the roofline \((\d+\.\d) GB/s", proc.stdout)
+    assert [t for t, _ in roofline] == ["1", "2"], proc.stdout
     proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 8, "-n", 2, "-t", 1,
                "-r", 1, "--json")
-    results = json.loads(proc.stdout)["results"]
+    out = json.loads(proc.stdout)
+    results = out["results"]
     assert [r["test"] for r in results] == ["pp8", "tg2"] and results[0]["avg_ts"] > 0
+    assert list(out["read_bandwidth"]) == ["1"] and results[1]["read_bandwidth"] == out["read_bandwidth"]["1"]
+    assert results[1]["roofline_ts"] == results[1]["read_bandwidth"] / out["weight_bytes_per_token"]
     # -p 0 leaves the prompt test out (as llama-bench), the generation test still runs
     proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
                "-r", 1, "--json")

@@ -76,9 +76,10 @@ def test_mul_mat_all_profiles(t, m):
             np.testing.assert_array_equal(out, base)
 
 
-@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q6_K, gg.F16], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q2_K, gg.Q3_K, gg.Q4_K, gg.Q5_K, gg.Q6_K, gg.F16],
+                         ids=lambda t: t.name)
 def test_blocked_tiles_equal_vec_dot(t):
-    """Rows computed by the 4x2 tiles (M > 1) equal those of M = 1 bit for bit."""
+    """Rows computed by the 4x2 tiles (M > 1) equal those of the 4x1 ones (M = 1) bit for bit."""
     n, k = 13, 512
     rng = np.random.default_rng(int(t))
     w = rng.standard_normal((n, k)).astype(np.float32)
@@ -122,7 +123,10 @@ def assert_cpu_equals_vec_dot(t, w, x_batches, ms, rng):
             np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"M = {m}, {n_threads} threads")
 
 
-@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K], ids=lambda t: t.name)
+K_QUANTS = [gg.Q2_K, gg.Q3_K, gg.Q4_K, gg.Q5_K, gg.Q6_K]
+
+
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0] + K_QUANTS, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 8, 13, 33])
 def test_cpu_products_equal_vec_dot(t, n):
     """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
@@ -130,10 +134,45 @@ def test_cpu_products_equal_vec_dot(t, n):
     has them (Q4_0 from M = 8: panels of eight neighbouring rows, tested below): every
     output equals vec_dot of its row and column bit for bit, for any N, M (one, a few,
     more than a block of 32), thread count and batch."""
-    k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in (gg.Q4_K, gg.Q5_K, gg.Q6_K) else 5)
+    k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in K_QUANTS else 5)
     rng = np.random.default_rng(n)
     w = rng.standard_normal((2, n, k)).astype(np.float32)
     assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 35), rng)
+
+
+# where each K-quant block keeps its fp16 scales (d, and dmin where it has one)
+K_QUANT_HALVES = {gg.Q2_K: slice(80, 84), gg.Q3_K: slice(108, 110), gg.Q4_K: slice(0, 4),
+                  gg.Q5_K: slice(0, 4), gg.Q6_K: slice(208, 210)}
+
+
+@pytest.mark.parametrize("t", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
+    """The K-quants' tiles (four far-apart rows, M = 1 included) unpack scales and mins
+    with vector words and shuffles and take the float step of four rows at once. On random
+    block bytes (every scale and min bit pattern; d and dmin kept finite) every output
+    equals the scalar twin's vec_dot bit for bit."""
+    from ggml_py import quants as Q
+    n, n_blocks = 7, 3
+    k, block = 256 * n_blocks, gg.type_traits(t)["type_size"]
+    rng = np.random.default_rng(m)
+    raw = rng.integers(0, 256, (n, n_blocks, block), dtype=np.uint8)
+    halves = raw[..., K_QUANT_HALVES[t]]
+    halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=4 << 20)
+    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
+    y.profile = y.profiles()[0]
+    graph = gg.build_forward(y)
+    simd_quantizer = Q.kernel_variants(gg.Q8_K)["from_float"][1]
+    expect = np.empty((m, n), np.float32)
+    for j in range(m):
+        qx = Q.quantize_row_variant(x[j], gg.Q8_K, simd_quantizer)
+        for i in range(n):
+            expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
+    for n_threads in (1, 2):
+        graph.compute(n_threads=n_threads)
+        np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
 
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 17])

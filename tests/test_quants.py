@@ -133,16 +133,22 @@ def test_simd_dot_equals_scalar_twin(t, n_blocks):
             assert a == b   # same integer sums, same float steps: bitwise
 
 
-@pytest.mark.parametrize("t", [gg.Q4_K, gg.Q5_K], ids=lambda t: t.name)
+# where each K-quant block keeps its fp16 scales (d, and dmin where it has one)
+K_QUANT_HALVES = {gg.Q2_K: slice(80, 84), gg.Q3_K: slice(108, 110), gg.Q4_K: slice(0, 4),
+                  gg.Q5_K: slice(0, 4), gg.Q6_K: slice(208, 210)}
+
+
+@pytest.mark.parametrize("t", list(K_QUANT_HALVES), ids=lambda t: t.name)
 def test_simd_dot_equals_scalar_twin_on_raw_scale_bytes(t):
-    """Q4_K / Q5_K pack 8 six-bit scales and 8 mins into 12 bytes; the SIMD kernels unpack
-    them a word at a time. Random bytes (every bit pattern a file may hold, not only what
-    our quantizer writes; d and dmin kept finite) give the scalar twin's bits."""
+    """The K-quants pack their scales (and mins) in bytes the SIMD kernels unpack with
+    vector words and shuffles (Q4_K / Q5_K: 8 six-bit scales and 8 mins in 12 bytes).
+    Random bytes (every bit pattern a file may hold, not only what our quantizer writes;
+    d and dmin kept finite) give the scalar twin's bits."""
     block, y_block = gg.type_traits(t)["type_size"], gg.type_traits(gg.Q8_K)["type_size"]
     rng = np.random.default_rng(7)
     n_blocks = 64
     qx = rng.integers(0, 256, n_blocks * block, dtype=np.uint8)
-    halves = qx.reshape(n_blocks, block)[:, :4].view(np.float16)   # d, dmin of each block
+    halves = qx.reshape(n_blocks, block)[:, K_QUANT_HALVES[t]].view(np.float16)   # d (, dmin)
     halves[...] = rng.uniform(-2, 2, halves.shape).astype(np.float16)
     y = rng.standard_normal(n_blocks * 256).astype(np.float32)
     qy = gg.quantize(y, gg.Q8_K)

@@ -236,9 +236,9 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * rows 1.8; two neighbouring Q8_0 rows ran at under a third of one row's speed.)
  * vec_dot reads a whole row at a time, and there group r is VEC_DOT_ROWS
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
- * The blocked kernels of the 32-element types and F16 run at M = 1 too (F16's
- * tile sums in another order than vec_dot_f16, and a row's result must not depend
- * on the batch it comes in); the K-quants' only from M = 2. A panel kernel (Q4_0
+ * The blocked kernels run at M = 1 too (F16's tile sums in another order than
+ * vec_dot_f16, and a row's result must not depend on the batch it comes in). A
+ * panel kernel (Q4_0
  * from M = 8) takes group r as rows 8r .. 8r + 7 and all of the item's src1 rows:
  * it interleaves the rows once per item, and they are written side by side. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {

@@ -120,23 +120,27 @@ def bench_model(args):
                 if len(rows) == 1:
                     print_header()
                 print_row(rows[-1])
-    bandwidth = read_bandwidth(512)
+    # one read bandwidth per thread count: a roofline measured on one thread would
+    # put two threads over 100 %
     per_token = bytes_per_token(f)
+    bandwidth = {nt: read_bandwidth(512, threads=nt) for nt in sorted({r["n_threads"] for r in rows if r["n_gen"]})}
     for r in rows:
         if r["n_gen"]:
-            r["roofline_ts"] = bandwidth / per_token
+            r["read_bandwidth"] = bandwidth[r["n_threads"]]
+            r["roofline_ts"] = r["read_bandwidth"] / per_token
             r["roofline_fraction"] = r["avg_ts"] / r["roofline_ts"]
     if args.json:
-        print(json.dumps({"system_info": gg.system_info(), "read_bandwidth": bandwidth,
+        print(json.dumps({"system_info": gg.system_info(),
+                          "read_bandwidth": {str(nt): bw for nt, bw in bandwidth.items()},
                           "weight_bytes_per_token": per_token, "results": rows}, indent=1))
-    else:
-        print(f"\ndecode roofline: {per_token / 2**20:.1f} MiB of weights per token / "
-              f"{bandwidth / 1e9:.1f} GB/s read bandwidth (measured now) = "
-              f"{bandwidth / per_token:.2f} t/s")
+    elif bandwidth:
+        print(f"\ndecode roofline: {per_token / 2**20:.1f} MiB of weights per token / the read "
+              f"bandwidth measured now on as many threads")
         for r in rows:
             if r["n_gen"]:
                 print(f"  {r['test']} at {r['n_threads']} threads: {100 * r['roofline_fraction']:.0f} % "
-                      f"of the roofline")
+                      f"of the roofline ({r['read_bandwidth'] / 1e9:.1f} GB/s = {r['roofline_ts']:.2f} t/s)")
+    if not args.json:
         print(f"\n{gg.system_info()}")
     return 0
 

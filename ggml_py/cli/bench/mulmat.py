@@ -1,7 +1,7 @@
 """ggml-bench mulmat: MUL_MAT speed per weight type, shape, batch size M,
 profile and thread count, next to the machine's own yardsticks measured in the
 same run: numpy float32 matmul GFLOPS on the same shape and a large-array read
-bandwidth. Every figure is also printed as a fraction of them.
+bandwidth on as many threads. Every figure is also printed as a fraction of them.
 
 Shapes are weight matrices N x K (numpy order: N rows of K); the activations
 are M x K. Defaults: the four matrix shapes of a 1.1B llama.
@@ -12,6 +12,7 @@ import platform
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -95,11 +96,17 @@ def _median_time(fn, repeat, max_seconds):
     return statistics.median(times)
 
 
-def read_bandwidth(mib, repeat=5):
-    """Bytes/s of reading a large float32 array (best of numpy's sum and BLAS sdot)."""
+def read_bandwidth(mib, repeat=5, threads=1):
+    """Bytes/s of reading a large float32 array on `threads` threads at once, each
+    its own slice (best of numpy's sum and BLAS sdot, both run without the GIL): a
+    roofline for work spread over that many threads."""
     a = np.ones(mib * (1 << 20) // 4, np.float32)
-    t_sum = _median_time(lambda: a.sum(), repeat, 5.0)
-    t_dot = _median_time(lambda: np.dot(a, a), repeat, 5.0)   # reads a once (same array)
+    parts = np.array_split(a, threads)
+    with ThreadPoolExecutor(threads) as pool:
+        def read(f):
+            return f(a) if threads == 1 else list(pool.map(f, parts))
+        t_sum = _median_time(lambda: read(np.sum), repeat, 5.0)
+        t_dot = _median_time(lambda: read(lambda p: np.dot(p, p)), repeat, 5.0)   # reads p once
     return a.nbytes / min(t_sum, t_dot)
 
 
@@ -125,7 +132,8 @@ def run(args):
                          f"{', '.join(t.name for t in types)} (they have {', '.join(sorted(offered))})")
 
     check_memory(shapes, max(m_values))
-    bandwidth = read_bandwidth(args.bandwidth_mib)
+    # a roofline per thread count: one thread alone does not reach the machine's bandwidth
+    bandwidth = {nt: read_bandwidth(args.bandwidth_mib, threads=nt) for nt in threads}
     rows = []
     rng = np.random.default_rng(1)
     for n, k in shapes:
@@ -158,17 +166,19 @@ def run(args):
                         rows.append({
                             "type": t.name, "n": n, "k": k, "m": m, "profile": profile.name,
                             "threads": nt, "ms": sec * 1e3, "gflops": gflops, "weight_gbps": gbps,
-                            "numpy_gflops": np_gflops, "read_gbps": bandwidth / 1e9,
-                            "frac_numpy": gflops / np_gflops, "frac_bandwidth": gbps * 1e9 / bandwidth,
+                            "numpy_gflops": np_gflops, "read_gbps": bandwidth[nt] / 1e9,
+                            "frac_numpy": gflops / np_gflops, "frac_bandwidth": gbps * 1e9 / bandwidth[nt],
                         })
                         if not args.json:
                             _print_row(rows[-1], header=len(rows) == 1)
     if args.json:
         print(json.dumps({"machine": platform.processor() or platform.machine(),
-                          "system_info": gg.system_info(), "read_gbps": bandwidth / 1e9,
+                          "system_info": gg.system_info(),
+                          "read_gbps": {str(nt): bw / 1e9 for nt, bw in bandwidth.items()},
                           "results": rows}, indent=1))
     else:
-        print(f"# read bandwidth {bandwidth / 1e9:.1f} GB/s; {gg.system_info()}")
+        per_thread = ", ".join(f"{bw / 1e9:.1f} GB/s on {nt}" for nt, bw in bandwidth.items())
+        print(f"# read bandwidth {per_thread} thread(s); {gg.system_info()}")
     return 0
 
 

@@ -97,21 +97,22 @@ void ggml_py_vec_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q2_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3);
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        int summs = 0;
-        for (int j = 0; j < 16; j++) summs += y[i].bsums[j] * (x[i].scales[j] >> 4);
+        const __m256i mins = ggml_py_q2_K_mins_dot(x[i].scales, y[i].bsums);
+        const __m128i m = _mm_add_epi32(_mm256_castsi256_si128(mins), _mm256_extracti128_si256(mins, 1));
         __m256i acc = _mm256_setzero_si256();
         for (int c = 0; c < 2; c++) {
+            const __m256i sc = ggml_py_q2_K_half_scales(x[i].scales + 8 * c);
             const __m256i q2 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
             for (int k = 0; k < 4; k++) {
-                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * k), m3);
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
-                const uint8_t *sc = x[i].scales + 8 * c + 2 * k;
-                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(_mm256_maddubs_epi16(q, qy), sc[0] & 0xF, sc[1] & 0xF));
+                const __m256i p = _mm256_maddubs_epi16(ggml_py_k23_values(q2, NULL, c, k), qy);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ggml_py_spread_i16(sc, 2 * k, 2 * k + 1)));
             }
         }
+        const __m128i m2 = _mm_add_epi32(m, _mm_unpackhi_epi64(m, m));
+        const int summs = _mm_cvtsi128_si32(_mm_add_epi32(m2, _mm_shuffle_epi32(m2, _MM_SHUFFLE(2, 3, 0, 1))));
         const int isum = ggml_py_hsum_i32_8(acc);
         const float dall = y[i].d * FP16_TO_FP32(x[i].d);
         const float dmin = y[i].d * FP16_TO_FP32(x[i].dmin);
@@ -123,24 +124,19 @@ void ggml_py_vec_dot_q2_K_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q3_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1), four = _mm256_set1_epi8(4);
     float sumf = 0;
-    int8_t sc[16];
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        ggml_py_q3_K_scales(x[i].scales, sc);
+        const __m128i sc = ggml_py_q3_K_scales_v(x[i].scales);
         const __m256i hmask = _mm256_loadu_si256((const __m256i *) x[i].hmask);
-        __m256i acc = _mm256_setzero_si256();
+        /* the values' offset of 4 taken off once per block */
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_k_offset(sc, y[i].bsums, 2));
         for (int c = 0; c < 2; c++) {
+            const __m256i sch = ggml_py_scales8_i16(c ? _mm_unpackhi_epi64(sc, sc) : sc);
             const __m256i q2 = _mm256_loadu_si256((const __m256i *) (x[i].qs + 32 * c));
             for (int k = 0; k < 4; k++) {
-                /* u = low 2 bits | high bit << 2, in 0..7; the value is u - 4 */
-                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q2, 2 * k), m3);
-                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hmask, 4 * c + k), one);
-                const __m256i u = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
                 const __m256i qy = _mm256_loadu_si256((const __m256i *) (y[i].qs + 128 * c + 32 * k));
-                const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(u, qy), _mm256_maddubs_epi16(four, qy));
-                const int8_t *scj = sc + 8 * c + 2 * k;
-                acc = _mm256_add_epi32(acc, ggml_py_scaled_dot32(p, scj[0], scj[1]));
+                const __m256i p = _mm256_maddubs_epi16(ggml_py_k23_values(q2, &hmask, c, k), qy);
+                acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ggml_py_spread_i16(sch, 2 * k, 2 * k + 1)));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);
@@ -150,20 +146,31 @@ void ggml_py_vec_dot_q3_K_avx2(int64_t n, float *s, const void *vx, const void *
     *s = sumf;
 }
 
+/* One Q4_K / Q5_K super-block against its Q8_K block: *isum and *summs get int32
+ * lanes of k4_block_sum's two integer sums (dot_ref.c). */
+static inline void k4_block(const uint8_t *packed, const uint8_t *qs, const uint8_t *qh,
+                            const ggml_py_block_q8_K *y, __m256i *isum, __m128i *summs) {
+    const __m256i sm = ggml_py_k4_scales_mins(packed);
+    const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+    *summs = ggml_py_k4_mins_dot(sm, y->bsums);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        __m256i lo, hi;
+        ggml_py_k4_chunk_values(qs, qh, c, &lo, &hi);
+        acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y->qs + 64 * c, scales, c));
+    }
+    *isum = acc;
+}
+
 void ggml_py_vec_dot_q4_K_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_K *x = vx;
     const ggml_py_block_q8_K *y = vy;
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            ggml_py_k4_chunk_values(x[i].qs, NULL, c, &lo, &hi);
-            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
-        }
-        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        __m256i isum;
+        __m128i summs;
+        k4_block(x[i].scales, x[i].qs, NULL, &y[i], &isum, &summs);
+        sumf += ggml_py_k4_finish(&y[i], isum, summs, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -173,15 +180,10 @@ void ggml_py_vec_dot_q5_K_avx2(int64_t n, float *s, const void *vx, const void *
     const ggml_py_block_q8_K *y = vy;
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, x[i].scales, &sc[j], &mn[j]);
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i lo, hi;
-            ggml_py_k4_chunk_values(x[i].qs, x[i].qh, c, &lo, &hi);
-            acc = _mm256_add_epi32(acc, ggml_py_k4_chunk_dot(lo, hi, y[i].qs + 64 * c, sc + 2 * c));
-        }
-        sumf += ggml_py_k4_finish(&y[i], acc, mn, x[i].d, x[i].dmin);
+        __m256i isum;
+        __m128i summs;
+        k4_block(x[i].scales, x[i].qs, x[i].qh, &y[i], &isum, &summs);
+        sumf += ggml_py_k4_finish(&y[i], isum, summs, x[i].d, x[i].dmin);
     }
     *s = sumf;
 }
@@ -192,14 +194,14 @@ void ggml_py_vec_dot_q6_K_avx2(int64_t n, float *s, const void *vx, const void *
     float sumf = 0;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
-        const int8_t *sc = x[i].scales;
         const int8_t *q8 = y[i].qs;
-        __m256i acc = _mm256_setzero_si256();
-        for (int c = 0; c < 2; c++, ql += 64, qh += 32, sc += 8, q8 += 128) {
+        __m256i acc = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_k_offset(_mm_loadu_si128((const __m128i *) x[i].scales), y[i].bsums, 5));
+        for (int c = 0; c < 2; c++, ql += 64, qh += 32, q8 += 128) {
+            const __m256i sc = ggml_py_scales8_i16(_mm_loadl_epi64((const __m128i *) (x[i].scales + 8 * c)));
             __m256i q[4];
             ggml_py_q6_K_half(ql, qh, q);
             for (int g = 0; g < 4; g++) {
-                acc = _mm256_add_epi32(acc, ggml_py_q6_K_dot32(q[g], q8 + 32 * g, sc[2 * g], sc[2 * g + 1]));
+                acc = _mm256_add_epi32(acc, ggml_py_q6_K_dot32(q[g], q8 + 32 * g, ggml_py_spread_i16(sc, 2 * g, 2 * g + 1)));
             }
         }
         const int isum = ggml_py_hsum_i32_8(acc);

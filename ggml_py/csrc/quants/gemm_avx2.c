@@ -19,16 +19,7 @@
  * (FULL_SIZES below), where the compiler keeps every accumulator in a register. */
 #define INLINE static inline __attribute__((always_inline))
 
-_Static_assert(R0 == 4, "block_sums4 reduces four rows");
-
-/* Lane i = the sum of s[i]'s eight int32 lanes (four weight rows' block sums;
- * unpacks and adds: x1.2 faster than hadds on an AMD EPYC VM). */
-static inline __m128i block_sums4(const __m256i s[4]) {
-    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
-    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
-    const __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
-    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-}
+_Static_assert(R0 == 4, "ggml_py_hsum4_i32_8 reduces four rows");
 
 /* Q4_0 x Q8_0, vec_dot's order: each block summed exactly, then
  * acc = fma(dx * dy, sum, acc); the four rows' sums of a column share one fma. */
@@ -62,7 +53,7 @@ INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         const __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128((long long) dxh));
         for (int j = 0; j < nr1; j++) {
             const __m128 dxy = _mm_mul_ps(dx, _mm_set1_ps(dy[j]));
-            acc[j] = _mm_fmadd_ps(dxy, _mm_cvtepi32_ps(block_sums4(s[j])), acc[j]);
+            acc[j] = _mm_fmadd_ps(dxy, _mm_cvtepi32_ps(ggml_py_hsum4_i32_8(s[j])), acc[j]);
         }
     }
     for (int j = 0; j < nr1; j++) {
@@ -101,39 +92,79 @@ INLINE void gemm_q8_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
 }
 
+/* The K-quants' float step for four rows against activation block yb at once:
+ * acc += dx * dy * isum (- dmin * dy * summs where the type has mins), row by
+ * row (the scalar steps of vec_dot in four lanes: same operations, same bits);
+ * dh, mh: the rows' fp16 d and dmin, row i in bits 16i.. (missing rows: 0). */
+INLINE __m128 k_finish4(__m128 acc, const ggml_py_block_q8_K *yb, uint64_t dh, __m128i isum,
+                        int has_mins, uint64_t mh, __m128i summs) {
+    const __m128 dy = _mm_set1_ps(yb->d);
+    const __m128 d = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long) dh)), dy);
+    __m128 t = _mm_mul_ps(d, _mm_cvtepi32_ps(isum));
+    if (has_mins) {
+        const __m128 dmin = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128((long long) mh)), dy);
+        t = _mm_sub_ps(t, _mm_mul_ps(dmin, _mm_cvtepi32_ps(summs)));
+    }
+    return _mm_add_ps(acc, t);
+}
+
+static inline void store4(const __m128 acc[R1], int nr0, int nr1, float *d, int64_t ldd, int64_t dd) {
+    for (int j = 0; j < nr1; j++) {
+        float out[R0];
+        _mm_storeu_ps(out, acc[j]);
+        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = out[i];
+    }
+}
+
 /* Q4_K or (five_bits) Q5_K x Q8_K: per super-block, each weight row's scales and
  * values are unpacked once for its activation rows; each output then takes
- * vec_dot_q4_K's / vec_dot_q5_K's steps. The two blocks differ only by Q5_K's qh. */
+ * vec_dot_q4_K's / vec_dot_q5_K's integer sums, and their float step runs for the
+ * four rows at once. The two blocks differ only by Q5_K's qh. */
 INLINE void gemm_k4_body(int five_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
                          const char *y, size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK_K;
     const size_t block = five_bits ? sizeof(ggml_py_block_q5_K) : sizeof(ggml_py_block_q4_K);
-    float acc[R0][R1] = { { 0 } };
+    __m128 acc[R1];   /* lane i: row i against activation row j */
+    for (int j = 0; j < R1; j++) acc[j] = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
-        for (int i = 0; i < nr0; i++) {
+        __m256i isum[R1][R0];
+        __m128i summs[R1][R0];
+        uint64_t dh = 0, mh = 0;
+        for (int i = 0; i < R0; i++) {
+            if (i >= nr0) {
+                for (int j = 0; j < nr1; j++) {
+                    isum[j][i] = _mm256_setzero_si256();
+                    summs[j][i] = _mm_setzero_si128();
+                }
+                continue;
+            }
             const ggml_py_block_q4_K *b4 = (const ggml_py_block_q4_K *) (x + i * bx + ib * block);
             const ggml_py_block_q5_K *b5 = (const ggml_py_block_q5_K *) b4;
             const uint8_t *qs = five_bits ? b5->qs : b4->qs, *qh = five_bits ? b5->qh : NULL;
-            uint8_t sc[8], mn[8];
-            for (int j = 0; j < 8; j++) ggml_py_get_scale_min_k4(j, b4->scales, &sc[j], &mn[j]);
-            __m256i isum[R1];
-            for (int j = 0; j < nr1; j++) isum[j] = _mm256_setzero_si256();
+            const __m256i sm = ggml_py_k4_scales_mins(b4->scales);
+            const __m256i scales = _mm256_permute2x128_si256(sm, sm, 0x00);
+            dh |= (uint64_t) b4->d << (16 * i);
+            mh |= (uint64_t) b4->dmin << (16 * i);
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                summs[j][i] = ggml_py_k4_mins_dot(sm, yb->bsums);
+                isum[j][i] = _mm256_setzero_si256();
+            }
             for (int c = 0; c < 4; c++) {
                 __m256i lo, hi;
                 ggml_py_k4_chunk_values(qs, qh, c, &lo, &hi);
                 for (int j = 0; j < nr1; j++) {
                     const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
-                    isum[j] = _mm256_add_epi32(isum[j], ggml_py_k4_chunk_dot(lo, hi, yb->qs + 64 * c, sc + 2 * c));
+                    isum[j][i] = _mm256_add_epi32(isum[j][i], ggml_py_k4_chunk_dot(lo, hi, yb->qs + 64 * c, scales, c));
                 }
             }
-            for (int j = 0; j < nr1; j++) {
-                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
-                acc[i][j] += ggml_py_k4_finish(yb, isum[j], mn, b4->d, b4->dmin);
-            }
+        }
+        for (int j = 0; j < nr1; j++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+            acc[j] = k_finish4(acc[j], yb, dh, ggml_py_hsum4_i32_8(isum[j]), 1, mh, ggml_py_hsum4_i32_4(summs[j]));
         }
     }
-    for (int j = 0; j < nr1; j++)
-        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = acc[i][j];
+    store4(acc, nr0, nr1, d, ldd, dd);
 }
 
 INLINE void gemm_q4_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
@@ -147,37 +178,113 @@ INLINE void gemm_q5_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
 }
 
 /* Q6_K x Q8_K: per super-block, each weight row's 6-bit values are unpacked once
- * for its activation rows; each output then takes vec_dot_q6_K's steps. */
+ * for its activation rows; each output then takes vec_dot_q6_K's integer sum,
+ * and the float step runs for the four rows at once. */
 INLINE void gemm_q6_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                            size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK_K;
-    float acc[R0][R1] = { { 0 } };
+    __m128 acc[R1];
+    for (int j = 0; j < R1; j++) acc[j] = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
-        for (int i = 0; i < nr0; i++) {
+        __m256i isum[R1][R0];
+        uint64_t dh = 0;
+        for (int i = 0; i < R0; i++) {
+            if (i >= nr0) {
+                for (int j = 0; j < nr1; j++) isum[j][i] = _mm256_setzero_si256();
+                continue;
+            }
             const ggml_py_block_q6_K *xb = (const ggml_py_block_q6_K *) (x + i * bx) + ib;
-            __m256i isum[R1];
-            for (int j = 0; j < nr1; j++) isum[j] = _mm256_setzero_si256();
+            dh |= (uint64_t) xb->d << (16 * i);
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                isum[j][i] = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_k_offset(_mm_loadu_si128((const __m128i *) xb->scales), yb->bsums, 5));
+            }
             for (int c = 0; c < 2; c++) {
-                const uint8_t *ql = xb->ql + 64 * c, *qh = xb->qh + 32 * c;
-                const int8_t *sc = xb->scales + 8 * c;
+                const __m256i sc = ggml_py_scales8_i16(_mm_loadl_epi64((const __m128i *) (xb->scales + 8 * c)));
                 __m256i q[4];
-                ggml_py_q6_K_half(ql, qh, q);
-                for (int j = 0; j < nr1; j++) {
-                    const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c;
-                    for (int g = 0; g < 4; g++) {
-                        isum[j] = _mm256_add_epi32(isum[j], ggml_py_q6_K_dot32(q[g], q8 + 32 * g, sc[2 * g], sc[2 * g + 1]));
+                ggml_py_q6_K_half(xb->ql + 64 * c, xb->qh + 32 * c, q);
+                for (int g = 0; g < 4; g++) {
+                    const __m256i s = ggml_py_spread_i16(sc, 2 * g, 2 * g + 1);
+                    for (int j = 0; j < nr1; j++) {
+                        const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c;
+                        isum[j][i] = _mm256_add_epi32(isum[j][i], ggml_py_q6_K_dot32(q[g], q8 + 32 * g, s));
                     }
                 }
             }
-            for (int j = 0; j < nr1; j++) {
-                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
-                const float scale = FP16_TO_FP32(xb->d) * yb->d;
-                acc[i][j] += scale * (float) ggml_py_hsum_i32_8(isum[j]);
-            }
+        }
+        for (int j = 0; j < nr1; j++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+            acc[j] = k_finish4(acc[j], yb, dh, ggml_py_hsum4_i32_8(isum[j]), 0, 0, _mm_setzero_si128());
         }
     }
-    for (int j = 0; j < nr1; j++)
-        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = acc[i][j];
+    store4(acc, nr0, nr1, d, ldd, dd);
+}
+
+/* Q2_K or (three_bits) Q3_K x Q8_K: per super-block, each weight row's scales
+ * (and Q2_K's mins, Q3_K's offset of 4) are unpacked once and each group of 32
+ * values once for its activation rows; each output then takes vec_dot_q2_K's /
+ * vec_dot_q3_K's integer sum, and the float step runs for the four rows at once. */
+INLINE void gemm_k23_body(int three_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                          const char *y, size_t by, float *d, int64_t ldd, int64_t dd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    const size_t block = three_bits ? sizeof(ggml_py_block_q3_K) : sizeof(ggml_py_block_q2_K);
+    __m128 acc[R1];
+    for (int j = 0; j < R1; j++) acc[j] = _mm_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++) {
+        __m256i isum[R1][R0], summs[R1][R0];
+        uint64_t dh = 0, mh = 0;
+        for (int i = 0; i < R0; i++) {
+            for (int j = 0; j < nr1; j++) isum[j][i] = summs[j][i] = _mm256_setzero_si256();
+            if (i >= nr0) continue;
+            const ggml_py_block_q2_K *b2 = (const ggml_py_block_q2_K *) (x + i * bx + ib * block);
+            const ggml_py_block_q3_K *b3 = (const ggml_py_block_q3_K *) b2;
+            __m128i sc3 = _mm_setzero_si128();
+            __m256i hmask = _mm256_setzero_si256();
+            if (three_bits) {
+                sc3 = ggml_py_q3_K_scales_v(b3->scales);
+                hmask = _mm256_loadu_si256((const __m256i *) b3->hmask);
+                dh |= (uint64_t) b3->d << (16 * i);
+            } else {
+                dh |= (uint64_t) b2->d << (16 * i);
+                mh |= (uint64_t) b2->dmin << (16 * i);
+            }
+            for (int j = 0; j < nr1; j++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+                if (three_bits) isum[j][i] = _mm256_sub_epi32(isum[j][i], ggml_py_k_offset(sc3, yb->bsums, 2));
+                else summs[j][i] = ggml_py_q2_K_mins_dot(b2->scales, yb->bsums);
+            }
+            for (int c = 0; c < 2; c++) {
+                const __m256i sc = three_bits ? ggml_py_scales8_i16(c ? _mm_unpackhi_epi64(sc3, sc3) : sc3)
+                                              : ggml_py_q2_K_half_scales(b2->scales + 8 * c);
+                const __m256i q2 = _mm256_loadu_si256((const __m256i *) ((three_bits ? b3->qs : b2->qs) + 32 * c));
+                for (int k = 0; k < 4; k++) {
+                    const __m256i v = ggml_py_k23_values(q2, three_bits ? &hmask : NULL, c, k);
+                    const __m256i s = ggml_py_spread_i16(sc, 2 * k, 2 * k + 1);
+                    for (int j = 0; j < nr1; j++) {
+                        const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + j * by) + ib)->qs + 128 * c + 32 * k;
+                        const __m256i p = _mm256_maddubs_epi16(v, _mm256_loadu_si256((const __m256i *) q8));
+                        isum[j][i] = _mm256_add_epi32(isum[j][i], _mm256_madd_epi16(p, s));
+                    }
+                }
+            }
+        }
+        for (int j = 0; j < nr1; j++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + j * by) + ib;
+            acc[j] = k_finish4(acc[j], yb, dh, ggml_py_hsum4_i32_8(isum[j]), !three_bits, mh,
+                               ggml_py_hsum4_i32_8(summs[j]));
+        }
+    }
+    store4(acc, nr0, nr1, d, ldd, dd);
+}
+
+INLINE void gemm_q2_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k23_body(0, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
+}
+
+INLINE void gemm_q3_K_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    gemm_k23_body(1, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
 }
 
 /* F16 x F16: one accumulator per output (not bitwise equal to vec_dot_f16). */
@@ -221,6 +328,8 @@ FULL_SIZES(gemm_f16)
 FULL_SIZES(gemm_q4_K)
 FULL_SIZES(gemm_q5_K)
 FULL_SIZES(gemm_q6_K)
+FULL_SIZES(gemm_q2_K)
+FULL_SIZES(gemm_q3_K)
 
 /* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
  *
@@ -340,16 +449,16 @@ void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
 }
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
+    (void) m;
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0;
         case GGML_PY_TYPE_Q8_0: return gemm_q8_0;
         case GGML_PY_TYPE_F16:  return gemm_f16;
-        /* the K-quants' super-blocks gain nothing from four rows at M = 1, where
-         * two threads read four far-apart rows of them slower (x0.6 - x0.9 on an
-         * AMD EPYC VM) than vec_dot reads neighbouring rows */
-        case GGML_PY_TYPE_Q4_K: return m > 1 ? gemm_q4_K : NULL;
-        case GGML_PY_TYPE_Q5_K: return m > 1 ? gemm_q5_K : NULL;
-        case GGML_PY_TYPE_Q6_K: return m > 1 ? gemm_q6_K : NULL;
+        case GGML_PY_TYPE_Q4_K: return gemm_q4_K;
+        case GGML_PY_TYPE_Q5_K: return gemm_q5_K;
+        case GGML_PY_TYPE_Q6_K: return gemm_q6_K;
+        case GGML_PY_TYPE_Q2_K: return gemm_q2_K;
+        case GGML_PY_TYPE_Q3_K: return gemm_q3_K;
         default:                return NULL;
     }
 }

@@ -65,13 +65,6 @@ static inline int ggml_py_hsum_i32_8(__m256i a) {
     return _mm_cvtsi128_si32(s1);
 }
 
-/* Sum of q * y over 32 values whose two halves of 16 have scales sc0, sc1
- * (p16: the 16 pair sums of maddubs). */
-static inline __m256i ggml_py_scaled_dot32(__m256i p16, int sc0, int sc1) {
-    const __m256i scales = _mm256_set_m128i(_mm_set1_epi16((short) sc1), _mm_set1_epi16((short) sc0));
-    return _mm256_madd_epi16(p16, scales);
-}
-
 /* Half of a Q6_K super-block (ql: its 64 bytes of low nibbles, qh: its 32 bytes
  * of high bit pairs): 128 six-bit values, 0..63, as four groups of 32 bytes. */
 static inline void ggml_py_q6_K_half(const uint8_t *ql, const uint8_t *qh, __m256i q[4]) {
@@ -88,23 +81,118 @@ static inline void ggml_py_q6_K_half(const uint8_t *ql, const uint8_t *qh, __m25
                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
 }
 
-/* Sum of (q - 32) * y over 32 Q6_K values whose halves of 16 have scales sc0, sc1
- * (yq: their 32 Q8_K activations); int32 lanes. */
-static inline __m256i ggml_py_q6_K_dot32(__m256i q, const int8_t *yq, int sc0, int sc1) {
-    const __m256i qy = _mm256_loadu_si256((const __m256i *) yq);
-    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, qy), _mm256_maddubs_epi16(_mm256_set1_epi8(32), qy));
-    return ggml_py_scaled_dot32(p, sc0, sc1);
+/* Lane i of the result: the sum of s[i]'s lanes (four weight rows' sums at once,
+ * by unpacks and adds rather than hadds; docs/benchmarks.md). */
+static inline __m128i ggml_py_hsum4_i32_4(const __m128i s[4]) {
+    const __m128i t0 = _mm_add_epi32(_mm_unpacklo_epi32(s[0], s[1]), _mm_unpackhi_epi32(s[0], s[1]));
+    const __m128i t1 = _mm_add_epi32(_mm_unpacklo_epi32(s[2], s[3]), _mm_unpackhi_epi32(s[2], s[3]));
+    return _mm_add_epi32(_mm_unpacklo_epi64(t0, t1), _mm_unpackhi_epi64(t0, t1));
 }
 
-/* Q4_K / Q5_K tail: mins and the float step (same as k4_block_sum in dot_ref.c) */
-static inline float ggml_py_k4_finish(const ggml_py_block_q8_K *y, __m256i acc, const uint8_t *mins,
+static inline __m128i ggml_py_hsum4_i32_8(const __m256i s[4]) {
+    const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[0], s[1]), _mm256_unpackhi_epi32(s[0], s[1]));
+    const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(s[2], s[3]), _mm256_unpackhi_epi32(s[2], s[3]));
+    const __m256i u = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    return _mm_add_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+}
+
+/* Every int16 of each 128-bit lane of v set to that lane's int16 number lo (low
+ * lane) or hi (high lane): one shuffle spreads a scale over its values. */
+static inline __m256i ggml_py_spread_i16(__m256i v, int lo, int hi) {
+    const char l0 = (char) (2 * lo), l1 = (char) (2 * lo + 1), h0 = (char) (2 * hi), h1 = (char) (2 * hi + 1);
+    return _mm256_shuffle_epi8(v, _mm256_setr_epi8(l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1, l0, l1,
+                                                   h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1, h0, h1));
+}
+
+/* Eight int8 scales (the low 8 bytes of sc: half c's 8c .. 8c + 7 of Q3_K's or
+ * Q6_K's 16) as int16, in both 128-bit lanes. */
+static inline __m256i ggml_py_scales8_i16(__m128i sc) {
+    return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc));
+}
+
+/* Q3_K's 16 signed 6-bit scales (value - 32) from its 12 packed bytes, on 32-bit
+ * words (ggml_py_q3_K_scales at once; no round trip through memory). */
+static inline __m128i ggml_py_q3_K_scales_v(const uint8_t *packed) {
+    uint32_t a[3];
+    memcpy(a, packed, sizeof(a));
+    const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t s0 = (a[0] & m4) | ((a[2] & m2) << 4);
+    const uint32_t s1 = (a[1] & m4) | (((a[2] >> 2) & m2) << 4);
+    const uint32_t s2 = ((a[0] >> 4) & m4) | (((a[2] >> 4) & m2) << 4);
+    const uint32_t s3 = ((a[1] >> 4) & m4) | (((a[2] >> 6) & m2) << 4);
+    return _mm_sub_epi8(_mm_set_epi32((int) s3, (int) s2, (int) s1, (int) s0), _mm_set1_epi8(32));
+}
+
+/* Sum of q * y over 32 Q6_K values 0..63 (yq: their 32 Q8_K activations), halves
+ * of 16 scaled by the int16s of sc (ggml_py_spread_i16); int32 lanes. The - 32 of
+ * each value is taken off once per block (ggml_py_k_offset). */
+static inline __m256i ggml_py_q6_K_dot32(__m256i q, const int8_t *yq, __m256i sc) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *) yq)), sc);
+}
+
+/* (sum of scale j * (sum of activations 16j .. 16j + 15)) << shift, in int32
+ * lanes: what an offset of 2^shift on every value (Q6_K's 32, Q3_K's 4) takes off
+ * a block's integer sum (scales: the block's 16 int8 scales). */
+static inline __m256i ggml_py_k_offset(__m128i scales, const int16_t *bsums, int shift) {
+    const __m256i s = _mm256_madd_epi16(_mm256_cvtepi8_epi16(scales), _mm256_loadu_si256((const __m256i *) bsums));
+    return _mm256_slli_epi32(s, shift);
+}
+
+/* Q2_K's scales 8c .. 8c + 7 of half c (low nibbles of its 16 bytes) as int16,
+ * in both 128-bit lanes. */
+static inline __m256i ggml_py_q2_K_half_scales(const uint8_t *packed) {
+    const __m128i b = _mm_and_si128(_mm_loadl_epi64((const __m128i *) packed), _mm_set1_epi8(0xF));
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+}
+
+/* int32 lanes summing to sum of min j * bsums[j] (Q2_K's mins: the high nibbles
+ * of its 16 scale bytes). */
+static inline __m256i ggml_py_q2_K_mins_dot(const uint8_t *packed, const int16_t *bsums) {
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i *) packed), 4), _mm_set1_epi8(0xF));
+    return _mm256_madd_epi16(_mm256_cvtepu8_epi16(m), _mm256_loadu_si256((const __m256i *) bsums));
+}
+
+/* Values 128c + 32k .. + 31 of a Q2_K / Q3_K super-block, without Q3_K's offset
+ * of 4: two bits at 2k of qs (its 32 bytes of half c) and, for Q3_K, the bit
+ * 4c + k of each hmask byte as bit 2 (hmask: NULL for Q2_K); 0..7. */
+static inline __m256i ggml_py_k23_values(__m256i qs, const __m256i *hmask, int c, int k) {
+    const __m256i v = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * k), _mm256_set1_epi8(3));
+    if (!hmask) return v;
+    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(*hmask, 4 * c + k), _mm256_set1_epi8(1));
+    return _mm256_or_si256(v, _mm256_slli_epi16(hb, 2));
+}
+
+/* A Q4_K / Q5_K block's 8 six-bit scales (int16s of the low 128-bit lane) and 8
+ * mins (high lane), from its 12 packed bytes: ggml_py_get_scale_min_k4 for all
+ * j at once, on 32-bit words. */
+static inline __m256i ggml_py_k4_scales_mins(const uint8_t *packed) {
+    uint32_t u[3];
+    memcpy(u, packed, sizeof(u));
+    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
+    const uint32_t sc0 = u[0] & m6, mn0 = u[1] & m6;
+    const uint32_t sc1 = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+    const uint32_t mn1 = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int) mn1, (int) mn0, (int) sc1, (int) sc0));
+}
+
+/* int32 lanes summing to sum of min j * (bsums[2j] + bsums[2j + 1]) (sm: as
+ * ggml_py_k4_scales_mins returns). */
+static inline __m128i ggml_py_k4_mins_dot(__m256i sm, const int16_t *bsums) {
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) bsums),
+                                         _mm_loadu_si128((const __m128i *) (bsums + 8)));
+    return _mm_madd_epi16(_mm256_extracti128_si256(sm, 1), pairs);
+}
+
+/* Q4_K / Q5_K tail: the float step of k4_block_sum in dot_ref.c (isum, summs:
+ * lanes of the integer sums). */
+static inline float ggml_py_k4_finish(const ggml_py_block_q8_K *y, __m256i isum, __m128i summs,
                                       ggml_py_half d16, ggml_py_half dmin16) {
-    int summs = 0;
-    for (int j = 0; j < 8; j++) summs += mins[j] * (y->bsums[2 * j] + y->bsums[2 * j + 1]);
-    const int isum = ggml_py_hsum_i32_8(acc);
+    const __m128i m = _mm_add_epi32(summs, _mm_unpackhi_epi64(summs, summs));
+    const int msum = _mm_cvtsi128_si32(_mm_add_epi32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1))));
+    const int sum = ggml_py_hsum_i32_8(isum);
     const float d = FP16_TO_FP32(d16) * y->d;
     const float dmin = FP16_TO_FP32(dmin16) * y->d;
-    return d * (float) isum - dmin * (float) summs;
+    return d * (float) sum - dmin * (float) msum;
 }
 
 /* Chunk c (0..3) of a Q4_K / Q5_K super-block's values: *lo the first 32, *hi the
@@ -125,12 +213,12 @@ static inline void ggml_py_k4_chunk_values(const uint8_t *qs, const uint8_t *qh,
 
 /* Chunk c of a Q4_K/Q5_K super-block: 64 unsigned values (lo: the first 32,
  * hi: the next 32) times their Q8_K activations, each half scaled by its 6-bit
- * scale; int32 lanes. */
-static inline __m256i ggml_py_k4_chunk_dot(__m256i lo, __m256i hi, const int8_t *yq, const uint8_t sc[2]) {
+ * scale (scales: the block's eight as int16s in both 128-bit lanes); int32 lanes. */
+static inline __m256i ggml_py_k4_chunk_dot(__m256i lo, __m256i hi, const int8_t *yq, __m256i scales, int c) {
     const __m256i y0 = _mm256_loadu_si256((const __m256i *) yq);
     const __m256i y1 = _mm256_loadu_si256((const __m256i *) (yq + 32));
-    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), _mm256_set1_epi16(sc[0]));
-    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), _mm256_set1_epi16(sc[1]));
+    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, y0), ggml_py_spread_i16(scales, 2 * c, 2 * c));
+    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, y1), ggml_py_spread_i16(scales, 2 * c + 1, 2 * c + 1));
     return _mm256_add_epi32(p0, p1);
 }
 
