@@ -152,7 +152,7 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
     with vector words and shuffles and take the float step of four rows at once. On random
     block bytes (every scale and min bit pattern; d and dmin kept finite) every output
     equals the scalar twin's vec_dot bit for bit."""
-    from ggml_py import quants as Q
+    from ggml_py.core import quants as Q
     n, n_blocks = 7, 3
     k, block = 256 * n_blocks, gg.type_traits(t)["type_size"]
     rng = np.random.default_rng(m)
