@@ -5,8 +5,8 @@
  * error: it lands in whichever thread reads the page, possibly a pool worker in the
  * middle of a stage, and no kernel can be left half-way safely. So the process still
  * dies of the signal, but first says what happened. The handler is installed once, by
- * the first compute, and only speaks while a graph computes; it then hands the signal
- * on to the action that was there before (Python's faulthandler, or the default). */
+ * the first compute; a SIGBUS while no graph computes goes on to the action that was
+ * there before (Python's faulthandler, or the default). */
 #include <signal.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -19,7 +19,16 @@ static pthread_once_t install_once = PTHREAD_ONCE_INIT;
 
 static void on_bus_error(int signum) {
     GGML_PY_UNUSED(signum);
-    if (__atomic_load_n(&graphs_computing, __ATOMIC_RELAXED) > 0) {
+    if (__atomic_load_n(&graphs_computing, __ATOMIC_RELAXED) == 0) {
+        /* not ours: on return the faulting access runs again, under the previous action */
+        sigaction(SIGBUS, &previous_action, NULL);
+        return;
+    }
+    /* several threads of a compute can fault at once: one line, and then the default
+     * action for all of them (a handler installed before, such as Python's faulthandler,
+     * is not made to run in several threads at once: it has crashed doing so) */
+    static int said;
+    if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED)) {
         static const char message[] =
             "ggml_py: bus error (SIGBUS) while computing a graph: memory-mapped tensor data "
             "(the model file) was truncated or replaced in place while in use; load the model "
@@ -27,8 +36,7 @@ static void on_bus_error(int signum) {
         ssize_t written = write(STDERR_FILENO, message, sizeof message - 1);
         GGML_PY_UNUSED(written);
     }
-    /* async-signal-safe; on return the faulting access runs again, under that action */
-    sigaction(SIGBUS, &previous_action, NULL);
+    signal(SIGBUS, SIG_DFL);   /* async-signal-safe; the access faults again and ends the process */
 }
 
 static void install_handler(void) {
