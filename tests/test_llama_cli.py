@@ -500,6 +500,22 @@ def test_bench_names_a_flag_before_the_subcommand_and_a_shape_too_large():
     assert "--shapes 99999999999x99999999999: needs" in line and "GiB of memory" in line
 
 
+def test_bench_model_busy_runs_every_test_quiet_and_busy_and_stops_its_spinners():
+    import psutil
+    proc = run("ggml_py.cli.bench", "model", "-m", model_path("f32"), "-p", 0, "-n", 2, "-t", 1,
+               "-r", 1, "--busy", 1, "--json")
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads(proc.stdout)["results"]
+    assert [(r["test"], r["busy"]) for r in results] == [("tg2", 0), ("tg2", 1)]
+    assert all(r["avg_ts"] > 0 for r in results)
+    spinners = [p for p in psutil.process_iter(["cmdline"])
+                if any("os.getppid() == parent" in a for a in (p.info["cmdline"] or []))]
+    assert spinners == []
+    for bad in ("-1", "65", "x"):
+        line = assert_one_line_error(run("ggml_py.cli.bench", "model", "--busy", bad), 2)
+        assert "argument --busy" in line
+
+
 def test_bench_model_errors():
     line = assert_one_line_error(run("ggml_py.cli.bench", "model", "-m", scratch_path("none.gguf")), 1)
     assert "no such file" in line

@@ -5,8 +5,12 @@ an empty cache: ppN evaluates N random tokens in batches of -b; tgN generates N
 tokens one at a time (greedy on fixed ids, so sampling costs nothing).
 Reported: tokens per second, mean ± standard deviation over the repetitions.
 """
+import argparse
+import contextlib
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -37,7 +41,21 @@ def add_arguments(parser):
                         help="timed runs per test (default 5)")
     parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
                         help="KV cache type (default f16)")
+    parser.add_argument("--busy", type=busy_count, default=0, metavar="N",
+                        help="also run every test with N other processes spinning on the CPU "
+                             "(a machine in use), and report both")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+MAX_BUSY = 64     # spinning processes --busy starts, at most
+
+
+def busy_count(text):
+    """--busy N: 0 (none, the default) .. MAX_BUSY other processes."""
+    n = int(text)
+    if not 0 <= n <= MAX_BUSY:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_BUSY}, got {n}")
+    return n
 
 
 def size_label(n_params):
@@ -101,25 +119,28 @@ def bench_model(args):
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]
+    columns = COLUMNS + ((("busy", 4, ">"),) if args.busy else ())
     rows = []
-    for n_threads in threads:
-        llm.model.n_threads = n_threads
-        for kind, n in tests:
-            samples = run_test(llm, kind, n, args.repetitions)
-            rows.append({
-                "model_filename": args.model, "model_type": model_name,
-                "model_size": f.weights_nbytes, "model_n_params": f.n_params,
-                "type": f.file_type_name(), "n_threads": n_threads, "n_batch": args.batch_size,
-                "type_kv": args.cache_type_k,
-                "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
-                "test": f"{kind}{n}", "avg_ts": statistics.fmean(samples),
-                "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
-                "samples_ts": samples,
-            })
-            if not args.json:
-                if len(rows) == 1:
-                    print_header()
-                print_row(rows[-1])
+    for busy in sorted({0, args.busy}):
+        with spinning_processes(busy):
+            for n_threads in threads:
+                llm.model.n_threads = n_threads
+                for kind, n in tests:
+                    samples = run_test(llm, kind, n, args.repetitions)
+                    rows.append({
+                        "model_filename": args.model, "model_type": model_name,
+                        "model_size": f.weights_nbytes, "model_n_params": f.n_params,
+                        "type": f.file_type_name(), "n_threads": n_threads,
+                        "n_batch": args.batch_size, "type_kv": args.cache_type_k,
+                        "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
+                        "test": f"{kind}{n}", "busy": busy, "avg_ts": statistics.fmean(samples),
+                        "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+                        "samples_ts": samples,
+                    })
+                    if not args.json:
+                        if len(rows) == 1:
+                            print_header(columns)
+                        print_row(rows[-1], columns)
     # one read bandwidth per thread count: a roofline measured on one thread would
     # put two threads over 100 %
     per_token = bytes_per_token(f)
@@ -138,11 +159,38 @@ def bench_model(args):
               f"bandwidth measured now on as many threads")
         for r in rows:
             if r["n_gen"]:
-                print(f"  {r['test']} at {r['n_threads']} threads: {100 * r['roofline_fraction']:.0f} % "
-                      f"of the roofline ({r['read_bandwidth'] / 1e9:.1f} GB/s = {r['roofline_ts']:.2f} t/s)")
+                load = f" with {r['busy']} busy" if r["busy"] else ""
+                print(f"  {r['test']} at {r['n_threads']} threads{load}: "
+                      f"{100 * r['roofline_fraction']:.0f} % of the roofline "
+                      f"({r['read_bandwidth'] / 1e9:.1f} GB/s = {r['roofline_ts']:.2f} t/s)")
     if not args.json:
         print(f"\n{gg.system_info()}")
     return 0
+
+
+# a process that keeps one CPU busy; it ends by itself once its parent (this bench) is gone,
+# however the bench ends, and after an hour at the most
+SPINNER = ("import os, time\n"
+           "parent, end = os.getppid(), time.monotonic() + 3600\n"
+           "while os.getppid() == parent and time.monotonic() < end:\n"
+           "    for _ in range(200_000):\n"
+           "        pass\n")
+
+
+@contextlib.contextmanager
+def spinning_processes(n):
+    """Within the block, n other processes spin on the CPU (none for n = 0)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.DEVNULL)
+             for _ in range(n)]
+    try:
+        if procs:
+            time.sleep(0.2)     # running before the first timed test
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
 
 
 def bytes_per_token(f):
@@ -161,18 +209,20 @@ COLUMNS = (("model", 30, "<"), ("size", 10, ">"), ("params", 10, ">"), ("type", 
            ("threads", 7, ">"), ("test", 13, ">"), ("t/s", 20, ">"))
 
 
-def print_header():
-    """Print the Markdown table header of COLUMNS, numbers right-aligned (as llama-bench)."""
-    print("| " + " | ".join(f"{name:{align}{width}}" for name, width, align in COLUMNS) + " |")
+def print_header(columns=COLUMNS):
+    """Print the Markdown table header of `columns`, numbers right-aligned (as llama-bench)."""
+    print("| " + " | ".join(f"{name:{align}{width}}" for name, width, align in columns) + " |")
     print("| " + " | ".join(("-" * (width - 1) + ":") if align == ">" else "-" * width
-                            for name, width, align in COLUMNS) + " |")
+                            for name, width, align in columns) + " |")
 
 
-def print_row(r):
-    """Print one result row of the table: size in GiB or MiB, t/s as mean ± standard deviation."""
+def print_row(r, columns=COLUMNS):
+    """Print one result row of the table: size in GiB or MiB, t/s as mean ± standard deviation
+    (and the busy processes, where `columns` has them)."""
     size = r["model_size"]
     size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
     cells = (r["model_type"], size_text, size_label(r["model_n_params"]), r["type"],
-             str(r["n_threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}")
-    print("| " + " | ".join(f"{c:{align}{width}}" for c, (name, width, align) in zip(cells, COLUMNS))
+             str(r["n_threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+             str(r["busy"]))
+    print("| " + " | ".join(f"{c:{align}{width}}" for c, (name, width, align) in zip(cells, columns))
           + " |", flush=True)
