@@ -520,6 +520,9 @@ def test_where_a_tune_file_cannot_go(tmp_path):
             tune.check_writable(str(path), not_over=model)
     tune.check_writable(str(tmp_path / "t.json"), not_over=model)
     assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]   # leaves nothing behind
+    for path, match in [("", "needs a name"), ("/dev/null", "not a regular file")]:
+        with pytest.raises(TuneFileError, match=match):      # save's own checks, the same rules
+            synthetic_data().save(path)
 
 
 def mul_mat_graph(m, contiguous=True):

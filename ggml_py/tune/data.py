@@ -171,11 +171,14 @@ class TuneData:
         }
 
     def save(self, path):
-        """Write the tune file (JSON), whole or not at all (output_file.atomic_output)."""
-        check_writable(path)
-        with atomic_output(path) as tmp, open(tmp, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
-            f.write("\n")
+        """Write the tune file (JSON), whole or not at all (files.output.atomic_output, whose
+        checks of the path give a TuneFileError here)."""
+        try:
+            with atomic_output(path) as tmp, open(tmp, "w") as f:
+                json.dump(self.to_json(), f, indent=1)
+                f.write("\n")
+        except OutputPathError as exc:
+            raise TuneFileError(str(exc)) from None
 
 
 def check_writable(path, not_over=None):
