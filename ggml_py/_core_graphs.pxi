@@ -245,6 +245,9 @@ cdef class CGraph:
 def _bad_row_id(node, op, index):
     """The message for a get_rows / set_rows node whose ids leave its rows: the first
     such id, the rows there are, and the shapes."""
+    if node.op == GGML_PY_OP_ATTENTION:
+        return (f"{op}: kv_index {node.src[3].shape} names a slot outside 0..{node.src[1]._ne[1] - 1} "
+                f"or a list outside its slot lists (node {index})")
     rows = node.src[0] if node.op == GGML_PY_OP_GET_ROWS else node    # set_rows: dst's view
     ids = node.src[1]
     n_rows = rows._ne[1]

@@ -16,6 +16,7 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_STATUS_BAD_INDEX
         GGML_PY_OP_NONE
         GGML_PY_OP_GET_ROWS
+        GGML_PY_OP_ATTENTION
         GGML_PY_OP_VIEW
         GGML_PY_OP_RESHAPE
         GGML_PY_OP_PERMUTE

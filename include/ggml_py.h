@@ -66,6 +66,7 @@ enum ggml_py_type {
     X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2     */ \
     X(ROPE)          /* src1: I32 positions, src2: optional freq factors  */ \
     X(CONCAT)        /* op_params[0]: dim                                 */ \
+    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index; op_params[0]: scale */ \
     /* views: no compute, data aliases src0 */ \
     X(VIEW) X(RESHAPE) X(PERMUTE) X(TRANSPOSE)
 

@@ -461,6 +461,41 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
     return _new(Op.ROPE, src, Type.F32, a._ne, a.ndim, params)
 
 
+def attention(q, k, v, kv_index, scale):
+    """softmax(scale * q k^T) v for each token over its own list of cache slots.
+
+    q (T, H, D) F32; k, v the cache pools (slots, Hkv*D) of a type with a dot product
+    (k) and a to_float (v), H a multiple of Hkv (query head h reads kv head
+    h // (H // Hkv)); kv_index I32 (2*T + N,): for token t, kv_index[2t:2t+2] =
+    (start, count), and its slots are kv_index[start:start+count], in the N values
+    after the pairs. Returns (T, H, D) F32; a token with no slots gets zeros. Each
+    token's result depends only on its query and its slots (not on the other tokens).
+    """
+    _check_tensor("attention", q=q, k=k, v=v, kv_index=kv_index)
+    _same_context("attention", q, k, v, kv_index)
+    _check_type("attention", "q", q, (Type.F32,))
+    _check_type("attention", "kv_index", kv_index, (Type.I32,))
+    if q.ndim != 3 or k.ndim != 2 or v.ndim != 2 or kv_index.ndim != 1:
+        raise ValueError(f"attention: q {q.shape} must be (T, H, D), k {k.shape} and v {v.shape} "
+                         f"(slots, Hkv*D), kv_index {kv_index.shape} one-dimensional")
+    T, H, D = q.shape
+    Hkv = k.shape[1] // D
+    if k.shape != v.shape or k.shape[1] % D or Hkv == 0 or H % Hkv:
+        raise ValueError(f"attention: q is {q.shape}, k {k.shape}, v {v.shape}: k and v must be "
+                         f"(slots, Hkv*{D}) with Hkv dividing H = {H}")
+    for name, t, need in (("k", k, "has_vec_dot"), ("v", v, "has_to_float")):
+        traits = type_traits(t.type)
+        if not traits[need] or D % traits["blck_size"]:
+            raise ValueError(f"attention: {name} of {t.type.name} cannot be read in heads of {D}")
+        if not _packed_rows(t):
+            raise ValueError(f"attention: {name} {t.shape} must have contiguous rows")
+    if q._nb[0] != 4 or kv_index._nb[0] != 4 or kv_index.shape[0] < 2 * T:
+        raise ValueError(f"attention: q {q.shape} rows and kv_index {kv_index.shape} must be "
+                         f"contiguous, kv_index at least 2*T = {2 * T} long")
+    return _new(Op.ATTENTION, (q, k, v, kv_index), Type.F32, q._ne, 3,
+                [_f32_bits(scale, "attention: scale")])
+
+
 def concat(a, b, axis=0):
     """Join a and b (F32) along numpy `axis`; other dimensions must match."""
     _check_tensor("concat", a=a, b=b)

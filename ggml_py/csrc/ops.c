@@ -40,6 +40,8 @@ size_t ggml_py_node_work_size(const struct ggml_py_tensor *node, int n_threads) 
         case GGML_PY_OP_SOFT_MAX:
             /* one scratch row per thread, a cache line apart */
             return (size_t) n_threads * (sizeof(float) * node->ne[0] + GGML_PY_CACHE_LINE);
+        case GGML_PY_OP_ATTENTION:
+            return ggml_py_attention_work_size(node, n_threads);
         case GGML_PY_OP_ROPE:
             /* per thread: cos/sin of the current token's angles */
             return (size_t) n_threads * (sizeof(float) * node->ne[0] + GGML_PY_CACHE_LINE);
@@ -76,6 +78,7 @@ void ggml_py_compute_forward(const struct ggml_py_compute_params *params, struct
         case GGML_PY_OP_SET_ROWS: ggml_py_compute_set_rows(params, node); break;
         case GGML_PY_OP_ROPE:     ggml_py_compute_rope(params, node); break;
         case GGML_PY_OP_CONCAT:   ggml_py_compute_concat(params, node); break;
+        case GGML_PY_OP_ATTENTION: ggml_py_compute_attention(params, node); break;
         default: break;           /* views and leaves: nothing to compute */
     }
 }
