@@ -43,8 +43,9 @@ def linear(w, x, bias=None):
     return y if bias is None else ops.add(y, bias)
 
 
-def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
-    """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
+def project_qkv(c, x, lw, positions, rope_freqs, T):
+    """Queries, keys and values of x (T, E): q (T, H, D) and k (T, Hkv*D) rotated by rope
+    for their positions, v (T, Hkv*D)."""
     D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
     q = ops.reshape(linear(lw.wq, x, lw.bq), (T, H, D))             # (T, H, D)
     k = ops.reshape(linear(lw.wk, x, lw.bk), (T, Hkv, D))           # (T, Hkv, D)
@@ -53,9 +54,20 @@ def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
                  rope_freqs)
     k = ops.rope(k, positions, c.n_rot, ops.ROPE_NORMAL, c.rope_freq_base, c.rope_freq_scale,
                  rope_freqs)
+    return q, ops.reshape(k, (T, Hkv * D)), v
 
-    keys, values = cache.store_and_load(x.ctx, il, ops.reshape(k, (T, Hkv * D)), v,
-                                        slots, K)                   # (Hkv, K, D) each
+
+def attention_scale(c):
+    """The scores' scale: rope's attn_factor scales the rotated q and k (whole heads),
+    so the scores by its square."""
+    return c.rope_attn_factor ** 2 / math.sqrt(c.head_dim)
+
+
+def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
+    """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
+    D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
+    q, k, v = project_qkv(c, x, lw, positions, rope_freqs, T)
+    keys, values = cache.store_and_load(x.ctx, il, k, v, slots, K)   # (Hkv, K, D) each
     values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
 
     queries = ops.permute(q, (1, 0, 2))                              # (H, T, D)
@@ -65,11 +77,20 @@ def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
 
     # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
     scores = ops.mul_mat(keys, queries)                             # (H, T, K)
-    # rope's attn_factor scales the rotated q and k (whole heads), so the scores by its square
-    probs = ops.soft_max(scores, mask, c.rope_attn_factor ** 2 / math.sqrt(D))   # (H, T, K)
+    probs = ops.soft_max(scores, mask, attention_scale(c))          # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
     out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, H*D)
     return linear(lw.wo, out, lw.bo)                                # (T, E)
+
+
+def paged_attention(c, x, lw, cache, il, positions, slots, kv_index, rope_freqs, T):
+    """Self-attention of layer il over a paged cache: x (T, E) -> (T, E). Each token
+    attends to its own sequence's slots (kv_index: see ops.attention); this batch's
+    K, V rows are written at `slots` first."""
+    q, k, v = project_qkv(c, x, lw, positions, rope_freqs, T)
+    pool_k, pool_v = cache.store(x.ctx, il, k, v, slots)
+    out = ops.attention(q, pool_k, pool_v, kv_index, attention_scale(c))    # (T, H, D)
+    return linear(lw.wo, ops.reshape(out, (T, c.n_head * c.head_dim)), lw.bo)   # (T, E)
 
 
 def feed_forward(x, lw):
@@ -121,25 +142,69 @@ def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
             mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
         else:
             mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
-        rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
-
-        x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
-        for il, layer in enumerate(weights.layers):
-            lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
-                                 if w is not None})
-            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
-            x = ops.add(x, attention(c, h, lw, cache, il, positions, slots, mask, rope_freqs,
-                                     T, K))
-            h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
-            x = ops.add(x, feed_forward(h, lw))
-
+        x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: attention(
+            c, h, lw, cache, il, positions, slots, mask, rope_freqs, T, K))
         if n_out < T:           # the output matrix is the largest: skip unwanted rows
             x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
-        x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
-        logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n_out, V)
-        logits.name = "logits"
-        return ctx, tokens, positions, slots, mask, logits
+        return ctx, tokens, positions, slots, mask, _logits(ctx, c, weights, x)
     return build
+
+
+def _layers(ctx, c, weights, tokens, attend):
+    """The embeddings of tokens (T,) through every layer: x (T, E), each layer's
+    attention made by attend(h, layer weights, il, rope_freqs)."""
+    rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
+    x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
+    for il, layer in enumerate(weights.layers):
+        lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
+                             if w is not None})
+        h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
+        x = ops.add(x, attend(h, lw, il, rope_freqs))
+        h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
+        x = ops.add(x, feed_forward(h, lw))
+    return x
+
+
+def _logits(ctx, c, weights, x):
+    """Logits (n, V) of the rows x (n, E): the final norm, then the output matrix."""
+    x = ops.mul(ops.rms_norm(x, c.rms_eps), _weight(ctx, weights.output_norm))
+    logits = ops.mul_mat(_weight(ctx, weights.output), x)           # (n, V)
+    logits.name = "logits"
+    return logits
+
+
+class StepGraph:
+    """A built step over a paged cache: R tokens of any sequences, kv_index of 2R + N
+    values, logits of n_out chosen rows; its inputs as numpy views."""
+
+    def __init__(self, ctx, tokens, positions, slots, kv_index, out_rows, logits, graph):
+        self.ctx, self.graph = ctx, graph
+        self.tokens = tokens.numpy()          # int32 (R,)
+        self.positions = positions.numpy()    # int32 (R,)
+        self.slots = slots.numpy()            # int32 (R,): where each token's K, V rows go
+        self.kv_index = kv_index.numpy()      # int32 (2R + N,): see ops.attention
+        self.out_rows = out_rows.numpy()      # int32 (n_out,): rows whose logits are computed
+        self.logits = logits.numpy()          # float32 (n_out, V)
+
+
+def build_step_graph(c, weights, cache, R, N, n_out, buffer_for=None):
+    """The forward pass of one step over a paged cache (kv_paged.PagedKVCache): R
+    tokens, slot lists of N values in all, logits for n_out of the rows, as a
+    StepGraph. buffer_for: see graph_alloc.build_packed."""
+    def build(ctx):
+        tokens = ctx.new_tensor(Type.I32, (R,), name="tokens")
+        positions = ctx.new_tensor(Type.I32, (R,), name="positions")
+        slots = ctx.new_tensor(Type.I32, (R,), name="kv_slots")
+        kv_index = ctx.new_tensor(Type.I32, (2 * R + N,), name="kv_index")
+        out_rows = ctx.new_tensor(Type.I32, (n_out,), name="out_rows")
+        x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: paged_attention(
+            c, h, lw, cache, il, positions, slots, kv_index, rope_freqs, R))
+        if n_out < R:
+            x = ops.get_rows(x, out_rows)                               # (n_out, E)
+        return ctx, tokens, positions, slots, kv_index, out_rows, _logits(ctx, c, weights, x)
+    leaf_bytes = c.n_layer * 64 * STRUCT_BYTES + 4 * (5 * R + N + n_out) + 8192
+    built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
+    return StepGraph(*built.result, graph=built.graph)
 
 
 def _leaf_bytes(c, T, K):

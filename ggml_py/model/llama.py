@@ -15,10 +15,10 @@ from collections import OrderedDict
 import numpy as np
 
 from ggml_py.core.graph import aligned_bytes, check_tune, default_threads, shared_pool
-from ggml_py.core.types import Type
+from ggml_py.core.types import Op, Type
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.config import LlamaConfig, context_size
-from ggml_py.model.forward import build_forward_graph, forward_graph_bytes
+from ggml_py.model.forward import build_forward_graph, build_step_graph, forward_graph_bytes
 from ggml_py.model.kv_cache import KVCache
 from ggml_py.model.weights import LlamaWeights
 
@@ -53,6 +53,14 @@ if hasattr(os, "register_at_fork"):
 def default_cache(config, n_ctx, kv_type):
     """The stock KV cache for a model of `config`: n_ctx slots of kv_type (F16 or F32)."""
     return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type)
+
+
+def pin_row_invariant(graph):
+    """Pin every MUL_MAT of graph to the CPU profile (id 0): row by row dot products
+    (and the panel and tile kernels that give the same bits), never BLAS."""
+    for t in graph.nodes:
+        if t.op == Op.MUL_MAT:
+            t.profile = next(p for p in t.profiles() if p.id == 0)
 
 
 class LlamaModel:
@@ -132,6 +140,39 @@ class LlamaModel:
         else:
             self._graphs.move_to_end(key)
         return g
+
+    def step_graph(self, cache, R, N, n_out, invariant=True):
+        """The cached graph of a step over the paged `cache` (R tokens, slot lists of
+        N values, logits of n_out rows), built on first use. invariant: every MUL_MAT
+        takes the CPU profile, whose dot products give each row the same bits whatever
+        the other rows (BLAS's do not), so a sequence's logits do not depend on the
+        batch it is in."""
+        key = ("step", id(cache), R, N, n_out, invariant)
+        g = self._graphs.get(key)
+        if g is None:
+            t0 = time.perf_counter()
+            g = build_step_graph(self.config, self.weights, cache, R, N, n_out,
+                                 buffer_for=self._intermediates_for if self.packed else None)
+            if invariant:
+                pin_row_invariant(g.graph)
+            self._graphs[key] = g
+            g.graph.plan(self.n_threads, tune=self.tune)
+            self._share_work(g.graph)
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+            self.build_s += time.perf_counter() - t0
+            self.n_built += 1
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    def run_step(self, g):
+        """Compute a step graph whose inputs are written (under the forward lock)."""
+        with self._lock:
+            self.file.check_unchanged()    # a ModelLoadError here, not a SIGBUS in compute
+            pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
+            g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
+        return g.logits
 
     def _intermediates_for(self, nbytes):
         """The shared buffer of intermediates, grown to nbytes when smaller."""

@@ -19,6 +19,8 @@ import numpy as np
 
 from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
+from ggml_py.model.batch import Batch
+from ggml_py.model.kv_paged import PAGE_SIZE, PagedKVCache
 from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache
 from ggml_py.model.weights import matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
@@ -28,6 +30,7 @@ from ggml_py.tokenizer.tokenizer import Tokenizer
 from ggml_py.core.types import Type, checked_int
 
 KV_TYPES = (Type.F16, Type.F32)
+DEFAULT_SEQ_MAX = 8       # sequences a batch runs at once
 TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
 # exact types whose values numpy holds as integers (bool is not one: True is no token id)
 INT_TYPES = frozenset({int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]})
@@ -127,6 +130,8 @@ class Llama:
     kv_pad: the attention window grows in steps of this many slots.
     make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
     see ggml_py/model/kv_cache.py for the members the model uses).
+    n_seq_max: most sequences a batch() runs at once (more wait); its pages come from a
+    pool of n_ctx tokens, allocated at the first batch() (docs/batching.md).
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
     file into memory, so that changing the file later does not reach the model (mapped,
     a file changed in place makes the next evaluation raise ModelLoadError).
@@ -137,8 +142,9 @@ class Llama:
     """
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
-                 kv_pad=KV_PAD, make_cache=None, use_mmap=True):
+                 kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX):
         t0 = time.perf_counter()
+        self._n_seq_max = checked_int("n_seq_max", n_seq_max, low=1)
         kv_type = Type.of(kv_type, "Llama: kv_type")
         if make_cache is not None and not callable(make_cache):
             raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
@@ -161,6 +167,8 @@ class Llama:
                                 make_cache=make_cache or default_cache, use_mmap=bool(use_mmap))
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
+        self._kv_type = kv_type
+        self._kv_pool = None      # the paged cache of batch(), made at its first use
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # (prompt ids, logits of its last token) of generate's last prompt, while the cache
@@ -188,6 +196,7 @@ class Llama:
             return
         with contextlib.nullcontext() if isinstance(lock, _CutByFork) else self._turn("close"):
             self.model = self._lock = _Closed()
+            self._kv_pool = None
             self.tokens = []
             self._prompt_logits = None
             self.changes += 1
@@ -493,6 +502,63 @@ class Llama:
                 break
             n += 1
         return n
+
+    # ---- many sequences -------------------------------------------------------------
+
+    def n_seq_max(self):
+        """Most sequences a batch runs at once."""
+        return self._n_seq_max
+
+    def kv_pool(self):
+        """The paged KV cache batches use (n_ctx tokens in pages), made on first use."""
+        if self._kv_pool is None:
+            c = self.config
+            self.model.file    # a closed Llama raises here
+            self._kv_pool = PagedKVCache(c.n_layer, self.n_ctx(), c.n_head_kv, c.head_dim,
+                                         type=self._kv_type)
+        return self._kv_pool
+
+    def kv_pages_used(self):
+        """Pages of the batch pool held by sequences (0 before the first batch)."""
+        return 0 if self._kv_pool is None else self._kv_pool.pages_used
+
+    def kv_pages_total(self):
+        """Pages of the batch pool (n_ctx tokens in pages of PAGE_SIZE)."""
+        return -(-self.n_ctx() // PAGE_SIZE)
+
+    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True):
+        """A step scheduler over many sequences (a Batch: add, step, cancel; see
+        ggml_py/model/batch.py). n_ctx_seq: the most tokens one sequence holds (None:
+        the whole pool); past it a sequence drops half of its tokens after the first
+        `keep` and goes on (context_shift), or ends ("length"). invariant: a sequence's
+        logits are bitwise the same whatever else is in the batch (docs/batching.md)."""
+        return Batch(self, self._n_seq_max, self.n_batch, n_ctx_seq=n_ctx_seq, keep=keep,
+                     context_shift=context_shift, invariant=invariant)
+
+    def generate_batch(self, prompts, **kwargs):
+        """The text generated for each prompt (a list of texts or token-id lists), all
+        run together: for each, the text generate(prompt, same arguments) gives
+        (docs/batching.md says when it is bitwise the same); keyword arguments as
+        generate's, and logprobs."""
+        return [s.text for s in self._run_batch(prompts, kwargs)]
+
+    def generate_batch_tokens(self, prompts, **kwargs):
+        """As generate_batch, the generated token ids of each prompt."""
+        return [s.tokens for s in self._run_batch(prompts, kwargs)]
+
+    def _run_batch(self, prompts, kwargs):
+        if isinstance(prompts, TEXT_TYPES) or not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("generate_batch: the list of prompts is empty")
+        b = self.batch()
+        try:
+            sids = [b.add(p, **kwargs) for p in prompts]
+            while b.running:
+                b.step()
+            return [b.sequence(sid) for sid in sids]
+        finally:
+            b.close()
 
     # ---- perplexity ---------------------------------------------------------------
 

@@ -1,0 +1,144 @@
+"""The paged KV cache: one pool of fixed-size pages shared by many sequences.
+
+Every layer's K and V rows live in one pool of n_pages * page_size slots (sized by
+n_ctx: the tokens of all sequences together). A sequence holds a page table, the
+pages its positions 0, 1, 2 ... fill in order: position p sits in slot
+table[p // page_size] * page_size + p % page_size. Nothing is reserved per sequence
+beyond the pages its tokens fill; a finished or cancelled sequence gives its pages
+back at once (the next one reuses them, most recently freed first).
+
+The attention op reads a sequence's slots as one list in position order, so a
+token's result does not depend on where its pages are or on the other sequences.
+
+Shapes are numpy order: Hkv = n_head_kv, D = head_dim.
+"""
+import numpy as np
+
+from ggml_py.core import ops
+from ggml_py.core.types import Type, checked_int
+
+PAGE_SIZE = 16            # tokens per page (docs/batching.md has the measurements)
+KV_TYPES = (Type.F16, Type.F32)
+
+
+class KVPoolFull(RuntimeError):
+    """The pool has fewer free pages than a request needs; nothing was changed."""
+
+
+class PagedKVCache:
+    """K and V rows of every layer in pages: k[l], v[l] (n_pages * page_size, Hkv*D)."""
+
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, page_size=PAGE_SIZE):
+        n_layer, n_ctx, n_head_kv, head_dim, page_size = (
+            checked_int(f"PagedKVCache: {name}", value, low=1) for name, value in
+            (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
+             ("head_dim", head_dim), ("page_size", page_size)))
+        type = Type.of(type, "PagedKVCache")
+        if type not in KV_TYPES:
+            raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
+        self.type, self.page_size = type, page_size
+        self.n_head_kv, self.head_dim = n_head_kv, head_dim
+        self.n_pages = -(-n_ctx // page_size)
+        self.n_slots = self.n_pages * page_size
+        dtype = np.float16 if type == Type.F16 else np.float32
+        shape = (self.n_slots, n_head_kv * head_dim)
+        try:
+            self.k = [np.zeros(shape, dtype) for _ in range(n_layer)]
+            self.v = [np.zeros(shape, dtype) for _ in range(n_layer)]
+        except (MemoryError, ValueError, OverflowError):
+            size = 2 * n_layer * shape[0] * shape[1] * np.dtype(dtype).itemsize
+            raise ValueError(f"cannot allocate the KV pool for n_ctx={n_ctx}: "
+                             f"{size / 2**30:.1f} GiB") from None
+        self._free = list(range(self.n_pages - 1, -1, -1))   # pop() takes the lowest first
+        self._tables = {}      # sequence id -> its pages, in position order
+        self._lengths = {}     # sequence id -> positions held (0..n-1)
+
+    # ---- facts ---------------------------------------------------------------
+
+    @property
+    def nbytes(self):
+        """Bytes of the pool: 2 * n_layer * n_slots * Hkv*D * element size."""
+        return sum(a.nbytes for a in self.k + self.v)
+
+    @property
+    def pages_free(self):
+        """Pages no sequence holds."""
+        return len(self._free)
+
+    @property
+    def pages_used(self):
+        """Pages the sequences hold."""
+        return self.n_pages - len(self._free)
+
+    def length(self, seq):
+        """Positions held for seq (0 for one the cache does not know)."""
+        return self._lengths.get(seq, 0)
+
+    def pages_needed(self, seq, n_new):
+        """Pages seq must add to hold n_new more positions."""
+        have = len(self._tables.get(seq, ()))
+        return max(0, -(-(self.length(seq) + n_new) // self.page_size) - have)
+
+    # ---- holding positions ------------------------------------------------------
+
+    def reserve(self, seq, n_new):
+        """Pages for n_new more positions of seq (a new seq starts empty); KVPoolFull
+        and nothing changed when the pool has too few free pages."""
+        need = self.pages_needed(seq, n_new)
+        if need > len(self._free):
+            raise KVPoolFull(f"the KV pool has {len(self._free)} free pages of {self.page_size} "
+                             f"tokens; {need} more are needed")
+        table = self._tables.setdefault(seq, [])
+        self._lengths.setdefault(seq, 0)
+        table.extend(self._free.pop() for _ in range(need))
+
+    def slots(self, seq, start, stop):
+        """int32 slots of seq's positions start..stop-1 (pages reserved for them)."""
+        positions = np.arange(start, stop)
+        table = np.asarray(self._tables[seq], np.int64)
+        return (table[positions // self.page_size] * self.page_size
+                + positions % self.page_size).astype(np.int32)
+
+    def advance(self, seq, n):
+        """Mark seq's next n positions as written (after the step that wrote them ran)."""
+        self._lengths[seq] += n
+
+    def truncate(self, seq, n):
+        """Forget seq's positions >= n; pages no longer needed go back to the pool."""
+        n = max(0, min(n, self.length(seq)))
+        self._lengths[seq] = n
+        table = self._tables.get(seq, [])
+        keep = -(-n // self.page_size)
+        self._free.extend(reversed(table[keep:]))
+        del table[keep:]
+
+    def free(self, seq):
+        """Forget seq: its pages go back to the pool (the next sequence reuses them)."""
+        self._free.extend(reversed(self._tables.pop(seq, [])))
+        self._lengths.pop(seq, None)
+
+    def shift(self, seq, keep, n_discard, rerope):
+        """Context shift: drop seq's positions keep..keep+n_discard-1 and move the later
+        ones down by n_discard (rows copied, K rotated by rerope(k_rows, -n_discard)
+        for its new positions); freed pages go back to the pool."""
+        n = self.length(seq)
+        if not (0 <= keep and n_discard > 0 and keep + n_discard <= n):
+            raise ValueError(f"shift: cannot drop {n_discard} positions after {keep} of {n}")
+        src = self.slots(seq, keep + n_discard, n)
+        dst = self.slots(seq, keep, n - n_discard)
+        for k, v in zip(self.k, self.v):
+            rows = k[src].astype(np.float32)
+            rerope(rows, -n_discard)
+            k[dst] = rows
+            v[dst] = v[src]
+        self.truncate(seq, n - n_discard)
+
+    # ---- graph ops ------------------------------------------------------------------
+
+    def store(self, ctx, il, k, v, slots):
+        """Graph ops of layer il: write k, v (T, Hkv*D) into the pool rows at `slots`
+        (I32 (T,)); the written pools (slots, Hkv*D), to be read after the writes."""
+        shape = (self.n_slots, self.n_head_kv * self.head_dim)
+        pool_k = ctx.from_buffer(self.k[il], self.type, shape, name=f"kv_pool_k.{il}")
+        pool_v = ctx.from_buffer(self.v[il], self.type, shape, name=f"kv_pool_v.{il}")
+        return ops.set_rows(pool_k, k, slots), ops.set_rows(pool_v, v, slots)
