@@ -28,7 +28,7 @@ import numpy as np
 
 from ggml_py.core.types import checked_int
 from ggml_py.model.context_shift import discard_count, rope_rotation
-from ggml_py.model.kv_paged import KVPoolFull, PagedKVCache
+from ggml_py.model.kv_paged import KVPoolFull
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import StopFilter, stop_strings
 

@@ -65,7 +65,7 @@ def attention_scale(c):
 
 def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
     """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
-    D, H, Hkv = c.head_dim, c.n_head, c.n_head_kv
+    D, H = c.head_dim, c.n_head
     q, k, v = project_qkv(c, x, lw, positions, rope_freqs, T)
     keys, values = cache.store_and_load(x.ctx, il, k, v, slots, K)   # (Hkv, K, D) each
     values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)

@@ -512,8 +512,7 @@ class Llama:
     def kv_pool(self):
         """The paged KV cache batches use (n_ctx tokens in pages), made on first use."""
         if self._kv_pool is None:
-            c = self.config
-            self.model.file    # a closed Llama raises here
+            c = self.config    # (a closed Llama raises here)
             self._kv_pool = PagedKVCache(c.n_layer, self.n_ctx(), c.n_head_kv, c.head_dim,
                                          type=self._kv_type)
         return self._kv_pool
