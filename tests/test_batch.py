@@ -221,3 +221,37 @@ def test_bad_input():
     b.cancel(sid)
     b.forget(sid)
     assert not b.running
+
+
+def test_generate_runs_past_a_full_context_with_context_shift():
+    """-n -1 as llama-cli: the context of 64 fills, half of it after the kept prompt is
+    dropped, generation goes on; without context_shift it stops at the full context."""
+    llm = gg.Llama(n_ctx=64, n_threads=1)
+    greedy = gg.SamplingParams(temperature=0)
+    prompt = llm.tokenize("ROMEO.")
+    tokens = list(llm.generate_tokens(prompt, greedy, max_tokens=150, ignore_eos=True,
+                                      context_shift=True, keep=-1))
+    assert len(tokens) == 150 and llm.timings.context_shifts >= 3
+    assert llm.tokens[:len(prompt)] == prompt and llm.n_tokens < 64     # the prompt kept
+    stopped = list(llm.generate_tokens(prompt, greedy, max_tokens=150, ignore_eos=True))
+    assert len(prompt) + len(stopped) == 64 and stopped == tokens[:len(stopped)]
+
+
+def test_shift_moves_rows_down_and_rotates_keys(rng):
+    from ggml_py.model.kv_cache import KVCache
+    cache = KVCache(2, 32, 2, 8, type=gg.F32)
+    for a in cache.k + cache.v:
+        a[:] = rng.standard_normal(a.shape)
+    cache.begin(np.arange(20, dtype=np.int32))
+    old_k, old_v = [a.copy() for a in cache.k], [a.copy() for a in cache.v]
+
+    def rerope(rows, delta):
+        rows *= delta        # a stand-in rotation that shows it was applied, once
+    cache.shift(3, 8, rerope)
+    assert cache.n_past == 12
+    for il in range(2):
+        np.testing.assert_array_equal(cache.k[il][:3], old_k[il][:3])
+        np.testing.assert_array_equal(cache.k[il][3:12], -8 * old_k[il][11:20])
+        np.testing.assert_array_equal(cache.v[il][3:12], old_v[il][11:20])
+    with pytest.raises(ValueError, match="cannot drop"):
+        cache.shift(10, 8, rerope)

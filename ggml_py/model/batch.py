@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggml_py.core.types import checked_int
-from ggml_py.model.context_shift import discard_count, rope_rotation
+from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
 from ggml_py.model.kv_paged import KVPoolFull
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import StopFilter, stop_strings
@@ -70,7 +70,7 @@ class Batch:
         self.n_seq_max, self.n_batch = n_seq_max, n_batch
         self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx_seq if n_ctx_seq is not None
                                      else self.cache.n_slots, low=2, high=self.cache.n_slots)
-        self.keep = checked_int("keep", keep, low=0, high=self.n_ctx_seq - 2)
+        self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
         self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
@@ -111,8 +111,10 @@ class Batch:
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
         banned = sorted(self.tokenizer.eog_ids) if ignore_eos else ()
+        # (at most half the context: a shift must have tokens to drop)
+        n_kept = min(kept_count(ids, self.keep, self.tokenizer.bos_id), self.n_ctx_seq // 2)
         s = Sequence(next(self._ids), list(ids), max_tokens, logprobs, ids=list(ids),
-                     n_kept=min(self.keep, len(ids)), sampler=Sampler(params, banned=banned),
+                     n_kept=n_kept, sampler=Sampler(params, banned=banned),
                      decoder=self.tokenizer.decoder(strip_leading_space=False),
                      stop=StopFilter(stop_strings(stop)))
         s.sampler.accept_all(ids)

@@ -14,6 +14,14 @@ def discard_count(n_past, keep):
     return max(1, (n_past - keep) // 2)
 
 
+def kept_count(prompt, keep, bos_id):
+    """Tokens a shift never drops: the first `keep` of the prompt (-1: all of it) and,
+    as llama.cpp always keeps it, a BOS in front of them."""
+    has_bos = bool(prompt) and bos_id is not None and prompt[0] == bos_id
+    rest = len(prompt) - has_bos
+    return has_bos + (rest if keep < 0 else min(keep, rest))
+
+
 def rope_rotation(config, rope_freqs=None):
     """rerope(rows, delta): rotate K rows (n, Hkv*D) float32 in place as moving each of
     their tokens by delta positions would (llama's ROPE_NORMAL: adjacent pairs)."""

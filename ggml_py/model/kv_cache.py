@@ -106,6 +106,20 @@ class KVCache:
             if rewritten.size:
                 self.truncate(int(rewritten.min()))
 
+    def shift(self, keep, n_discard, rerope):
+        """Context shift: forget positions keep..keep+n_discard-1 and move the later ones
+        down by n_discard (rows copied, K rotated by rerope(k_rows, -n_discard) for its
+        new positions)."""
+        n = self.n_past
+        if not (0 <= keep and n_discard > 0 and keep + n_discard <= n):
+            raise ValueError(f"shift: cannot drop {n_discard} positions after {keep} of {n}")
+        for k, v in zip(self.k, self.v):
+            rows = k[keep + n_discard:n].astype(np.float32)
+            rerope(rows, -n_discard)
+            k[keep:n - n_discard] = rows
+            v[keep:n - n_discard] = v[keep + n_discard:n]
+        self.truncate(n - n_discard)
+
     def window(self, pad):
         """Slots the next graph must attend to: the used ones, rounded up to pad."""
         return min(self.n_ctx, -(-max(self.n_past, 1) // pad) * pad)

@@ -20,6 +20,7 @@ import numpy as np
 from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.batch import Batch
+from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
 from ggml_py.model.kv_paged import PAGE_SIZE, PagedKVCache
 from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache
 from ggml_py.model.weights import matrix_shapes
@@ -388,7 +389,8 @@ class Llama:
 
     def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True,
-                 frequency_penalty=0.0, presence_penalty=0.0, stop=None):
+                 frequency_penalty=0.0, presence_penalty=0.0, stop=None, context_shift=False,
+                 keep=0):
         """The text pieces generated after prompt (text, or token ids), an iterator that
         produces them as they are generated; the arguments are checked now.
 
@@ -400,13 +402,15 @@ class Llama:
         temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
         The penalties (repeat, frequency, presence) look back over the last
         repeat_last_n tokens, the prompt's included, as llama-cli's (-1: the whole context).
+        context_shift, keep: see generate_tokens (go on past a full context).
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
         stops = stop_strings(stop)
-        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos,
+                                                   context_shift, keep))
         return until_stop(pieces, stops) if stops else pieces
 
     def _pieces(self, tokens):
@@ -421,12 +425,14 @@ class Llama:
             yield rest
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
-                        add_bos=True):
+                        add_bos=True, context_shift=False, keep=0):
         """Generated token ids (see generate), an iterator. A text prompt's control-token
         texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
         llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
         is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
-        first next(), reusing the cached prefix of the prompt."""
+        first next(), reusing the cached prefix of the prompt. context_shift: when the
+        context is full, drop half of the tokens after the first `keep` of the prompt
+        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does."""
         ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
         max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
@@ -437,9 +443,12 @@ class Llama:
         banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
-        return self._generate(ids, sampler, max_tokens)
+        keep = checked_int("keep", keep, low=-1)
+        n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
+            if context_shift else None
+        return self._generate(ids, sampler, max_tokens, n_kept)
 
-    def _generate(self, ids, sampler, max_tokens):
+    def _generate(self, ids, sampler, max_tokens, n_kept=None):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
         with self._turn("generate"):      # one call at a time changes the sequence
             logits = self._prompt_again(ids)
@@ -465,17 +474,35 @@ class Llama:
                 return
             yield token
             n += 1
+            if 0 <= max_tokens <= n:
+                return
             # as llama-cli and llama-cpp-python: a token that would take the last slot is the
-            # last one (prompt and generated tokens together are at most n_ctx)
-            if self.n_tokens + 1 >= self.n_ctx() or (0 <= max_tokens <= n):
+            # last one (prompt and generated tokens together are at most n_ctx), unless the
+            # context shifts
+            full = self.n_tokens + 1 >= self.n_ctx()
+            if full and n_kept is None:
                 return
             with self._turn("generate"):
                 if self.changes != mine:
                     raise RuntimeError("generate: this Llama's sequence was changed by another "
                                        "call (eval, generate, perplexity or reset) while the "
                                        "generator was paused; start a new generate")
+                if full:
+                    self._shift_context(n_kept)
                 logits = self._timed_decode([token], prompt=False).copy()
                 mine = self.changes
+
+    def _shift_context(self, n_kept):
+        """Drop half of the cached tokens after the first n_kept (llama.cpp's context
+        shift): their K, V rows go, the later ones move down (keys rotated to match)."""
+        n_discard = discard_count(self.n_tokens, n_kept)
+        rerope = rope_rotation(self.config, None if self.model.weights.rope_freqs is None else
+                               np.asarray(self.model.weights.rope_freqs.data, np.float32))
+        self.model.cache.shift(n_kept, n_discard, rerope)
+        del self.tokens[n_kept:n_kept + n_discard]
+        self._prompt_logits = None
+        self.changes += 1
+        self.timings.context_shifts += 1
 
     def _prompt_again(self, ids):
         """The logits of the last prompt's last token when ids is that prompt again and the

@@ -22,6 +22,7 @@ class Timings:
     sample_runs: int = 0
     build_s: float = 0.0
     builds: int = 0
+    context_shifts: int = 0       # times generate dropped old tokens to go on
     start: float = field(default_factory=time.perf_counter)
 
     def lines(self):
