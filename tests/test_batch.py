@@ -255,3 +255,45 @@ def test_shift_moves_rows_down_and_rotates_keys(rng):
         np.testing.assert_array_equal(cache.v[il][3:12], old_v[il][11:20])
     with pytest.raises(ValueError, match="cannot drop"):
         cache.shift(10, 8, rerope)
+
+
+# ---- the programs ---------------------------------------------------------------------
+
+def run_program(module, *args, cwd):
+    import os
+    import subprocess
+    import sys
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__)))
+    env = dict(os.environ, PYTHONPATH=parent + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=300)
+
+
+def test_ggml_batched_streams_each_sequence_as_generate_gives_it(tmp_path):
+    prompts = ["ROMEO.", "", "JULIET. O Romeo", "KING"]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n")
+    proc = run_program("ggml_py.cli.batched", "-f", "prompts.txt", "-np", "2", "-n", "16",
+                       "--temp", "0", "-t", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    texts = {}
+    for line in proc.stdout.splitlines():
+        sid, _, text = line.partition("] ")
+        texts.setdefault(int(sid[1:]), []).append(text)
+    llm = gg.Llama(n_threads=1)
+    want = ["".join(llm.generate(p, max_tokens=16, temperature=0)) for p in prompts if p]
+    assert ["\n".join(texts[i]) for i in range(3)] == [w.rstrip("\n") for w in want]
+    assert proc.stderr.count("(length)") + proc.stderr.count("(stop)") == 3
+    assert "generated tokens/s in all" in proc.stderr
+    bad = run_program("ggml_py.cli.batched", "-n", "3", cwd=tmp_path)
+    assert bad.returncode == 2 and "give a prompt" in bad.stderr
+
+
+def test_ggml_bench_batch_prints_the_table_and_json(tmp_path):
+    proc = run_program("ggml_py.cli.bench", "batch", "-np", "1,3", "-n", "4", "-t", "1",
+                       "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    import json
+    rows = json.loads(proc.stdout)["results"]
+    assert [r["n_seq"] for r in rows] == [1, 3] and rows[0]["vs_single"] == 1.0
+    assert all(r["decode_ts"] > 0 and r["kv_bytes"] > 0 for r in rows)
+    assert rows[1]["kv_bytes"] > rows[0]["kv_bytes"]        # KV grows with live tokens
