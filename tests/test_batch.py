@@ -119,6 +119,22 @@ def test_pages_are_reused_and_freed_on_cancel():
     assert llm.kv_pages_used() == 0 and b.sequence(c).finish_reason == "cancelled"
 
 
+def test_cancel_in_the_middle_of_a_prompt_read_in_chunks():
+    llm = gg.Llama(n_ctx=256, n_threads=1, n_batch=8)
+    b = llm.batch()
+    long = b.add(PROMPTS[2] * 3, max_tokens=5, temperature=0)
+    other = b.add(PROMPTS[0], max_tokens=5, temperature=0)
+    b.step()                                   # 8 rows: a chunk of the long prompt only
+    s = b.sequence(long)
+    assert 0 < s.n_cached < len(s.prompt_tokens) and llm.kv_pages_used() > 0
+    b.cancel(long)
+    assert llm.kv_pages_used() == 0
+    while b.running:
+        b.step()
+    alone = llm.generate_batch([PROMPTS[0]], max_tokens=5, temperature=0)
+    assert b.sequence(other).text == alone[0] and s.finish_reason == "cancelled"
+
+
 def test_a_full_pool_preempts_and_the_text_is_unchanged(logits_log):
     """Three sequences that together need more than the pool: the youngest gives its
     pages back and is read again later; every text is what it is alone."""

@@ -16,9 +16,9 @@ this one's place without a change to the model:
 `LlamaModel(..., make_cache=f)` (and `Llama`) builds its cache with
 f(config, n_ctx, kv_type). The model sizes its buffers for windows of up to
 n_ctx slots, so store_and_load must take any K up to n_ctx. Keys and values come back as F32
-or F16 views or tensors (the model permutes the values). Not there yet, and needed by the caches planned: sequence ids (several
-sequences in one cache: begin, fill_mask, truncate per sequence), and inputs
-of the cache's own that change per call (a page table read by store_and_load).
+or F16 views or tensors (the model permutes the values). `shift(keep, n_discard, rerope)`
+is used by generate's context shift only. Many sequences in one cache, in pages: the
+paged cache of batches (kv_paged.py).
 
 Shapes are numpy order: T = tokens in the batch, K = slots attended to,
 Hkv = n_head_kv, D = head_dim.
