@@ -8,6 +8,7 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -170,6 +171,7 @@ class Llama:
         self.n_batch = n_batch
         self._kv_type = kv_type
         self._kv_pool = None      # the paged cache of batch(), made at its first use
+        self._sequence_ids = itertools.count()   # ids of batches' sequences: one pool, no two alike
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # (prompt ids, logits of its last token) of generate's last prompt, while the cache
