@@ -788,6 +788,17 @@ def test_main_generates_until_the_context_is_full_without_n():
     assert "n_predict = -1," in proc.stderr and "main: context full, stopping" in proc.stderr
 
 
+def test_main_n_predict_minus_two_runs_until_the_context_is_full_and_below_is_refused():
+    # llama.cpp: -2 is "until the context is full"; nothing below -2 has a meaning
+    proc = main("-p", "ROMEO.", "-c", 48, "-n", -2, "--ignore-eos", "-s", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_predict = -2," in proc.stderr and "main: context full, stopping" in proc.stderr
+    # prompt and generated tokens fill the 48 positions; the last one sampled is not evaluated
+    assert re.search(r"total time = .* / +47 tokens", proc.stderr)
+    line = assert_one_line_error(main("-n", -3, "-p", "ROMEO."), code=2)
+    assert "-n/--n-predict: must be at least -2" in line
+
+
 def test_main_the_later_of_prompt_and_file_is_the_prompt(tmp_path):
     # as llama.cpp (common/arg.cpp sets params.prompt flag by flag, in order)
     (tmp_path / "juliet.txt").write_text("JULIET.\n")

@@ -28,6 +28,15 @@ def repeat_window(text):
     return value
 
 
+def predict_count(text):
+    """-n: tokens to predict, or -1 (no limit) or -2 (until the context is full), as llama.cpp."""
+    value = int(text)
+    if value < -2:
+        raise argparse.ArgumentTypeError(f"must be at least -2 (-1: no limit, -2: until the "
+                                         f"context is full), got {value}")
+    return value
+
+
 def prompt_taken_whole(argv):
     """argv with -p/--prompt VALUE as --prompt=VALUE: as llama-cli, the word after -p is
     the prompt even when it starts with '-' ("-p '- a list item'"), which argparse
@@ -61,8 +70,9 @@ def build_parser():
                    help="a file holding the prompt, less one trailing newline (the later of "
                         "-p and -f is the prompt)")
     p.set_defaults(prompt_from="prompt")
-    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
-                   help="tokens to predict (default: -1 = until end of text or full context)")
+    p.add_argument("-n", "--n-predict", type=predict_count, default=-1, metavar="N",
+                   help="tokens to predict (default: -1 = no limit: until end of text; "
+                        "-2 = until the context is full; -1 also stops there for now)")
     p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
                    help="RNG seed (default: -1, a random seed)")
     p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
