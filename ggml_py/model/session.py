@@ -435,14 +435,17 @@ class Llama:
             yield rest
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
-                        add_bos=True, context_shift=False, keep=0):
+                        add_bos=True, context_shift=False, keep=0, yield_eog=False):
         """Generated token ids (see generate), an iterator. A text prompt's control-token
         texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
         llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
         is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
         first next(), reusing the cached prefix of the prompt. context_shift: when the
         context is full, drop half of the tokens after the first `keep` of the prompt
-        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does."""
+        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does.
+        yield_eog: the end-of-generation token that ends it is produced too, as the
+        last one (not evaluated, nor counted in max_tokens); a chat keeps it in its
+        history."""
         ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
         max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
@@ -456,9 +459,9 @@ class Llama:
         keep = checked_int("keep", keep, low=-1)
         n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
             if context_shift else None
-        return self._generate(ids, sampler, max_tokens, n_kept)
+        return self._generate(ids, sampler, max_tokens, n_kept, yield_eog)
 
-    def _generate(self, ids, sampler, max_tokens, n_kept=None):
+    def _generate(self, ids, sampler, max_tokens, n_kept=None, yield_eog=False):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
         with self._turn("generate"):      # one call at a time changes the sequence
             logits = self._prompt_again(ids)
@@ -482,6 +485,8 @@ class Llama:
             self.timings.sample_s += clock() - t0
             self.timings.sample_runs += 1
             if self.tokenizer.is_eog(token):
+                if yield_eog:
+                    yield token
                 return
             yield token
             n += 1
