@@ -3,7 +3,6 @@ a pseudo-terminal (pexpect), on the bundled model. Each test starts one program.
 import io
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -114,33 +113,38 @@ def test_ctrl_c_stops_a_reply_and_a_second_ctrl_c_ends_with_the_timings(tmp_path
     assert 0 < runs(rest, "eval time") < 4000
 
 
-def main(tmp_path, *args, stdin=""):
-    return subprocess.run([sys.executable, "-m", "ggml_py.cli.main", "-t", "1", *map(str, args)],
-                          input=stdin, capture_output=True, text=True, env=ENV, cwd=tmp_path,
-                          timeout=120, check=False)
+def main(capsys, monkeypatch, *args, stdin=""):
+    """ggml-main run in this process with stdin read from a string: (status, out, err)."""
+    from ggml_py.cli.main import cli
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    status = cli(["-t", "1", *map(str, args)])
+    out, err = capsys.readouterr()
+    return status, out, err
 
 
-def test_piped_input_is_a_conversation_too(tmp_path):
-    proc = main(tmp_path, "-cnv", "-n", 4, "-s", 1, stdin="Who art thou?\n\nSpeak again.\n")
-    assert proc.returncode == 0, proc.stderr
+def test_piped_input_is_a_conversation_too(capsys, monkeypatch):
+    status, out, err = main(capsys, monkeypatch, "-cnv", "-n", 4, "-s", 1,
+                            stdin="Who art thou?\n\nSpeak again.\n")
+    assert status == 0, err
     # four inputs read (the last one: the end), the empty line sent nothing
-    assert proc.stdout.count("> ") == 4 and "\n> \n> " in proc.stdout
-    assert "main: EOF by user" in proc.stderr
-    assert "\x1b[" not in proc.stdout             # no colours where they were not asked for
+    assert out.count("> ") == 4 and "\n> \n> " in out
+    assert "main: EOF by user" in err
+    assert "\x1b[" not in out             # no colours where they were not asked for
 
 
-def test_a_reverse_prompt_alone_ends_the_run_there(tmp_path):
+def test_a_reverse_prompt_alone_ends_the_run_there(capsys, monkeypatch):
     # not interactive: the text stops after the reverse prompt (llama-cli's -r without -i)
-    proc = main(tmp_path, "-p", "ROMEO.", "-r", "\\n", "-n", 100, "-s", 1, "--no-display-prompt")
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith("\n") and "\n" not in proc.stdout[:-1]
-    assert not proc.stdout.startswith("ROMEO.")     # --no-display-prompt
+    status, out, err = main(capsys, monkeypatch, "-p", "ROMEO.", "-r", "\\n", "-n", 100, "-s", 1,
+                            "--no-display-prompt")
+    assert status == 0, err
+    assert out.endswith("\n") and "\n" not in out[:-1]
+    assert not out.startswith("ROMEO.")     # --no-display-prompt
 
 
-def test_special_tokens_are_printed_with_sp(tmp_path):
-    plain = main(tmp_path, "-p", "ROMEO.", "-n", 2, "-s", 1)
-    special = main(tmp_path, "-p", "ROMEO.", "-n", 2, "-s", 1, "-sp")
-    assert special.stdout == "<s>" + plain.stdout       # the BOS, as its text
+def test_special_tokens_are_printed_with_sp(capsys, monkeypatch):
+    _, plain, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1)
+    _, special, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1, "-sp")
+    assert special == "<s>" + plain       # the BOS, as its text
 
 
 @pytest.mark.parametrize("args, message", [
@@ -155,3 +159,39 @@ def test_bad_conversation_flags_end_in_one_line(capsys, args, message):
     err = capsys.readouterr().err
     assert stop.value.code == 2 and err.startswith("ggml-main: error:")
     assert message in err and err.count("\n") == 1
+
+
+def test_the_models_own_chat_template_is_used(capsys, monkeypatch):
+    from llama_models import V, edited_model
+    template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+                "'<|im_end|>\\n' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    model = edited_model("chat-template.gguf", keys={"tokenizer.chat_template": ([V.STRING], template)})
+    status, out, err = main(capsys, monkeypatch, "-m", model, "-c", 128, "-cnv", "-sys",
+                            "Be brief.", "-p", "Hail", "-n", 3, "-s", 1)
+    assert status == 0, err
+    assert "no chat template" not in err
+    # the opening echoed as the template writes it (these markers are text in this
+    # vocabulary; each text piece starts with SentencePiece's prefix space, as llama.cpp's)
+    opening = out.split("<|im_start|>assistant\n")[0]
+    assert opening.replace("\u2581", "").replace(" <", "<") == \
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHail<|im_end|>\n"
+
+
+def test_the_readmes_conversation_is_what_the_program_shows(tmp_path):
+    readme = open(os.path.join(PACKAGE_PARENT, "README.md"), encoding="utf-8").read()
+    start = readme.index("$ ggml-main -cnv ")
+    command, _, shown = readme[start + 2:].split("\n```", 1)[0].partition("\n")
+    typed = [line[2:] for line in shown.splitlines() if line.startswith("> ") and line[2:]]
+    # the README's command, stderr dropped by the shell as it says, in a pseudo-terminal
+    program = command.replace("ggml-main", f"{sys.executable} -m ggml_py.cli.main -t 1", 1)
+    child = pexpect.spawn("/bin/sh", ["-c", program], cwd=str(tmp_path), env=ENV,
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child.logfile_read = io.StringIO()
+    for line in typed:
+        child.expect_exact("> ")
+        child.sendline(line)
+    child.expect_exact("\r\n> ")
+    child.sendeof()
+    finish(child)
+    assert child.logfile_read.getvalue().replace("\r\n", "\n") == shown + "\n"

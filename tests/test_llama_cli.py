@@ -77,7 +77,7 @@ def test_main_greedy_equals_api():
 
 @pytest.mark.parametrize("args, fragment", [
     (["-m", "M", "--temp"], "expected one argument"),
-    (["-m", "M", "-n", "many"], "invalid int value"),
+    (["-m", "M", "-n", "many"], "-n/--n-predict: invalid predict_count value: 'many'"),
     (["-m", "M", "-t", "x"], "-t/--threads: invalid n_threads value: 'x'"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
@@ -572,12 +572,17 @@ def test_the_tune_file_hint_stays_within_what_ggml_tune_benches():
     lines = []
     for batch, ctx, hint in ((100, 4096, "ggml-tune --m-max 7 benches them"),
                              (8192, 8192, "ggml-tune benches up to --m-max 12, M=4096")):
-        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx,
-                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4])))
+        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx, n_threads=lambda: 2,
+                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4],
+                                                                         thread_counts=[1, 2])))
         args = SimpleNamespace(tune=False, tune_file="t.json", batch_size=batch)
         setup_tune(llm, args, lines.append)
         assert lines[-1] == (f"tune: t.json was benched up to M=4; batches of up to {min(batch, ctx)} "
                              f"tokens are estimated past it ({hint})")
+    # a thread count between two benched ones: its times are estimated, and it says so
+    llm.model.tune.thread_counts = [1, 4]
+    setup_tune(llm, args, lines.append)
+    assert "tune: t.json was benched at 1, 4 threads; times at 2 are estimated between them" in lines
 
 
 def test_tune_at_start_up_benches_nothing_for_a_refused_prompt_or_text():

@@ -51,6 +51,8 @@ class Terminal:
         """One input: a line, or lines joined where a line ends with '\\'; a final '/'
         is dropped. Raises EOFError at the end of input, KeyboardInterrupt on Ctrl-C."""
         lines = []
+        if prompt:     # the prompt is on the screen: at the end of input, its line is ended
+            self.at_line_start = False
         while True:
             if self.color:     # readline must be told which characters take no room
                 start, end = ("\001", "\002") if self.readline else ("", "")
