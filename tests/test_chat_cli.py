@@ -2,6 +2,7 @@
 a pseudo-terminal (pexpect), on the bundled model. Each test starts one program."""
 import io
 import os
+import pathlib
 import re
 import sys
 
@@ -179,7 +180,7 @@ def test_the_models_own_chat_template_is_used(capsys, monkeypatch):
 
 
 def test_the_readmes_conversation_is_what_the_program_shows(tmp_path):
-    readme = open(os.path.join(PACKAGE_PARENT, "README.md"), encoding="utf-8").read()
+    readme = pathlib.Path(__file__).resolve().parents[1].joinpath("README.md").read_text("utf-8")
     start = readme.index("$ ggml-main -cnv ")
     command, _, shown = readme[start + 2:].split("\n```", 1)[0].partition("\n")
     typed = [line[2:] for line in shown.splitlines() if line.startswith("> ") and line[2:]]

@@ -13,8 +13,8 @@ from ggml_py.cli.common import process_escapes
 from ggml_py.model.chat import ContextFullError, Conversation, keep_count
 from ggml_py.tokenizer.chat_template import model_chat_template
 
-# llama.cpp's console colours: the prompt yellow, the user's input bold green, errors bold red
-YELLOW, GREEN, RED, RESET = "\033[33m", "\033[1m\033[32m", "\033[1m\033[31m", "\033[0m"
+# llama.cpp's console colours: the prompt yellow, the user's input bold green
+YELLOW, GREEN, RESET = "\033[33m", "\033[1m\033[32m", "\033[0m"
 
 
 class Terminal:
@@ -111,7 +111,7 @@ def interactive_banner(args, log):
     log("== Running in interactive mode. ==")
     log(" - Press Ctrl+C to interject at any time.")
     log(" - Press Return to return control to the AI." if not args.conversation else
-        " - Press Return on an empty line: nothing is sent.")
+        " - An empty line sends nothing.")
     log(" - To return control without starting a new line, end your input with '/'.")
     log(" - If you want to submit another line, end your input with '\\'.")
     if args.conversation and not args.system_prompt:
