@@ -2,7 +2,7 @@
 import pytest
 
 import ggml_py as gg
-from ggml_py.model.chat import ContextFullError, Conversation, keep_count
+from ggml_py.model.chat import ContextFullError, Conversation
 from ggml_py.model.sampling import SamplingParams
 from ggml_py.tokenizer.chat_template import render_chat
 
@@ -127,13 +127,6 @@ def test_a_reply_interrupted_keeps_what_it_generated(llm):
     assert llm.detokenize(queued).startswith("<|im_end|>")
 
 
-def test_keep_counts_as_llama_cli():
-    assert keep_count(0, [1, 5, 6], add_bos=True) == 1        # the BOS is always kept
-    assert keep_count(2, [1, 5, 6], add_bos=True) == 3
-    assert keep_count(-1, [1, 5, 6], add_bos=True) == 3       # the whole prompt
-    assert keep_count(9, [1, 5, 6], add_bos=False) == 3
-
-
 def test_generate_can_yield_the_token_that_ends_it(llm, monkeypatch):
     from ggml_py.model.sampling import Sampler
     eos = llm.token_eos()
@@ -145,3 +138,11 @@ def test_generate_can_yield_the_token_that_ends_it(llm, monkeypatch):
     monkeypatch.setattr(Sampler, "sample", lambda self, logits, draws=draws: next(draws))
     # max_tokens counts the text's tokens: the end that would come after them is not drawn
     assert list(llm.generate_tokens("ROMEO.", max_tokens=2, yield_eog=True)) == [5, 6]
+
+
+def test_keep_counts_as_llama_cli_for_the_generate_line():
+    from ggml_py.model.context_shift import kept_count
+    assert kept_count([1, 5, 6], 0, bos_id=1) == 1        # the BOS is always kept
+    assert kept_count([1, 5, 6], 2, bos_id=1) == 3
+    assert kept_count([1, 5, 6], -1, bos_id=1) == 3       # the whole prompt
+    assert kept_count([5, 6], 9, bos_id=1) == 2

@@ -10,7 +10,8 @@ import os
 import sys
 
 from ggml_py.cli.common import process_escapes
-from ggml_py.model.chat import ContextFullError, Conversation, keep_count
+from ggml_py.model.chat import ContextFullError, Conversation
+from ggml_py.model.context_shift import kept_count
 from ggml_py.tokenizer.chat_template import model_chat_template
 
 # llama.cpp's console colours: the prompt yellow, the user's input bold green
@@ -99,7 +100,7 @@ def start(llm, args, params, prompt, log):
         raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     if len(opening) >= llm.n_ctx():
         raise ValueError(f"the prompt has {len(opening)} tokens, the context {llm.n_ctx()}")
-    conv.n_keep = keep_count(args.keep, opening, llm.tokenizer.add_bos)
+    conv.n_keep = kept_count(opening, args.keep, llm.token_bos())
     return conv, reply_first
 
 

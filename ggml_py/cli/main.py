@@ -15,7 +15,7 @@ from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_scr
                                 kv_type, number, open_llama, positive_number, process_escapes,
                                 read_prompt_file, run, setup_tune)
 from ggml_py.model.bundled import default_model_path
-from ggml_py.model.chat import keep_count
+from ggml_py.model.context_shift import kept_count
 from ggml_py.model.perplexity import ADD_EOS_REFUSED
 from ggml_py.model.sampling import SamplingParams
 
@@ -101,8 +101,8 @@ def build_parser():
                    help="never end at an end-of-text token (its logit is set to -inf)")
     p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens")
     p.add_argument("--keep", type=keep_value, default=0, metavar="N",
-                   help="tokens of the prompt to keep when the context shifts (default: 0, "
-                        "-1 = all; the shift itself is not implemented yet)")
+                   help="tokens of the prompt a context shift keeps (default: 0, -1 = all; "
+                        "ggml-main does not shift yet: it stops at a full context)")
     p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="do not echo the prompt")
     p.add_argument("-co", "--color", action="store_true",
@@ -208,8 +208,7 @@ def main(argv=None):
     generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
                                     ignore_eos=args.ignore_eos)
     setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
-    log_settings(llm, args, prompt, ids, keep_count(args.keep, ids, llm.tokenizer.add_bos),
-                 seed, log)
+    log_settings(llm, args, prompt, ids, kept_count(ids, args.keep, llm.token_bos()), seed, log)
 
     status = 0
     decoder = llm.tokenizer.decoder(unparse_special=args.special, strip_leading_space=False)

@@ -26,14 +26,6 @@ class ContextFullError(ValueError):
     """Input that does not fit the positions left in the context (nothing of it is kept)."""
 
 
-def keep_count(n_keep, prompt_ids, add_bos):
-    """llama-cli's --keep: the tokens a context shift keeps from the start of the sequence.
-    Below 0, or more than the prompt has: the whole prompt; else n_keep plus the BOS."""
-    if n_keep < 0 or n_keep > len(prompt_ids):
-        return len(prompt_ids)
-    return n_keep + int(bool(add_bos))
-
-
 class Conversation:
     """One sequence of a Llama that grows turn by turn: inputs are queued
     (add_message in chat mode, add_text in plain mode) and evaluated by the next
@@ -73,7 +65,7 @@ class Conversation:
         self._reply_open = False   # a reply that is not yet an assistant message
         # (chunks, messages, reply_open) before the input queued since the last reply
         self._before_input = None
-        self.n_keep = 0         # the tokens a context shift keeps (keep_count)
+        self.n_keep = 0         # the tokens a context shift keeps (context_shift.kept_count)
         self.replies = 0
         self.stop = None
         self.reply_text = ""    # the last reply's text (special tokens as their texts)
