@@ -146,3 +146,17 @@ def test_keep_counts_as_llama_cli_for_the_generate_line():
     assert kept_count([1, 5, 6], 2, bos_id=1) == 3
     assert kept_count([1, 5, 6], -1, bos_id=1) == 3       # the whole prompt
     assert kept_count([5, 6], 9, bos_id=1) == 2
+
+
+def test_a_message_the_template_refuses_leaves_the_conversation_as_it_was(llm):
+    from ggml_py.tokenizer.chat_template import ChatTemplateError
+    strict = ("{% for m in messages %}{% if m['content'] == 'curse' %}"
+              "{{ raise_exception('no cursing') }}{% endif %}{{ m['content'] }}\n{% endfor %}")
+    conv = Conversation(llm, params(), template=strict)
+    conv.add_message("user", "Hail")
+    list(conv.reply(max_tokens=2))
+    tokens, messages = conv.tokens, list(conv.messages)
+    with pytest.raises(ChatTemplateError, match="no cursing"):
+        conv.add_message("user", "curse")
+    conv.drop_input()
+    assert conv.tokens == tokens and conv.messages == messages

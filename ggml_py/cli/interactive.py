@@ -161,7 +161,12 @@ def run(llm, conv, reply_first, args, log):
         if args.conversation:
             want_reply = bool(text)     # an empty line sends nothing
             if text:
-                conv.add_message("user", text)
+                try:
+                    conv.add_message("user", text)
+                except ValueError as exc:     # the chat template refused the conversation
+                    conv.drop_input()
+                    log(f"main: {exc}; this input is dropped")
+                    want_reply = False
         else:
             want_reply = True           # an empty line returns control to the model
             if text:

@@ -8,11 +8,14 @@ the cache, replies generated after them (ggml-main's -cnv, -i and -r).
         ...
 
 Chat mode renders the messages with the model's chat template (tokenizer/chat_template.py;
-a model without one gets its plain transcript) and feeds only what the new message adds to
-the text already in the sequence, as llama-cli's common_chat_format_single does; where the
-template renders the history differently from what was fed (a reply it trims), the whole
-conversation is tokenized again and Llama.generate reuses the cached prefix they share.
-Plain mode (chat=False) appends text as it is, as llama-cli's interactive mode does.
+a model without one gets its plain transcript) and feeds only what a new message adds: the
+rendering with it less the rendering without it, as llama-cli's common_chat_format_single,
+after the end of the assistant's turn that the sequence lacks (what the template writes
+after the reply's text, less the end-of-generation token the model already wrote). The
+reply stays as the model's own tokens in the cache. Where the template writes the history
+otherwise once a message is added, the whole conversation is tokenized again and
+Llama.generate reuses the cached prefix they share. Plain mode (chat=False) appends text as
+it is, as llama-cli's interactive mode does.
 """
 import dataclasses
 
