@@ -77,7 +77,7 @@ def test_main_greedy_equals_api():
 
 @pytest.mark.parametrize("args, fragment", [
     (["-m", "M", "--temp"], "expected one argument"),
-    (["-m", "M", "-n", "many"], "invalid int value"),
+    (["-m", "M", "-n", "many"], "-n/--n-predict: invalid predict_count value: 'many'"),
     (["-m", "M", "-t", "x"], "-t/--threads: invalid n_threads value: 'x'"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
@@ -572,12 +572,17 @@ def test_the_tune_file_hint_stays_within_what_ggml_tune_benches():
     lines = []
     for batch, ctx, hint in ((100, 4096, "ggml-tune --m-max 7 benches them"),
                              (8192, 8192, "ggml-tune benches up to --m-max 12, M=4096")):
-        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx,
-                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4])))
+        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx, n_threads=lambda: 2,
+                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4],
+                                                                         thread_counts=[1, 2])))
         args = SimpleNamespace(tune=False, tune_file="t.json", batch_size=batch)
         setup_tune(llm, args, lines.append)
         assert lines[-1] == (f"tune: t.json was benched up to M=4; batches of up to {min(batch, ctx)} "
                              f"tokens are estimated past it ({hint})")
+    # a thread count between two benched ones: its times are estimated, and it says so
+    llm.model.tune.thread_counts = [1, 4]
+    setup_tune(llm, args, lines.append)
+    assert "tune: t.json was benched at 1, 4 threads; times at 2 are estimated between them" in lines
 
 
 def test_tune_at_start_up_benches_nothing_for_a_refused_prompt_or_text():
@@ -786,6 +791,17 @@ def test_main_generates_until_the_context_is_full_without_n():
     proc = main("-p", "ROMEO.", "-c", 160, "--ignore-eos", "-s", 1, "-t", 1)
     assert proc.returncode == 0, proc.stderr
     assert "n_predict = -1," in proc.stderr and "main: context full, stopping" in proc.stderr
+
+
+def test_main_n_predict_minus_two_runs_until_the_context_is_full_and_below_is_refused():
+    # llama.cpp: -2 is "until the context is full"; nothing below -2 has a meaning
+    proc = main("-p", "ROMEO.", "-c", 48, "-n", -2, "--ignore-eos", "-s", 1, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_predict = -2," in proc.stderr and "main: context full, stopping" in proc.stderr
+    # prompt and generated tokens fill the 48 positions; the last one sampled is not evaluated
+    assert re.search(r"total time = .* / +47 tokens", proc.stderr)
+    line = assert_one_line_error(main("-n", -3, "-p", "ROMEO."), code=2)
+    assert "-n/--n-predict: must be at least -2" in line
 
 
 def test_main_the_later_of_prompt_and_file_is_the_prompt(tmp_path):
