@@ -249,10 +249,10 @@ def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
 
 
 def test_main_stops_when_the_context_is_full():
-    # as llama-cli: prompt and generated tokens together fill the context, then a line says so
+    # as llama-cli -n -2: prompt and generated tokens together fill the context, then a line says so
     n_prompt = len(gg.Llama(model_path("f32"), n_ctx=16, n_threads=1).tokenize("Hello"))
     args = ("-m", model_path("f32"), "-c", 16, "-p", "Hello", "--ignore-eos", "-s", 1, "-t", 1)
-    full = main(*args, "-n", -1)
+    full = main(*args, "-n", -2)
     assert full.returncode == 0 and "main: context full, stopping" in full.stderr, full.stderr
     # the same tokens where -n ends it exactly there: no context-full line
     exact = main(*args, "-n", 16 - n_prompt)
@@ -786,11 +786,27 @@ def test_main_seed_zero_is_a_seed():
     assert runs[0].stdout == runs[1].stdout
 
 
-def test_main_generates_until_the_context_is_full_without_n():
-    # llama.cpp's default -n is -1: no limit but end of text (ignored here) or a full context
-    proc = main("-p", "ROMEO.", "-c", 160, "--ignore-eos", "-s", 1, "-t", 1)
-    assert proc.returncode == 0, proc.stderr
-    assert "n_predict = -1," in proc.stderr and "main: context full, stopping" in proc.stderr
+def test_main_runs_on_past_a_full_context_without_n():
+    # llama.cpp's default -n is -1: no limit but end of text (ignored here); a full context
+    # shifts (half of what follows the kept prompt is dropped) and generation goes on
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_py.cli.main", "-p", "ROMEO.", "-c", "32",
+                             "--keep", "-1", "--ignore-eos", "-s", "1", "-t", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=CWD)
+    try:
+        os.set_blocking(proc.stdout.fileno(), False)
+        received, deadline = b"", time.monotonic() + 60
+        while len(received) < 2000 and time.monotonic() < deadline:   # far past 32 tokens
+            received += proc.stdout.read() or b""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    err = err.decode()
+    assert len(received) >= 2000 and proc.returncode == 130, err
+    assert "n_predict = -1," in err and "context full" not in err
+    shifts = int(re.search(r"context shifts = +(\d+)", err).group(1))
+    assert shifts >= 10
 
 
 def test_main_n_predict_minus_two_runs_until_the_context_is_full_and_below_is_refused():

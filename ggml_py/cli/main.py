@@ -81,8 +81,8 @@ def build_parser():
                         "-p and -f is the prompt)")
     p.set_defaults(prompt_from="prompt")
     p.add_argument("-n", "--n-predict", type=predict_count, default=-1, metavar="N",
-                   help="tokens to predict (default: -1 = no limit: until end of text; "
-                        "-2 = until the context is full; -1 also stops there for now)")
+                   help="tokens to predict (default: -1 = no limit: until end of text, the "
+                        "context shifting when full; -2 = until the context is full)")
     p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
                    help="RNG seed (default: -1, a random seed)")
     p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
@@ -102,7 +102,7 @@ def build_parser():
     p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens")
     p.add_argument("--keep", type=keep_value, default=0, metavar="N",
                    help="tokens of the prompt a context shift keeps (default: 0, -1 = all; "
-                        "ggml-main does not shift yet: it stops at a full context)")
+                        "the BOS is always kept)")
     p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
                    help="do not echo the prompt")
     p.add_argument("-co", "--color", action="store_true",
@@ -205,8 +205,10 @@ def main(argv=None):
     if not ids:
         raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     # checks now that the prompt fits the context: nothing is echoed for one that does not
+    # -1: no limit, the context shifting when full (as llama-cli); -2: until it is full
     generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
-                                    ignore_eos=args.ignore_eos)
+                                    ignore_eos=args.ignore_eos,
+                                    context_shift=args.n_predict == -1, keep=args.keep)
     setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
     log_settings(llm, args, prompt, ids, kept_count(ids, args.keep, llm.token_bos()), seed, log)
 

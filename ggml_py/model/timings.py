@@ -47,6 +47,7 @@ class Timings:
             rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
             rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
             f"graph build time = {1e3 * self.build_s:10.2f} ms / {self.builds:5d} graphs",
+            *([f"  context shifts = {self.context_shifts:10d}"] if self.context_shifts else []),
             f"      total time = {1e3 * total:10.2f} ms / "
             f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
         ]
