@@ -293,17 +293,25 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, n_seq_max=None,
+               **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
-    program to log as llama.cpp does; other warnings are shown as Python shows them."""
+    program to log as llama.cpp does; other warnings are shown as Python shows them.
+    n_seq_max: sequences at once (the batch programs); without -c the pool then holds
+    n_seq_max contexts of the rule's size (-c is the whole pool, as llama.cpp's)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
+        given = n_ctx
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
+        if n_seq_max is not None:
+            kwargs["n_seq_max"] = n_seq_max
+            if given is None:
+                n_ctx *= n_seq_max
         llm = Llama(f, n_ctx=n_ctx, **kwargs)
     messages = []
     for w in caught:
