@@ -22,7 +22,7 @@ WAIT_S = 60            # the longest a test waits for something that must happen
 
 def bundled_llama(n_seq_max=4, n_ctx=1024):
     """A loader of the bundled model for a Server."""
-    return lambda: gg.Llama(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=2)
+    return lambda: gg.Llama(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1)
 
 
 class Gate:

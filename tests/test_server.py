@@ -30,7 +30,7 @@ def client(live):
 @pytest.fixture(scope="module")
 def llm():
     """The single-sequence reference: what Llama.generate gives for the same request."""
-    return gg.Llama(n_ctx=1024, n_threads=2)
+    return gg.Llama(n_ctx=1024, n_threads=1)
 
 
 def greedy(client, prompt=PROMPT, max_tokens=24, **kwargs):
@@ -54,7 +54,7 @@ def test_greedy_completion_equals_ggml_main(client, tmp_path):
     r = greedy(client, max_tokens=24)
     text = r.choices[0].text
     main = subprocess.run([sys.executable, "-m", "ggml_py.cli.main", "-p", PROMPT, "-n", "24",
-                           "--temp", "0"], check=False, capture_output=True, text=True,
+                           "-t", "1", "--temp", "0"], check=False, capture_output=True, text=True,
                           cwd=tmp_path, env=server_env(), timeout=120)
     assert main.returncode == 0, main.stderr
     assert main.stdout == PROMPT + text + "\n"

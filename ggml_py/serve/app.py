@@ -220,7 +220,9 @@ class _Routes:
         await stream.start()
         if gen.stream:
             return EventSourceResponse(stream.events(), sep="\n", ping=15)
-        return JSONResponse(await stream.whole(request))
+        body = await stream.whole(request)
+        # nobody reads it; 499 (nginx's "client closed request") counts it in /metrics
+        return Response(status_code=499) if body is None else JSONResponse(body)
 
 
 class _ClientGone(Exception):
@@ -313,7 +315,8 @@ class _Stream:
             self.scheduler.cancel([j for k, j in enumerate(self.jobs) if k not in self.finished])
 
     async def whole(self, request):
-        """The whole response, gathered; a client that disconnects meanwhile cancels it."""
+        """The whole response, gathered; a client that disconnects meanwhile cancels it
+        (and None is returned)."""
         texts = list(self.echo)
         parts = [[] for _ in self.jobs]
         reasons = [None] * len(self.jobs)
@@ -344,7 +347,7 @@ class _Stream:
                 elif event[0] == "error":
                     raise event[1]
         except _ClientGone:
-            return {}
+            return None
         finally:
             if getter is not None:
                 getter.cancel()
