@@ -47,7 +47,7 @@ class Gate:
         def gated_load():
             llm = load()
             make = llm.batch
-            llm.batch = lambda: _GatedBatch(make(), gate)
+            llm.batch = lambda *args, **kwargs: _GatedBatch(make(*args, **kwargs), gate)
             return llm
         return gated_load
 

@@ -1,5 +1,5 @@
 """ggml-server with the official openai client: completions and chat, streamed and whole,
-on the bundled model, against ggml-main and the single-sequence Llama.generate."""
+on the bundled model, against ggml-main and the Python API."""
 import subprocess
 import sys
 
@@ -29,8 +29,8 @@ def client(live):
 
 @pytest.fixture(scope="module")
 def llm():
-    """The single-sequence reference: what Llama.generate gives for the same request."""
-    return gg.Llama(n_ctx=1024, n_threads=1)
+    """The Python API's reference: what Llama.generate_batch gives for the same request."""
+    return gg.Llama(n_ctx=1024, n_threads=1, n_seq_max=4)
 
 
 def greedy(client, prompt=PROMPT, max_tokens=24, **kwargs):
@@ -94,14 +94,14 @@ def test_chat_is_the_completion_of_the_rendered_conversation(client):
     assert chunks[-1].usage.completion_tokens == 16 == r.usage.completion_tokens
 
 
-def test_a_seed_gives_the_same_text_twice_and_the_text_generate_gives(client, llm):
+def test_a_seed_gives_the_same_text_twice_and_the_text_generate_batch_gives(client, llm):
     def sampled(seed, n_tokens=32):
         return client.completions.create(model=MODEL_ID, prompt=PROMPT, max_tokens=n_tokens,
                                          temperature=1.0, top_p=1.0, seed=seed).choices[0].text
     first = sampled(7)
     assert sampled(7) == first
-    assert first == "".join(llm.generate(PROMPT, max_tokens=32, temperature=1.0, top_p=1.0,
-                                         seed=7))
+    assert first == llm.generate_batch([PROMPT], max_tokens=32, temperature=1.0, top_p=1.0,
+                                       seed=7)[0]
     assert any(sampled(seed) != first for seed in (8, 9, 10))
 
 

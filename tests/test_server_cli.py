@@ -51,7 +51,8 @@ def test_flags_chat_template_api_key_and_alias(tmp_path):
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="sekrit", max_retries=0)
         model = client.models.list().data[0]
-        assert model.id == "bard" and "will" in model.aliases and model.meta["n_ctx"] == 512
+        assert model.id == "bard" and "will" in model.aliases
+        assert model.meta["n_ctx_pool"] == 512 and model.meta["n_ctx"] == 256   # the training context
         messages = [{"role": "user", "content": "Speak."}]
         r = client.chat.completions.create(model="will", messages=messages, max_tokens=3)
         expected = httpx.post(server.url + "/tokenize", headers={"Authorization": "Bearer sekrit"},

@@ -122,7 +122,7 @@ def test_an_unknown_model_is_404(live):
 
 
 def test_a_prompt_longer_than_the_context_gives_both_counts(live):
-    n_ctx = live.scheduler.llm.n_ctx()
+    n_ctx = live.scheduler.n_ctx_seq
     error = assert_error(post(live, "/v1/completions", {"prompt": "ROMEO. " * n_ctx}), 400,
                          param="prompt", code="context_length_exceeded")
     n_prompt = len(live.scheduler.llm.tokenize("ROMEO. " * n_ctx, special=True))

@@ -43,6 +43,9 @@ def build_parser():
     p.add_argument("-a", "--alias", action="append", default=[], metavar="NAME",
                    help="the model's name in the API (default: the file's name); again: "
                         "more names it answers to")
+    p.add_argument("--context-shift", action="store_true",
+                   help="a sequence that fills its context drops half of it and goes on "
+                        "(default: it ends, finish_reason 'length')")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait beyond -np before the server answers 503 "
                         "(default: 64)")
@@ -81,7 +84,8 @@ def main(argv=None):
         compile_template(template)     # a syntax error now, not at the first chat
     model_id, aliases = model_names(model, args.alias)
     settings = Settings(model_id=model_id, aliases=aliases, api_key=args.api_key,
-                        chat_template=template, max_queue=args.max_queue)
+                        chat_template=template, max_queue=args.max_queue,
+                        context_shift=args.context_shift)
 
     def load():
         llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, n_threads=args.threads,
@@ -90,8 +94,8 @@ def main(argv=None):
         for message in warnings:
             log(f"warning: {message}")
         setup_tune(llm, args, log)
-        log(f"loaded {model}: n_ctx = {llm.n_ctx()} tokens of KV pool, n_seq_max = "
-            f"{llm.n_seq_max()}, n_threads = {llm.n_threads()}; ready")
+        log(f"loaded {model}: a KV pool of {llm.n_ctx()} tokens, n_seq_max = "
+            f"{llm.n_seq_max()}, n_threads = {llm.n_threads()}")
         return llm
 
     server = Server(load, settings, log=log)

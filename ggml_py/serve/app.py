@@ -40,13 +40,16 @@ DISCONNECT_POLL_S = 0.25        # how often a gathered response checks its clien
 class Settings:
     """What the server is told at start: the served model's name (and other names it
     answers to), the API key (None: none asked), a chat template source to use in
-    place of the model's (None: the model's, else the default), the queue bound."""
+    place of the model's (None: the model's, else the default), the queue bound, and
+    a sequence's context (n_ctx_seq, context_shift: see scheduler.Scheduler)."""
     model_id: str
     aliases: tuple = ()
     api_key: str | None = None
     chat_template: str | None = None
     max_queue: int = 64
     max_body_bytes: int = MAX_BODY_BYTES
+    n_ctx_seq: int | None = None
+    context_shift: bool = False
 
 
 def model_names(path, aliases=()):
@@ -124,8 +127,8 @@ class _Routes:
                  "owned_by": "ggml_py", "aliases": sorted(self.names - {self.settings.model_id})}
         if self.scheduler.state == "ready":
             llm = self.scheduler.llm
-            model["meta"] = {"n_ctx": llm.n_ctx(), "n_vocab": llm.n_vocab(),
-                             "n_seq_max": llm.n_seq_max()}
+            model["meta"] = {"n_ctx": self.scheduler.n_ctx_seq, "n_ctx_pool": llm.n_ctx(),
+                             "n_vocab": llm.n_vocab(), "n_seq_max": llm.n_seq_max()}
         return {"object": "list", "data": [model]}
 
     # ---- tokens ----------------------------------------------------------------
@@ -211,8 +214,9 @@ class _Routes:
             if not ids:
                 raise bad_request("the prompt is empty (and this vocabulary adds no BOS "
                                   "token)", param="prompt")
-            if len(ids) >= llm.n_ctx():
-                raise bad_request(f"This model's maximum context length is {llm.n_ctx()} "
+            n_ctx = self.scheduler.n_ctx_seq
+            if len(ids) >= n_ctx:
+                raise bad_request(f"This model's maximum context length is {n_ctx} "
                                   f"tokens; the prompt has {len(ids)} tokens",
                                   param="messages" if gen.chat else "prompt",
                                   code="context_length_exceeded")

@@ -53,12 +53,20 @@ class Server:
         self.settings, self.log = settings, log or (lambda message: None)
         self.metrics = ServerMetrics()
         self.scheduler = Scheduler(load, settings.max_queue, self.metrics,
-                                   on_failure=self._load_failed)
+                                   on_failure=self._load_failed, n_ctx_seq=settings.n_ctx_seq,
+                                   context_shift=settings.context_shift,
+                                   on_ready=self._ready)
         self.metrics.attach(self.scheduler)
         self.app = create_app(self.scheduler, self.metrics, settings)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=TIMEOUT_GRACEFUL_S, lifespan="on")
         self.uvicorn = _Uvicorn(config, on_exit=self.scheduler.drain)
+
+    def _ready(self):
+        s = self.scheduler
+        self.log(f"ready: up to {s.n_ctx_seq} tokens a sequence"
+                 f"{' (context shift)' if s.context_shift else ''}, "
+                 f"{s.llm.n_seq_max()} sequences at once, {s.max_queue} more may wait")
 
     def _load_failed(self, exc):
         self.log(f"error: {exc}")

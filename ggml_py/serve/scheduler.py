@@ -24,6 +24,7 @@ import threading
 import time
 import traceback
 
+from ggml_py.model.config import DEFAULT_N_CTX
 from ggml_py.serve.errors import APIError, bad_request, loading, overloaded
 
 RATE_WINDOW_S = 10.0      # tokens/s is measured over the steps of the last 10 seconds
@@ -48,12 +49,19 @@ class Scheduler:
     load: a function returning a gg.Llama made with n_seq_max; called in the thread.
     max_queue: sequences that may wait beyond the n_seq_max running ones.
     metrics: a ServerMetrics (metrics.py) it reports steps and finishes to.
-    on_failure: called with the exception if load() fails (the server then exits).
+    on_failure: called with the exception if load() fails (the server then exits);
+    on_ready: called once the model is loaded and the batch made.
+    n_ctx_seq: the most tokens one sequence holds (None: the programs' context rule,
+    the model's training context or 2048 if smaller, within the pool).
+    context_shift: a sequence at n_ctx_seq drops half its tokens and goes on (else it
+    ends with finish_reason "length", as llama-server's default).
     """
 
-    def __init__(self, load, max_queue, metrics, on_failure=None):
+    def __init__(self, load, max_queue, metrics, on_failure=None, n_ctx_seq=None,
+                 context_shift=False, on_ready=None):
         self._load, self.max_queue, self.metrics = load, max_queue, metrics
-        self._on_failure = on_failure
+        self._on_failure, self._on_ready = on_failure, on_ready
+        self.n_ctx_seq, self.context_shift = n_ctx_seq, context_shift
         self.llm = self.batch = None
         self.state = "loading"        # then "ready", "failed" or "stopped"
         self.error = None
@@ -141,9 +149,14 @@ class Scheduler:
 
     def _main(self):
         try:
-            self.llm = self._load()
-            self.batch = self.llm.batch()
-            self.pages_total = self.llm.kv_pages_total()
+            llm = self._load()
+            n_ctx_train = llm.config.n_ctx_train
+            if self.n_ctx_seq is None:
+                self.n_ctx_seq = min(llm.n_ctx(), DEFAULT_N_CTX,
+                                     n_ctx_train if n_ctx_train > 0 else llm.n_ctx())
+            self.batch = llm.batch(n_ctx_seq=self.n_ctx_seq, context_shift=self.context_shift)
+            self.pages_total = llm.kv_pages_total()
+            self.llm = llm
         except BaseException as exc:      # noqa: BLE001 - reported, and the server exits
             self.state, self.error = "failed", exc
             if self._on_failure is not None:
@@ -152,6 +165,8 @@ class Scheduler:
         self.capacity = self.llm.n_seq_max() + self.max_queue
         if self.state == "loading":       # (not stopped while it loaded)
             self.state = "ready"
+            if self._on_ready is not None:
+                self._on_ready()
         while self._serve_commands():
             if self._live:
                 self._step()
