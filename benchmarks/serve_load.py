@@ -100,15 +100,15 @@ def load(url, model, n_clients, n_tokens):
 
 def percentile(values, q):
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
 def servers(args, n_clients):
-    """(name, command, model name) of each server to measure."""
+    """(name, command) of each server to measure."""
     n_ctx = n_clients * (PROMPT_TOKENS + args.n_tokens + 16)
     out = [("ggml-server", [sys.executable, "-m", "ggml_py.cli.server", "-m", args.model,
                             "-t", str(args.threads), "-np", str(n_clients), "-c", str(n_ctx),
-                            "--max-queue", "0"], None)]
+                            "--max-queue", "0"])]
     if not args.no_llama_cpp:
         try:
             import llama_cpp.server  # noqa: F401
@@ -119,8 +119,7 @@ def servers(args, n_clients):
             out.append(("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", "--model",
                                              args.model, "--n_threads", str(args.threads),
                                              "--n_threads_batch", str(args.threads),
-                                             "--n_ctx", str(PROMPT_TOKENS + args.n_tokens + 64)],
-                        None))
+                                             "--n_ctx", str(PROMPT_TOKENS + args.n_tokens + 64)]))
     return out
 
 
@@ -136,16 +135,28 @@ def main(argv=None):
     args = p.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",")]
     rows = []
-    for name, command, _ in servers(args, max(counts)):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log", "w")
+    for name, command in servers(args, max(counts)):
+        rows += measure(name, command, counts, args.n_tokens)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": os.path.basename(args.model), "threads": args.threads,
+                       "n_tokens": args.n_tokens, "rows": rows}, f, indent=1)
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def measure(name, command, counts, n_tokens):
+    """The rows of one server: started on a free port, warmed up, loaded with each N."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    rows = []
+    with open(f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log", "w") as log:
         proc = start(command + ["--port", str(port)], url, log)
         try:
             model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
             load(url, model, 1, 8)            # warm up: graphs built, pages touched
             for n in counts:
-                row = {"server": name, **load(url, model, n, args.n_tokens)}
+                row = {"server": name, **load(url, model, n, n_tokens)}
                 rows.append(row)
                 print(f"{name:18s} N={n:3d}  {row['tokens_per_s']:7.2f} tok/s  "
                       f"TTFT {row['ttft_median_s']:6.2f} / {row['ttft_p95_s']:6.2f} s  "
@@ -154,13 +165,7 @@ def main(argv=None):
         finally:
             proc.terminate()
             proc.wait(30)
-            log.close()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"model": os.path.basename(args.model), "threads": args.threads,
-                       "n_tokens": args.n_tokens, "rows": rows}, f, indent=1)
-    if args.plot:
-        plot(rows, args.plot)
+    return rows
 
 
 def plot(rows, path):

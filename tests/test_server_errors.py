@@ -263,3 +263,33 @@ def test_a_model_that_fails_to_load_ends_the_server_with_status_1():
     live = LiveServer(load)
     live._thread.join(60)
     assert live.status == 1 and live.scheduler.state == "failed"
+
+
+def test_a_step_that_fails_is_a_500_for_its_requests_and_the_server_goes_on(capfd):
+    failures = [RuntimeError("a bug in a step")]
+
+    def load():
+        llm = bundled_llama(n_seq_max=2, n_ctx=256)()
+        make = llm.batch
+
+        def batch(*args, **kwargs):
+            b = make(*args, **kwargs)
+            step = b.step
+
+            def failing_step():
+                if failures:
+                    raise failures.pop()
+                return step()
+            b.step = failing_step
+            return b
+        llm.batch = batch
+        return llm
+    live = LiveServer(load).wait_ready()
+    try:
+        assert_error(post(live, "/v1/completions", GOOD), 500, type="server_error")
+        assert "a bug in a step" in capfd.readouterr().err      # the traceback, for the log
+        r = post(live, "/v1/completions", GOOD)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        assert live.scheduler.admitted == 0
+    finally:
+        live.stop()

@@ -223,10 +223,15 @@ class Scheduler:
             traceback.print_exc(file=sys.stderr)
             error = APIError(500, f"generation failed: {type(exc).__name__}: {exc}",
                              type="server_error")
-            for job in list(self._live.values()):
+            for sid, job in list(self._live.items()):
                 job.deliver(("error", error))
-                self.batch.cancel(job.sid)
-                self._finish(job, self.batch.sequence(job.sid), deliver=False)
+                del self._live[sid]
+                try:            # (the batch may be as broken as its step)
+                    self.batch.cancel(sid)
+                    self.batch.forget(sid)
+                except Exception:   # noqa: BLE001, S110 - the job is released all the same
+                    pass
+                self._release(job, "cancelled", deliver=False)
             self._count()
             return
         seconds = time.perf_counter() - t0
@@ -281,7 +286,10 @@ class Scheduler:
 
     def _count(self):
         """The gauges' numbers, after the commands or a step."""
-        running = self.batch.running - self.batch.waiting
+        try:
+            running = self.batch.running - self.batch.waiting
+            self.pages_used = self.llm.kv_pages_used()
+        except Exception:       # noqa: BLE001 - gauges must not end the scheduler
+            return
         with self._lock:
             self.n_running, self.n_waiting = running, self._admitted - running
-        self.pages_used = self.llm.kv_pages_used()
