@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import httpx
 
@@ -21,8 +22,13 @@ WAIT_S = 60            # the longest a test waits for something that must happen
 
 
 def bundled_llama(n_seq_max=4, n_ctx=1024):
-    """A loader of the bundled model for a Server."""
-    return lambda: gg.Llama(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1)
+    """A loader of the bundled model for a Server (one thread: two on a busy two-core
+    machine are several times slower)."""
+    def load():
+        with warnings.catch_warnings():     # a pool past the training context: expected
+            warnings.simplefilter("ignore", gg.TrainingContextWarning)
+            return gg.Llama(n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=1)
+    return load
 
 
 class Gate:

@@ -7,7 +7,6 @@ import httpx
 import pytest
 from server_harness import MODEL_ID, LiveServer, bundled_llama, metrics, server_env
 
-import ggml_py as gg
 from ggml_py.tokenizer.chat_template import render_chat
 
 openai = pytest.importorskip("openai")
@@ -30,7 +29,7 @@ def client(live):
 @pytest.fixture(scope="module")
 def llm():
     """The Python API's reference: what Llama.generate_batch gives for the same request."""
-    return gg.Llama(n_ctx=1024, n_threads=1, n_seq_max=4)
+    return bundled_llama(n_seq_max=4, n_ctx=1024)()
 
 
 def greedy(client, prompt=PROMPT, max_tokens=24, **kwargs):

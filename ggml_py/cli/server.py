@@ -90,7 +90,8 @@ def main(argv=None):
     def load():
         llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, n_threads=args.threads,
                                    n_batch=args.batch_size, kv_type=cache_type,
-                                   use_mmap=args.use_mmap, n_seq_max=args.parallel)
+                                   use_mmap=args.use_mmap, n_seq_max=args.parallel,
+                                   pool_contexts=args.parallel)
         for message in warnings:
             log(f"warning: {message}")
         setup_tune(llm, args, log)
