@@ -10,8 +10,9 @@ generated tokens/s (all tokens / the time from the first request to the last tok
 time to first token and the time between tokens (median and 95th percentile over all
 clients' tokens). ggml-server runs with -np N (the KV pool holds N contexts of
 prompt + -n tokens); llama-cpp-python's server (`pip install "llama-cpp-python[server]"`,
-skipped when it is not installed, or with --no-llama-cpp) serves one request at a time,
-as it does. Both get -t threads. Not a test: figures vary with the machine and its load.
+in this Python or the one --llama-cpp-python names; skipped when it is not installed, or
+with --no-llama-cpp) serves one request at a time, as it does (with --interrupt_requests
+False: by default a new request would cut the running one short). Both get -t threads. Not a test: figures vary with the machine and its load.
 """
 import argparse
 import json
@@ -106,20 +107,25 @@ def percentile(values, q):
 def servers(args, n_clients):
     """(name, command) of each server to measure."""
     n_ctx = n_clients * (PROMPT_TOKENS + args.n_tokens + 16)
-    out = [("ggml-server", [sys.executable, "-m", "ggml_py.cli.server", "-m", args.model,
-                            "-t", str(args.threads), "-np", str(n_clients), "-c", str(n_ctx),
-                            "--max-queue", "0"])]
+    out = [] if args.no_ggml else [
+        ("ggml-server", [sys.executable, "-m", "ggml_py.cli.server", "-m", args.model,
+                         "-t", str(args.threads), "-np", str(n_clients), "-c", str(n_ctx),
+                         "--max-queue", "0"])]
     if not args.no_llama_cpp:
-        try:
-            import llama_cpp.server  # noqa: F401
-        except ImportError:
-            print("llama-cpp-python's server is not installed: only ggml-server is measured",
-                  file=sys.stderr)
+        python = args.llama_cpp_python
+        found = subprocess.run([python, "-c", "import llama_cpp.server"], capture_output=True,
+                               check=False).returncode == 0
+        if not found:
+            print(f"llama-cpp-python's server is not installed for {python}: only ggml-server "
+                  f"is measured", file=sys.stderr)
         else:
-            out.append(("llama-cpp-python", [sys.executable, "-m", "llama_cpp.server", "--model",
+            out.append(("llama-cpp-python", [python, "-m", "llama_cpp.server", "--model",
                                              args.model, "--n_threads", str(args.threads),
                                              "--n_threads_batch", str(args.threads),
-                                             "--n_ctx", str(PROMPT_TOKENS + args.n_tokens + 64)]))
+                                             "--n_ctx", str(PROMPT_TOKENS + args.n_tokens + 64),
+                                             # its default lets a new request cut the
+                                             # running one short: queue them instead
+                                             "--interrupt_requests", "False"]))
     return out
 
 
@@ -130,6 +136,9 @@ def main(argv=None):
     p.add_argument("-n", "--n-tokens", type=int, default=128)
     p.add_argument("--clients", default="1,4,16,32")
     p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--no-ggml", action="store_true", help="measure llama-cpp-python's only")
+    p.add_argument("--llama-cpp-python", default=sys.executable, metavar="PYTHON",
+                   help="the Python that has llama-cpp-python[server] (default: this one)")
     p.add_argument("--json", metavar="FNAME")
     p.add_argument("--plot", metavar="FNAME")
     args = p.parse_args(argv)
