@@ -293,18 +293,27 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
+               **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
-    program to log as llama.cpp does; other warnings are shown as Python shows them."""
+    program to log as llama.cpp does; other warnings are shown as Python shows them.
+    pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
+    given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
+    context itself, so a pool past the training context is not warned about."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
+        given = n_ctx
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
+        if pool_contexts is not None and given is None:
+            n_ctx *= pool_contexts
         llm = Llama(f, n_ctx=n_ctx, **kwargs)
+    if pool_contexts is not None:
+        caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
     messages = []
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
