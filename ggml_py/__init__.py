@@ -61,7 +61,7 @@ from ggml_py.core.quants import dequantize, quantize  # noqa: E402
 from ggml_py.core.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
                            default_threads, shared_pool)
 from ggml_py.core.ops import (  # noqa: E402
-    ROPE_NEOX, ROPE_NORMAL, add, argmax, attention, concat, cont, cpy, div, dup, gelu, get_rows, mean,
+    ROPE_NEOX, ROPE_NORMAL, add, all_reduce, argmax, attention, concat, cont, cpy, div, dup, gelu, get_rows, mean,
     mul, mul_mat, neg, norm, permute, relu, reshape, rms_norm, rope, scale, set_rows, silu,
     soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
 )
