@@ -11,7 +11,9 @@ import warnings
 
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
-from ggml_py.model.session import Llama, TrainingContextWarning
+from ggml_py.dist.launch import serve_and_exit, world
+from ggml_py.dist.llama import Llama
+from ggml_py.model.session import TrainingContextWarning
 
 
 def console_script(main):
@@ -237,6 +239,10 @@ def add_model_arguments(parser, ctx_default):
     parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
+    parser.add_argument("--tp", action="store_true",
+                        help="under mpiexec -n N: split the model over the N processes (tensor "
+                             "parallel; N must divide the model's KV heads); rank 0 prints, "
+                             "the others compute their share")
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
@@ -289,19 +295,26 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, tp=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
-    program to log as llama.cpp does; other warnings are shown as Python shows them."""
+    program to log as llama.cpp does; other warnings are shown as Python shows them.
+
+    tp (--tp): under mpiexec with more than one process, the model is split over them;
+    only rank 0 returns (the others serve its steps and then end the process)."""
+    comm = world() if tp else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
-        llm = Llama(f, n_ctx=n_ctx, **kwargs)
-    messages = []
+        llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
+    if llm.rank > 0:
+        serve_and_exit(llm)
+    messages = [] if comm is not None or not tp else \
+        ["--tp: one process (mpiexec -n N starts N processes to split the model over)"]
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
             messages.append(str(w.message))

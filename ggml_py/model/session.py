@@ -162,10 +162,11 @@ class Llama:
             model_path = default_model_path()
         self.model_path = model_path.path if isinstance(model_path, GGUFModelFile) else \
             os.fsdecode(model_path)
-        self.model = LlamaModel(model_path if isinstance(model_path, GGUFModelFile) else
-                                self.model_path, n_ctx=n_ctx, kv_type=kv_type,
-                                n_threads=n_threads, kv_pad=kv_pad,
-                                make_cache=make_cache or default_cache, use_mmap=bool(use_mmap))
+        self.model = self._make_model(model_path if isinstance(model_path, GGUFModelFile) else
+                                      self.model_path, n_ctx=n_ctx, kv_type=kv_type,
+                                      n_threads=n_threads, kv_pad=kv_pad,
+                                      make_cache=make_cache or default_cache,
+                                      use_mmap=bool(use_mmap))
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
         self._kv_type = kv_type
@@ -185,6 +186,11 @@ class Llama:
                           f"-- possible training context overflow", TrainingContextWarning,
                           stacklevel=2)
         self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
+
+    def _make_model(self, path, **kwargs):
+        """The LlamaModel this Llama runs (a process of a model split over several makes
+        its share instead: ggml_py/dist)."""
+        return LlamaModel(path, **kwargs)
 
     def close(self):
         """Let go of the model: its memory-mapped file, KV cache, graphs and buffers
