@@ -9,10 +9,10 @@ import sys
 import threading
 import warnings
 
-from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
-from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
 from ggml_py.dist.launch import serve_and_exit, world
 from ggml_py.dist.llama import Llama
+from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
+from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
 from ggml_py.model.session import TrainingContextWarning
 
 
@@ -262,13 +262,12 @@ def setup_tune(llm, args, log):
     import time
 
     from ggml_py.tune import data as tune
-    from ggml_py.model.weights import matrix_shapes
     from ggml_py.tune.bench import bench
     m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
         if args.tune_file is not None:
             tune.check_writable(args.tune_file, not_over=llm.model.file.path)
-        name, shapes = matrix_shapes(llm.model.file)
+        name, shapes = llm.matrix_shapes()     # a split model's: its ranks' shares
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])

@@ -15,7 +15,7 @@ _allreduce_address = None
 
 
 def _mpi():
-    from mpi4py import MPI    # only with a communicator in hand: already imported
+    from mpi4py import MPI  # only with a communicator in hand: already imported
     return MPI
 
 
