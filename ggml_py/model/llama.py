@@ -71,8 +71,9 @@ class LlamaModel:
     """
 
     def __init__(self, path, n_ctx=None, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True, make_cache=default_cache, use_mmap=True):
-        """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size."""
+                 packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter):
+        """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
+        clock: what build_s is timed with (seconds)."""
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config, self.weights = self._load(self.file)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
@@ -98,6 +99,7 @@ class LlamaModel:
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
+        self.clock = clock
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
         _live_models.add(self)
 
@@ -125,7 +127,7 @@ class LlamaModel:
         key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             if self.packed and T not in self._reserved_for:
                 # size the buffers at once for T tokens over the whole context (as ggml
                 # reserves its compute buffer), so that the windows to come, which need
@@ -146,7 +148,7 @@ class LlamaModel:
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
-            self.build_s += time.perf_counter() - t0
+            self.build_s += self.clock() - t0
             self.n_built += 1
         else:
             self._graphs.move_to_end(key)
@@ -161,7 +163,7 @@ class LlamaModel:
         key = ("step", id(cache), R, N, n_out, invariant)
         g = self._graphs.get(key)
         if g is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             g = build_step_graph(self.config, self.weights, cache, R, N, n_out,
                                  buffer_for=self._intermediates_for if self.packed else None,
                                  reduce=self.reduce)
@@ -172,7 +174,7 @@ class LlamaModel:
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
-            self.build_s += time.perf_counter() - t0
+            self.build_s += self.clock() - t0
             self.n_built += 1
         else:
             self._graphs.move_to_end(key)
