@@ -50,7 +50,8 @@ def mpiexec(*args, n=2, timeout=300):
 
 def ranks(what, *args):
     """Rank 0's JSON line of tests/dist_ranks.py WHAT under mpiexec -n 2."""
-    proc = mpiexec(sys.executable, os.path.join(HERE, "dist_ranks.py"), what, *args)
+    # python -m mpi4py: an exception on one rank aborts every rank (no hang in a collective)
+    proc = mpiexec(sys.executable, "-m", "mpi4py", os.path.join(HERE, "dist_ranks.py"), what, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
