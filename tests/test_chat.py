@@ -52,7 +52,7 @@ def test_a_reply_ended_by_the_model_is_closed_by_what_the_template_writes_after_
     eos = llm.token_eos()
     said = llm.tokenize("Good morrow", add_bos=False)
 
-    def generate_tokens(ids, params, max_tokens, ignore_eos, yield_eog):
+    def generate_tokens(ids, params, max_tokens, ignore_eos, yield_eog, **shift):
         assert yield_eog
         yield from said + [eos]
     for template, after in ((LLAMA2, "[INST] Again [/INST]"),
@@ -60,6 +60,7 @@ def test_a_reply_ended_by_the_model_is_closed_by_what_the_template_writes_after_
         conv = Conversation(llm, params(), template=template)
         conv.add_message("user", "Hail")
         conv.llm = type("Stub", (), {"tokenizer": llm.tokenizer, "n_ctx": llm.n_ctx,
+                                     "token_bos": llm.token_bos, "shift_log": [],
                                      "generate_tokens": staticmethod(generate_tokens)})()
         assert list(conv.reply()) == said + [eos]
         assert conv.stop == "eog" and conv.reply_text == "Good morrow" and conv.eog_text == "</s>"
@@ -83,7 +84,7 @@ def test_a_template_that_writes_the_history_otherwise_gets_the_conversation_agai
 
 def test_input_that_does_not_fit_is_dropped_whole(llm):
     small = gg.Llama(n_ctx=64, n_threads=1)
-    conv = Conversation(small, params(), template=CHATML)
+    conv = Conversation(small, params(), template=CHATML, context_shift=False)
     conv.add_message("user", "Hail")
     list(conv.reply(max_tokens=2))
     tokens, messages = conv.tokens, [dict(m) for m in conv.messages]
@@ -160,3 +161,31 @@ def test_a_message_the_template_refuses_leaves_the_conversation_as_it_was(llm):
         conv.add_message("user", "curse")
     conv.drop_input()
     assert conv.tokens == tokens and conv.messages == messages
+
+
+def test_a_long_conversation_shifts_its_context_and_goes_on():
+    """Replies and inputs past the context: the history after the kept system message is
+    halved (as llama-cli), the conversation's tokens stay those the cache holds."""
+    small = gg.Llama(n_ctx=96, n_threads=1)
+    conv = Conversation(small, SamplingParams(temperature=0.8, seed=3), template=CHATML,
+                        ignore_eos=True)
+    conv.add_message("system", "Be brief.")
+    conv.n_keep = len(conv.tokens)                      # as --keep -1 keeps the opening
+    opening = conv.tokens
+    said = 0
+    for turn in range(6):
+        conv.add_message("user", f"Question {turn}, and a few more words to read")
+        said += len(list(conv.reply(max_tokens=40)))
+        assert conv.stop == "n_predict"
+        assert conv.tokens[:small.n_tokens] == small.tokens       # in step with the cache
+        assert conv.tokens[:len(opening)] == opening               # the kept part stays
+    assert said == 240 and len(small.shift_log) >= 3 and small.n_tokens < 96
+    # without shifting, the same conversation stops at the full context
+    small.reset()
+    shifts = len(small.shift_log)
+    stopping = Conversation(small, SamplingParams(temperature=0.8, seed=3), template=CHATML,
+                            ignore_eos=True, context_shift=False)
+    stopping.add_message("user", "Question 0, and a few more words to read")
+    list(stopping.reply(max_tokens=100))
+    assert stopping.stop == "context_full" and len(small.shift_log) == shifts
+    assert len(stopping.tokens) == 96

@@ -82,7 +82,8 @@ def start(llm, args, params, prompt, log):
             log("main: warning: the model has no chat template (tokenizer.chat_template); "
                 "using a plain transcript (User: ... / Assistant:)")
     conv = Conversation(llm, params, chat=args.conversation, template=template,
-                        reverse_prompts=args.reverse_prompt, ignore_eos=args.ignore_eos)
+                        reverse_prompts=args.reverse_prompt, ignore_eos=args.ignore_eos,
+                        context_shift=args.n_predict != -2)   # -2: until the context is full
     if args.conversation:
         if args.system_prompt:
             conv.add_message("system", args.system_prompt)
@@ -134,7 +135,7 @@ def run(llm, conv, reply_first, args, log):
     while True:
         if want_reply:
             if not show_reply(term, conv, display, budget, interactive, log):
-                log("main: context full, stopping")    # (context shift comes here)
+                log("main: context full, stopping")    # (-n -2, or input that cannot fit)
                 return 0
             if not interactive:
                 term.end_line()

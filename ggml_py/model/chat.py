@@ -39,12 +39,17 @@ class Conversation:
     chat: render messages with `template` (a jinja2 source; None: render_chat's
     default transcript); reverse_prompts: texts that end a reply where the generated
     text ends with one (llama-cli's -r; special-token texts count as text);
-    ignore_eos: never end at an end-of-generation token.
+    ignore_eos: never end at an end-of-generation token. context_shift: when the context
+    fills (during a reply, or with an input that does not fit), drop half of the history
+    after the first n_keep tokens and go on, as llama-cli does; otherwise the reply ends
+    ("context_full") and such input is refused (ContextFullError).
     """
 
     def __init__(self, llm, params, chat=True, template=None, reverse_prompts=(),
-                 ignore_eos=False):
+                 ignore_eos=False, context_shift=True):
         self.llm = llm
+        self.context_shift = context_shift
+        self._shifts_seen = len(llm.shift_log)
         self.params = params
         self.chat = chat
         self.template = template
@@ -175,10 +180,16 @@ class Conversation:
         is dropped). interactive: a reverse prompt must end the text (as llama-cli;
         otherwise it may be followed by two more characters).
         """
-        ids = self.tokens
         n_ctx = self.llm.n_ctx()
-        if not ids:
+        if not self.tokens:
             raise ValueError("nothing to reply to: the conversation is empty")
+        # room for the input: shift the cached history (the input stays whole)
+        while self.context_shift and len(self.tokens) >= n_ctx and \
+                self.llm.n_tokens > self.n_keep + 1 and self.llm.tokens == \
+                self.tokens[:self.llm.n_tokens]:
+            self.llm.shift_context(self.n_keep)
+            self._apply_shifts()
+        ids = self.tokens
         if len(ids) >= n_ctx:
             self.drop_input()
             had = len(self.tokens)
@@ -187,8 +198,11 @@ class Conversation:
         params = self.params
         if params.seed is not None and params.seed >= 0:
             params = dataclasses.replace(params, seed=(params.seed + self.replies) % 2**32)
+        has_bos = ids[0] == self.llm.token_bos()
         tokens = self.llm.generate_tokens(ids, params, max_tokens=max_tokens,
-                                          ignore_eos=self.ignore_eos, yield_eog=True)
+                                          ignore_eos=self.ignore_eos, yield_eog=True,
+                                          context_shift=self.context_shift,
+                                          keep=max(0, self.n_keep - has_bos))
         self._before_input = None
         self.replies += 1
         self._reply_open = True
@@ -201,6 +215,7 @@ class Conversation:
         n = 0
         try:
             for token in tokens:
+                self._apply_shifts()       # the shifts generate made before this token
                 if tok.is_eog(token):
                     self._chunks.append((token,))
                     self.eog_text = _piece(tok, token)
@@ -218,6 +233,18 @@ class Conversation:
         finally:
             tokens.close()
             self.reply_text += decoder.flush()   # bytes of a character left unfinished
+
+    def _apply_shifts(self):
+        """Drop from the sequence what the Llama's context shifts since the last call
+        dropped from its cache (the same positions: the cache holds a prefix of it)."""
+        log = self.llm.shift_log
+        if self._shifts_seen == len(log):
+            return
+        flat = self.tokens
+        for kept, dropped in log[self._shifts_seen:]:
+            del flat[kept:kept + dropped]
+        self._shifts_seen = len(log)
+        self._chunks = [tuple(flat)] if flat else []
 
     def _ends_with_reverse_prompt(self, interactive):
         pad = 0 if interactive else 2

@@ -179,6 +179,7 @@ class Llama:
         self._kv_type = kv_type
         self._kv_pool = None      # the paged cache of batch(), made at its first use
         self._sequence_ids = itertools.count()   # ids of batches' sequences: one pool, no two alike
+        self.shift_log = []       # (kept, dropped) of each context shift of the sequence, in order
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # (prompt ids, logits of its last token) of generate's last prompt, while the cache
@@ -524,6 +525,20 @@ class Llama:
         self._prompt_logits = None
         self.changes += 1
         self.timings.context_shifts += 1
+        self.shift_log.append((n_kept, n_discard))
+
+    def shift_context(self, n_kept):
+        """Shift the context now: drop half of the sequence's tokens after its first n_kept
+        (their K, V rows go; the later ones move down, keys rotated to match), to make
+        room for input (a conversation's next message). Returns (n_kept, dropped);
+        ValueError when there is nothing after n_kept to drop."""
+        n_kept = checked_int("n_kept", n_kept, low=0)
+        with self._turn("shift_context"):
+            if self.n_tokens <= n_kept + 1:
+                raise ValueError(f"shift_context: {self.n_tokens} tokens, {n_kept} kept: "
+                                 f"nothing to drop")
+            self._shift_context(n_kept)
+            return self.shift_log[-1]
 
     def _prompt_again(self, ids):
         """The logits of the last prompt's last token when ids is that prompt again and the
