@@ -256,3 +256,27 @@ def test_a_rank_killed_mid_run_ends_the_others(victim):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@needs_mpi
+def test_an_error_in_a_step_ends_every_rank(tmp_path):
+    """An error while the ranks wait for each other (here: the model file changed in place
+    under every rank's mapping) ends the job with a line naming the rank, not a hang."""
+    path = tmp_path / "model.gguf"
+    shutil.copy(default_model_path(), path)
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "ggml_py.cli.main", "-m",
+                             path, "-p", "ROMEO.", "-c", "256", "-n", "-1", "--ignore-eos",
+                             "--temp", "0", "--tp"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=ENV, cwd=CWD)
+    try:
+        assert proc.stdout.read(6) == b"ROMEO."
+        os.utime(path, ns=(1, 1))                       # "changed in place"
+        changed = time.monotonic()
+        err = proc.communicate(timeout=30)[1].decode(errors="replace")
+        assert time.monotonic() - changed < 10
+        assert proc.returncode != 0
+        assert "error: " in err and "changed in place" in err and "ending every rank" in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

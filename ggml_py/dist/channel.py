@@ -137,7 +137,7 @@ def collective(comm):
         interrupted = isinstance(exc, KeyboardInterrupt)
         what = "interrupted" if interrupted else f"error: {exc}" if str(exc) else \
             f"error: {type(exc).__name__}"
-        print(f"rank {comm.Get_rank()}: {what} during a step of the split model; "
-              f"ending every rank", file=sys.stderr, flush=True)
+        print(f"rank {comm.Get_rank()}: {what} (a split model's ranks wait for each other: "
+              f"ending every rank)", file=sys.stderr, flush=True)
         comm.Abort(130 if interrupted else 1)
         os._exit(1)    # (Abort does not return)

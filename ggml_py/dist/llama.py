@@ -20,6 +20,7 @@ import weakref
 
 from ggml_py.core.comm import is_communicator
 from ggml_py.core.graph import default_threads
+from ggml_py.dist.channel import collective
 from ggml_py.dist.model import MirroredPool, ShardModel
 from ggml_py.dist.shard import split_matrix_shapes
 from ggml_py.model.batch import Batch
@@ -86,7 +87,8 @@ class Llama(_Llama):
         except Exception as exc:   # noqa: BLE001 - every rank must hear of it (they wait)
             error = exc
         self._agree(error, None if error is not None else
-                    (self.n_ctx(), str(kv_type), n_batch, n_seq_max, self.model.file.n_params))
+                    (self.n_ctx(), self._kv_type.name, n_batch, n_seq_max,
+                     self.model.file.n_params))
         model = self.model
         self._serving = False
         if self.rank == 0:
@@ -165,8 +167,11 @@ class Llama(_Llama):
         model = self.model
         self._serving = True
         try:
-            while model.execute(model.channel.receive(), self.kv_pool):
-                pass
+            # rank 0 may be waiting in a collective call for this rank: an error here
+            # ends every rank rather than leave it waiting
+            with collective(self.comm):
+                while model.execute(model.channel.receive(), self.kv_pool):
+                    pass
         finally:
             self._serving = False
         self.close()

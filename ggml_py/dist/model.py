@@ -11,7 +11,6 @@ logits come back to rank 0 whole or as each rank's top candidates (`want`).
 import numpy as np
 
 from ggml_py.core import ops
-from ggml_py.core.types import Op
 from ggml_py.dist.channel import Channel, collective, gather_logits
 from ggml_py.dist.shard import Shard
 from ggml_py.model.config import LlamaConfig
@@ -135,10 +134,6 @@ class ShardModel(LlamaModel):
         freqs = self.weights.rope_freqs
         return rope_rotation(self.config, None if freqs is None else
                              np.asarray(freqs.data, np.float32))
-
-    def all_reduce_nodes(self, graph):
-        """The all-reduce nodes of one of this model's graphs (for timings)."""
-        return [t for t in graph.nodes if t.op == Op.ALL_REDUCE]
 
 
 class MirroredKVCache:
