@@ -58,11 +58,14 @@ def check_all_reduce():
 def run_model(path):
     """Rank 0's results of every check with this Llama (the other ranks serve)."""
     llm = gg.Llama(path, n_ctx=256, n_threads=1, n_seq_max=3, comm=COMM)
+    model = llm.model
     if llm.rank > 0:
         llm.serve()
+        COMM.gather(model.tune is not None)
         return None
     results = model_checks(llm, path)
     llm.close()
+    results["tuned_ranks"] = COMM.gather(model.tune is not None)
     return results
 
 
@@ -82,12 +85,13 @@ def model_checks(llm, path):
     out["logits"] = llm.eval(ids).tolist()
     text = "\n".join(prompts * 12)
     out["ppl"] = llm.perplexity(text, n_ctx=32, n_chunks=3).ppl
-    # tune data of the ranks' shapes goes to every rank
+    # tune data of the ranks' shapes (checked by set_tune) goes to every rank; the text
+    # may differ from one process's (the profiles go by times measured now)
     from ggml_py.tune.bench import bench
     name, shapes = llm.matrix_shapes()
     llm.set_tune(bench(shapes, model=name, m_values=[1, 2], thread_counts=[1]))
     llm.reset()
-    out["tuned"] = "".join(llm.generate(prompts[0], max_tokens=8, temperature=0))
+    out["tuned"] = len(list(llm.generate_tokens(prompts[0], max_tokens=8, ignore_eos=True)))
     return out
 
 

@@ -4,6 +4,7 @@ against numpy, a split model against one process (greedy text of generate, a bat
 context shift; logits; perplexity; tune data), the programs' output, a model that
 cannot be split, and a rank killed mid-run. MPI runs only in the subprocesses: this
 process never imports mpi4py."""
+import functools
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import numpy as np
 import psutil
 import pytest
-from llama_models import model_path
+from llama_models import model_path, scratch_path, vocab
 
 import ggml_py as gg
 from ggml_py.dist.channel import top_candidates
@@ -33,6 +34,7 @@ from ggml_py.model.bundled import default_model_path
 from ggml_py.model.config import LlamaConfig
 from ggml_py.model.sampling import Sampler, SamplingParams, top_k
 from ggml_py.model.weights import ColumnSlice, LlamaWeights
+from ggml_py.tools.random_model import RandomLlamaSpec, write_random_llama
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__)))
@@ -54,6 +56,17 @@ def ranks(what, *args):
     proc = mpiexec(sys.executable, "-m", "mpi4py", os.path.join(HERE, "dist_ranks.py"), what, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@functools.cache
+def q4_k_path():
+    """A tiny Q4_K model whose heads split on 256-column blocks (4 heads of 128, 2 KV
+    heads): every share a view."""
+    path = scratch_path("tiny-q4_k-512.gguf")
+    write_random_llama(path, RandomLlamaSpec(n_vocab=512, n_embd=512, n_head=4, n_head_kv=2,
+                                             n_ff=1024, weight_type="Q4_K", seed=12),
+                       vocab=vocab())
+    return path
 
 
 def loaded(path):
@@ -189,19 +202,22 @@ def test_all_reduce_against_numpy():
 
 @needs_mpi
 @pytest.mark.parametrize("kind,rtol,ppl_rtol", [("bundled", 2e-2, 1e-4), ("f32", 1e-4, 1e-4),
-                                                ("q4_0", 2e-2, 2e-3)])
+                                                ("q4_0", 2e-2, 2e-3), ("q4_k", 2e-2, 1e-4)])
 def test_two_ranks_give_what_one_process_gives(kind, rtol, ppl_rtol):
-    """The bundled Q8_0 model and tiny GQA models (4 query heads, 2 KV heads): the same
+    """The bundled Q8_0 model and tiny GQA models (4 query heads, 2 KV heads; F32, Q4_0,
+    Q4_K): the same
     greedy and seeded text, the same text in a batch and across context shifts, logits
     within rounding (quantized activations round differently: rtol of the largest
     logit), perplexity within 0.01 % (the tiny Q4_0 model's ranks have K and V
     products of 16 rows, below BLAS's 32, which one process's 32 rows take: another
     profile, whose rounding its random weights amplify), and tune data taken by every
     rank."""
-    out = ranks("model", "bundled" if kind == "bundled" else model_path(kind))
+    path = {"bundled": "bundled", "q4_k": q4_k_path()}.get(kind) or model_path(kind)
+    out = ranks("model", path)
     split, alone = out["split"], out["alone"]
-    for key in ("greedy", "sampled", "shifted", "batch", "tuned"):
+    for key in ("greedy", "sampled", "shifted", "batch"):
         assert split[key] == alone[key], key
+    assert split["tuned"] == 8 and split["tuned_ranks"] == [True, True]
     assert out["logits_diff"] <= rtol * out["logits_max"]
     assert abs(split["ppl"] - alone["ppl"]) <= ppl_rtol * alone["ppl"]
 
