@@ -9,7 +9,7 @@ import sys
 import threading
 import warnings
 
-from ggml_py.dist.launch import serve_and_exit, world
+from ggml_py.dist.launch import mpiexec_size, serve_and_exit, world
 from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
@@ -316,8 +316,13 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, tp=F
         llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
     if llm.rank > 0:
         serve_and_exit(llm)
-    messages = [] if comm is not None or not tp else \
-        ["--tp: one process (mpiexec -n N starts N processes to split the model over)"]
+    messages = []
+    if tp and comm is None:
+        messages.append("--tp: one process (mpiexec -n N starts N processes to split the model "
+                        "over)")
+    elif not tp and mpiexec_size() > 1:
+        messages.append(f"started by mpiexec with {mpiexec_size()} processes but without --tp: "
+                        f"each runs the whole model alone")
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
             messages.append(str(w.message))

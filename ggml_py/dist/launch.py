@@ -12,6 +12,17 @@ def launched_by_mpiexec():
     return any(name in os.environ for name in MPIEXEC_VARIABLES)
 
 
+def mpiexec_size():
+    """The processes mpiexec started with this one, from its environment (no MPI import);
+    1 when not started by mpiexec (or it does not say)."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        try:
+            return max(1, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
 def world():
     """MPI.COMM_WORLD when mpiexec started this program with more than one process, else
     None; mpi4py is imported only under mpiexec. ValueError where it is not installed."""
