@@ -14,6 +14,7 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED
         GGML_PY_STATUS_BAD_INDEX
+        GGML_PY_STATUS_COMM
         GGML_PY_OP_NONE
         GGML_PY_OP_GET_ROWS
         GGML_PY_OP_ATTENTION
@@ -26,6 +27,15 @@ cdef extern from "ggml_py.h" nogil:
         uint8_t valid
         uint8_t parallel
         uint8_t wait
+
+    struct ggml_py_comm:
+        int64_t allreduce
+        int64_t comm
+        int64_t type_f32
+        int64_t op_sum
+        int64_t in_place
+        int32_t handle_bytes
+        int32_t last_error
 
     struct ggml_py_task_profile:
         int32_t id

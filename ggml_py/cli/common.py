@@ -9,9 +9,11 @@ import sys
 import threading
 import warnings
 
+from ggml_py.dist.launch import mpiexec_size, serve_and_exit, world
+from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
-from ggml_py.model.session import Llama, TrainingContextWarning
+from ggml_py.model.session import TrainingContextWarning
 
 
 def console_script(main):
@@ -237,6 +239,10 @@ def add_model_arguments(parser, ctx_default):
     parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
+    parser.add_argument("--tp", action="store_true",
+                        help="under mpiexec -n N: split the model over the N processes (tensor "
+                             "parallel; N must divide the model's KV heads); rank 0 prints, "
+                             "the others compute their share")
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
@@ -256,13 +262,12 @@ def setup_tune(llm, args, log):
     import time
 
     from ggml_py.tune import data as tune
-    from ggml_py.model.weights import matrix_shapes
     from ggml_py.tune.bench import bench
     m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
         if args.tune_file is not None:
             tune.check_writable(args.tune_file, not_over=llm.model.file.path)
-        name, shapes = matrix_shapes(llm.model.file)
+        name, shapes = llm.matrix_shapes()     # a split model's: its ranks' shares
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
@@ -294,7 +299,7 @@ def setup_tune(llm, args, log):
 
 
 def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
-               **kwargs):
+               tp=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
@@ -302,7 +307,10 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     program to log as llama.cpp does; other warnings are shown as Python shows them.
     pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
     given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
-    context itself, so a pool past the training context is not warned about."""
+    context itself, so a pool past the training context is not warned about.
+    tp (--tp): under mpiexec with more than one process, the model is split over them;
+    only rank 0 returns (the others serve its steps and then end the process)."""
+    comm = world() if tp else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
@@ -311,10 +319,18 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
         if pool_contexts is not None and given is None:
             n_ctx *= pool_contexts
-        llm = Llama(f, n_ctx=n_ctx, **kwargs)
+        llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
+    if llm.rank > 0:
+        serve_and_exit(llm)
     if pool_contexts is not None:
         caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
     messages = []
+    if tp and comm is None:
+        messages.append("--tp: one process (mpiexec -n N starts N processes to split the model "
+                        "over)")
+    elif not tp and mpiexec_size() > 1:
+        messages.append(f"started by mpiexec with {mpiexec_size()} processes but without --tp: "
+                        f"each runs the whole model alone")
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
             messages.append(str(w.message))

@@ -188,7 +188,7 @@ def _may_overlap(a, b):
 
 # ops whose result is (a view of) the memory of a source: which source
 VIEW_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0, Op.CPY: 1,
-               Op.SET_ROWS: 2}
+               Op.SET_ROWS: 2, Op.ALL_REDUCE: 0}
 
 
 def _memory_of(t):
@@ -494,6 +494,34 @@ def attention(q, k, v, kv_index, scale):
                          f"contiguous, kv_index at least 2*T = {2 * T} long")
     return _new(Op.ATTENTION, (q, k, v, kv_index), Type.F32, q._ne, 3,
                 [_f32_bits(scale, "attention: scale")])
+
+
+INT_MAX = 2**31 - 1     # MPI counts elements in a C int
+
+
+def all_reduce(a, comm):
+    """The element-wise sum of a (F32, contiguous) over the processes of comm, an mpi4py
+    intracommunicator (e.g. MPI.COMM_WORLD), in place: the result is a view of a's memory,
+    which MPI reads and overwrites, so the op that made a writes straight into the buffer
+    MPI sends (no copy). Every process of comm must compute graphs with the same
+    all_reduce nodes, in the same order, of the same size (else MPI waits for the
+    missing ones). Profile: one thread calls MPI_Allreduce with the GIL released, the
+    pool's workers asleep meanwhile (a single-thread stage with `wait`).
+    """
+    from ggml_py.core.comm import comm_params    # (imports mpi4py, which comm comes from)
+    _check_tensor("all_reduce", a=a)
+    _check_type("all_reduce", "a", a, (Type.F32,))
+    _check_writable("all_reduce", "a", a)
+    if not a.is_contiguous:
+        raise ValueError(f"all_reduce: a {a.shape} must be contiguous (MPI reduces one "
+                         f"buffer; take cont() first)")
+    if _nelements(a) > INT_MAX:
+        raise ValueError(f"all_reduce: a {a.shape} has more than {INT_MAX} elements, "
+                         f"MPI_Allreduce's count")
+    t = _new(Op.ALL_REDUCE, (a,), Type.F32, a._ne, a.ndim, comm_params(comm), nb=a._nb,
+             view_of=a)
+    t._comm = comm      # kept alive while the node lives
+    return t
 
 
 def concat(a, b, axis=0):

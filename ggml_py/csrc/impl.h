@@ -159,6 +159,7 @@ GGML_PY_KERNEL(set_rows);
 GGML_PY_KERNEL(rope);
 GGML_PY_KERNEL(concat);
 GGML_PY_KERNEL(attention);
+GGML_PY_KERNEL(all_reduce);
 
 size_t ggml_py_attention_work_size(const struct ggml_py_tensor *node, int n_threads);
 size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_threads);

@@ -21,6 +21,13 @@ int ggml_py_op_profiles(const struct ggml_py_tensor *node,
         return 1;
     }
     if (node->op == GGML_PY_OP_MUL_MAT) return ggml_py_mul_mat_profiles(node, out);
+    if (node->op == GGML_PY_OP_ALL_REDUCE) {
+        /* MPI on the main thread; the workers sleep meanwhile (wait_now) instead of
+         * spinning on cores that the MPI library and the other processes may want */
+        out[0] = make_profile(0, "comm");
+        out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+        return 1;
+    }
     out[0] = make_profile(0, "compute");
     out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
     return 1;
@@ -79,6 +86,7 @@ void ggml_py_compute_forward(const struct ggml_py_compute_params *params, struct
         case GGML_PY_OP_ROPE:     ggml_py_compute_rope(params, node); break;
         case GGML_PY_OP_CONCAT:   ggml_py_compute_concat(params, node); break;
         case GGML_PY_OP_ATTENTION: ggml_py_compute_attention(params, node); break;
+        case GGML_PY_OP_ALL_REDUCE: ggml_py_compute_all_reduce(params, node); break;
         default: break;           /* views and leaves: nothing to compute */
     }
 }

@@ -14,7 +14,7 @@ from ggml_py.core.graph import build_forward
 from ggml_py.core.graph_alloc import STRUCT_BYTES, build_packed, plan_packed
 from ggml_py.core.tensor import Context
 from ggml_py.core.types import Type
-from ggml_py.model.weights import LayerWeights
+from ggml_py.model.weights import ColumnSlice, LayerWeights
 
 PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K and Q packed
 
@@ -33,7 +33,11 @@ class ForwardGraph:
 
 
 def _weight(ctx, w):
-    """A leaf tensor over a weight's mapped bytes (no copy)."""
+    """A leaf tensor over a weight's mapped bytes (no copy); a ColumnSlice, a view of its
+    columns in the leaf over the whole matrix."""
+    if isinstance(w, ColumnSlice):
+        whole = ctx.from_buffer(w.whole.data, w.type, w.whole.shape, name=w.name)
+        return ops.view(whole, w.shape, whole.strides, offset=w.offset)
     return ctx.from_buffer(w.data, w.type, w.shape, name=w.name)
 
 
@@ -100,7 +104,7 @@ def feed_forward(x, lw):
 
 
 def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None,
-                        mask_buffer=None):
+                        mask_buffer=None, reduce=None):
     """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
     n_out: logits are computed for the last n_out tokens only (1 to sample the
@@ -109,9 +113,10 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
     (graph_alloc); otherwise each has its own memory. buffer_for: see
     graph_alloc.build_packed (a buffer shared with other graphs). mask_buffer:
     a float32 array of T * K or more elements to hold the mask (shared with
-    other graphs that never run at the same time; None: the graph's own).
+    other graphs that never run at the same time; None: the graph's own). reduce: see
+    _layers.
     """
-    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer)
+    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer, reduce)
     if packed:
         leaf_bytes = _leaf_bytes(c, T, 0 if mask_buffer is not None else K)
         built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
@@ -125,14 +130,14 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
     return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
 
 
-def forward_graph_bytes(c, weights, cache, T, K, n_out):
+def forward_graph_bytes(c, weights, cache, T, K, n_out, reduce=None):
     """Bytes of the packed intermediates of build_forward_graph(..., T, K, n_out), found
     without building it (tensor structs only)."""
-    build = _forward_builder(c, weights, cache, T, K, n_out)
+    build = _forward_builder(c, weights, cache, T, K, n_out, reduce=reduce)
     return plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K)).buffer_bytes
 
 
-def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
+def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None, reduce=None):
     """build(ctx) -> (ctx, tokens, positions, slots, mask, logits) of the forward pass."""
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
@@ -143,25 +148,34 @@ def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None):
         else:
             mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
         x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: attention(
-            c, h, lw, cache, il, positions, slots, mask, rope_freqs, T, K))
+            c, h, lw, cache, il, positions, slots, mask, rope_freqs, T, K), reduce)
         if n_out < T:           # the output matrix is the largest: skip unwanted rows
             x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
         return ctx, tokens, positions, slots, mask, _logits(ctx, c, weights, x)
     return build
 
 
-def _layers(ctx, c, weights, tokens, attend):
+def _layers(ctx, c, weights, tokens, attend, reduce=None):
     """The embeddings of tokens (T,) through every layer: x (T, E), each layer's
-    attention made by attend(h, layer weights, il, rope_freqs)."""
+    attention made by attend(h, layer weights, il, rope_freqs). reduce: None, or
+    reduce(partial (T, E)) -> the sum over the processes of a split model, after each
+    attention and feed-forward block (whose weights are then this process's share)."""
+    if reduce is None:
+        reduce = _whole
     rope_freqs = _weight(ctx, weights.rope_freqs) if weights.rope_freqs is not None else None
     x = ops.get_rows(_weight(ctx, weights.token_embd), tokens)       # (T, E)
     for il, layer in enumerate(weights.layers):
         lw = LayerWeights(**{name: _weight(ctx, w) for name, w in vars(layer).items()
                              if w is not None})
         h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.attn_norm)
-        x = ops.add(x, attend(h, lw, il, rope_freqs))
+        x = ops.add(x, reduce(attend(h, lw, il, rope_freqs)))
         h = ops.mul(ops.rms_norm(x, c.rms_eps), lw.ffn_norm)
-        x = ops.add(x, feed_forward(h, lw))
+        x = ops.add(x, reduce(feed_forward(h, lw)))
+    return x
+
+
+def _whole(x):
+    """One process computes every block whole: nothing to reduce."""
     return x
 
 
@@ -187,10 +201,10 @@ class StepGraph:
         self.logits = logits.numpy()          # float32 (n_out, V)
 
 
-def build_step_graph(c, weights, cache, R, N, n_out, buffer_for=None):
+def build_step_graph(c, weights, cache, R, N, n_out, buffer_for=None, reduce=None):
     """The forward pass of one step over a paged cache (kv_paged.PagedKVCache): R
     tokens, slot lists of N values in all, logits for n_out of the rows, as a
-    StepGraph. buffer_for: see graph_alloc.build_packed."""
+    StepGraph. buffer_for: see graph_alloc.build_packed; reduce: see _layers."""
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (R,), name="tokens")
         positions = ctx.new_tensor(Type.I32, (R,), name="positions")
@@ -198,7 +212,7 @@ def build_step_graph(c, weights, cache, R, N, n_out, buffer_for=None):
         kv_index = ctx.new_tensor(Type.I32, (2 * R + N,), name="kv_index")
         out_rows = ctx.new_tensor(Type.I32, (n_out,), name="out_rows")
         x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: paged_attention(
-            c, h, lw, cache, il, positions, slots, kv_index, rope_freqs, R))
+            c, h, lw, cache, il, positions, slots, kv_index, rope_freqs, R), reduce)
         if n_out < R:
             x = ops.get_rows(x, out_rows)                               # (n_out, E)
         return ctx, tokens, positions, slots, kv_index, out_rows, _logits(ctx, c, weights, x)

@@ -124,14 +124,19 @@ class PagedKVCache:
         n = self.length(seq)
         if not (0 <= keep and n_discard > 0 and keep + n_discard <= n):
             raise ValueError(f"shift: cannot drop {n_discard} positions after {keep} of {n}")
-        src = self.slots(seq, keep + n_discard, n)
-        dst = self.slots(seq, keep, n - n_discard)
+        self.move_rows(self.slots(seq, keep + n_discard, n), self.slots(seq, keep, n - n_discard),
+                       n_discard, rerope)
+        self.truncate(seq, n - n_discard)
+
+    def move_rows(self, src, dst, n_back, rerope):
+        """Copy every layer's K, V rows at slots src to slots dst (int32 arrays of one
+        length), K rotated by rerope(k_rows, -n_back) for positions n_back lower: shift's
+        copy (the processes of a split model each make it in their own pool)."""
         for k, v in zip(self.k, self.v):
             rows = k[src].astype(np.float32)
-            rerope(rows, -n_discard)
+            rerope(rows, -n_back)
             k[dst] = rows
             v[dst] = v[src]
-        self.truncate(seq, n - n_discard)
 
     # ---- graph ops ------------------------------------------------------------------
 

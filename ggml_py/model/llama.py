@@ -75,14 +75,17 @@ class LlamaModel:
         """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
         clock: what build_s is timed with (seconds)."""
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
-        self.config = LlamaConfig.from_gguf(self.file)
-        self.weights = LlamaWeights.from_gguf(self.file, self.config)
+        self.config, self.weights = self._load(self.file)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
         self._cache = make_cache(self.config, self.n_ctx, kv_type)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
+        # None, or reduce(partial) -> the whole: what ends each attention and feed-forward
+        # block of a model split over processes (ggml_py/dist: an all-reduce), whose
+        # blocks give this process's share of the sum
+        self.reduce = None
         self._graphs = OrderedDict()
         # enough for a sequence's every window twice (a prompt's batches and the tokens
         # generated after them; a perplexity chunk's batches), so that none is rebuilt,
@@ -99,6 +102,12 @@ class LlamaModel:
         self.clock = clock
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
         _live_models.add(self)
+
+    def _load(self, f):
+        """(config, weights) the graphs are built from: the file's (a process of a split
+        model takes its share of them: ggml_py/dist)."""
+        config = LlamaConfig.from_gguf(f)
+        return config, LlamaWeights.from_gguf(f, config)
 
     @property
     def cache(self):
@@ -125,13 +134,15 @@ class LlamaModel:
                 # more, do not grow them and drop the graphs built so far; with room to
                 # spare, as the packing is not monotone in K (a smaller window has needed 6 %
                 # more), though a graph that needs more still gets it
-                need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T)
+                need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T,
+                                           reduce=self.reduce)
                 self._intermediates_for(need + need // RESERVE_SPARE)
                 self._masks_for(T * self.n_ctx)
                 self._reserved_for.add(T)
             g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
                                     self.packed, buffer_for=self._intermediates_for,
-                                    mask_buffer=self._masks_for(T * K) if self.packed else None)
+                                    mask_buffer=self._masks_for(T * K) if self.packed else None,
+                                    reduce=self.reduce)
             self._graphs[key] = g
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
@@ -154,7 +165,8 @@ class LlamaModel:
         if g is None:
             t0 = self.clock()
             g = build_step_graph(self.config, self.weights, cache, R, N, n_out,
-                                 buffer_for=self._intermediates_for if self.packed else None)
+                                 buffer_for=self._intermediates_for if self.packed else None,
+                                 reduce=self.reduce)
             if invariant:
                 pin_row_invariant(g.graph)
             self._graphs[key] = g

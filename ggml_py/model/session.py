@@ -169,11 +169,11 @@ class Llama:
             model_path = default_model_path()
         self.model_path = model_path.path if isinstance(model_path, GGUFModelFile) else \
             os.fsdecode(model_path)
-        self.model = LlamaModel(model_path if isinstance(model_path, GGUFModelFile) else
-                                self.model_path, n_ctx=n_ctx, kv_type=kv_type,
-                                n_threads=n_threads, kv_pad=kv_pad,
-                                make_cache=make_cache or default_cache, use_mmap=bool(use_mmap),
-                                clock=clock)
+        self.model = self._make_model(model_path if isinstance(model_path, GGUFModelFile) else
+                                      self.model_path, n_ctx=n_ctx, kv_type=kv_type,
+                                      n_threads=n_threads, kv_pad=kv_pad,
+                                      make_cache=make_cache or default_cache,
+                                      use_mmap=bool(use_mmap), clock=clock)
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
         self._kv_type = kv_type
@@ -196,6 +196,11 @@ class Llama:
                           stacklevel=2)
         # its start: now, after the load
         self.timings = Timings(load_s=clock() - t0, clock=clock)
+
+    def _make_model(self, path, **kwargs):
+        """The LlamaModel this Llama runs (a process of a model split over several makes
+        its share instead: ggml_py/dist)."""
+        return LlamaModel(path, **kwargs)
 
     def close(self):
         """Let go of the model: its memory-mapped file, KV cache, graphs and buffers

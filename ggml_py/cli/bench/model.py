@@ -44,6 +44,9 @@ def add_arguments(parser):
     parser.add_argument("--busy", type=busy_count, default=0, metavar="N",
                         help="also run every test with N other processes spinning on the CPU "
                              "(a machine in use), and report both")
+    parser.add_argument("--tp", action="store_true",
+                        help="under mpiexec -n N: split the model over the N processes (tensor "
+                             "parallel); -t is then each process's threads")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -115,7 +118,7 @@ def bench_model(args):
     args.model = args.model or default_model_path()
     # timed past the training context without a word, as llama-bench does
     llm, _ = open_llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
-                        kv_type=args.cache_type_k)
+                        kv_type=args.cache_type_k, tp=args.tp)
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n) for n in n_prompts if n > 0] + [("tg", n) for n in n_gens if n > 0]
@@ -131,6 +134,7 @@ def bench_model(args):
                         "model_filename": args.model, "model_type": model_name,
                         "model_size": f.weights_nbytes, "model_n_params": f.n_params,
                         "type": f.file_type_name(), "n_threads": n_threads,
+                        "n_ranks": llm.n_ranks,
                         "n_batch": args.batch_size, "type_kv": args.cache_type_k,
                         "n_prompt": n if kind == "pp" else 0, "n_gen": n if kind == "tg" else 0,
                         "test": f"{kind}{n}", "busy": busy, "avg_ts": statistics.fmean(samples),
@@ -144,9 +148,12 @@ def bench_model(args):
     # one read bandwidth per thread count: a roofline measured on one thread would
     # put two threads over 100 %
     per_token = bytes_per_token(f)
-    bandwidth = {nt: read_bandwidth(512, threads=nt) for nt in sorted({r["n_threads"] for r in rows if r["n_gen"]})}
+    # (a split model's ranks each read their share: one process's roofline does not apply)
+    bandwidth = {nt: read_bandwidth(512, threads=nt) for nt in sorted({r["n_threads"] for r in rows
+                                                                       if r["n_gen"]})
+                 if llm.n_ranks == 1}
     for r in rows:
-        if r["n_gen"]:
+        if r["n_gen"] and bandwidth:
             r["read_bandwidth"] = bandwidth[r["n_threads"]]
             r["roofline_ts"] = r["read_bandwidth"] / per_token
             r["roofline_fraction"] = r["avg_ts"] / r["roofline_ts"]
@@ -221,8 +228,10 @@ def print_row(r, columns=COLUMNS):
     (and the busy processes, where `columns` has them)."""
     size = r["model_size"]
     size_text = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.2f} MiB"
+    ranks = r.get("n_ranks", 1)
+    threads = f"{ranks}x{r['n_threads']}" if ranks > 1 else str(r["n_threads"])
     cells = (r["model_type"], size_text, size_label(r["model_n_params"]), r["type"],
-             str(r["n_threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+             threads, r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
              str(r["busy"]))
     print("| " + " | ".join(f"{c:{align}{width}}" for c, (name, width, align) in zip(cells, columns))
           + " |", flush=True)
