@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #define GGML_PY_MAX_DIMS      4
-#define GGML_PY_MAX_SRC       4
+#define GGML_PY_MAX_SRC       6
 #define GGML_PY_MAX_OP_PARAMS 16   /* int32 slots */
 #define GGML_PY_MAX_NAME      48
 #define GGML_PY_MAX_PROFILES  8
@@ -63,10 +63,12 @@ enum ggml_py_type {
     /* matrix products and row access */ \
     X(MUL_MAT) \
     X(GET_ROWS)      /* src1: I32 row ids                                 */ \
-    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2     */ \
+    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2 (an I8 src2:   \
+                        int8 per group of op_params[0], scales into src3)  */ \
     X(ROPE)          /* src1: I32 positions, src2: optional freq factors  */ \
     X(CONCAT)        /* op_params[0]: dim                                 */ \
-    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index; op_params[0]: scale */ \
+    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index, k and v scales  \
+                        (I8 pools); op_params[0]: scale                    */ \
     /* views: no compute, data aliases src0 */ \
     X(VIEW) X(RESHAPE) X(PERMUTE) X(TRANSPOSE)
 
@@ -118,6 +120,12 @@ enum ggml_py_mul_mat_profile {
     GGML_PY_MUL_MAT_BLAS       = 1,  /* COMPUTE on one thread: dequant + sgemm     */
     GGML_PY_MUL_MAT_BLAS_SPLIT = 2,  /* INIT: parallel dequant; COMPUTE: sgemm     */
     GGML_PY_MUL_MAT_BLAS_MT    = 3,  /* as BLAS_SPLIT, sgemm on BLAS's own threads */
+};
+
+/* ATTENTION profile ids: how the scores of a block of query rows are held. */
+enum ggml_py_attention_profile {
+    GGML_PY_ATTENTION_SLIM  = 0,   /* the whole score row-block, softmax in place, times V */
+    GGML_PY_ATTENTION_FLASH = 1,   /* key tiles, online softmax (running max and sum)     */
 };
 
 /* ---- tensors --------------------------------------------------------------- */
