@@ -208,8 +208,10 @@ def test_the_pool(rng):
     pool.free("a")
     pool.reserve("c", 1)
     assert list(pool.slots("c", 0, 1)) == [0]                   # the pages freed last go first
-    with pytest.raises(ValueError, match="must be F16 or F32"):
+    with pytest.raises(ValueError, match="multiple of 32, not 8"):
         PagedKVCache(1, 16, 1, 8, type=gg.Q4_0)
+    with pytest.raises(ValueError, match="must be one of f32, f16, q8_0, q4_0, int8, got Q5_0"):
+        PagedKVCache(1, 16, 1, 32, type=gg.Q5_0)
 
 
 def test_bad_input():

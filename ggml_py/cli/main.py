@@ -11,7 +11,7 @@ import sys
 import ggml_py as gg
 from ggml_py.model.bundled import default_model_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, number, positive_number, process_escapes,
+                                kv_options, number, positive_number, process_escapes,
                                 open_llama, read_prompt_file, run,
                                 setup_tune)
 from ggml_py.model.perplexity import ADD_EOS_REFUSED
@@ -94,14 +94,13 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(prompt_taken_whole(sys.argv[1:] if argv is None else argv))
     args.model = args.model or default_model_path()
-    cache_type = kv_type(parser, args)
     prompt = args.prompt if args.prompt_from == "prompt" else read_prompt_file(args.file)
     if args.escape:    # as llama.cpp: on by default, for -p and -f alike
         prompt = process_escapes(prompt)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                    n_batch=args.batch_size, kv_type=cache_type,
+                                    n_batch=args.batch_size, **kv_options(args),
                                     use_mmap=args.use_mmap)
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")

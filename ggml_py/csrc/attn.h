@@ -36,6 +36,7 @@ struct ggml_py_attn_rows {
     size_t scale_stride;
     const int32_t *slots;      /* the list */
     int32_t type;              /* the pool's enum ggml_py_type */
+    int32_t row_bytes;         /* bytes of one head's row */
 };
 
 static inline const char *ggml_py_attn_row(const struct ggml_py_attn_rows *x, int64_t j) {

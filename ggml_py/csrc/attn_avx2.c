@@ -32,6 +32,16 @@ static inline __m256i reduce8_i32(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
+/* Rows come from a slot list (pages anywhere in the pool): the hardware prefetchers
+ * cannot guess them, so each kernel asks for the rows it reads PREFETCH keys ahead. */
+#define PREFETCH 8
+
+static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, int64_t end) {
+    if (j >= end) return;
+    const char *row = ggml_py_attn_row(x, j);
+    for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+}
+
 /* ---- exp and the softmax numerators ------------------------------------------------- */
 
 float ggml_py_attn_exp_sum_avx2(int64_t n, float *x, float max) {
@@ -80,6 +90,34 @@ static inline float at_f16(const char *row, int64_t d) {
         }                                                                                      \
     } while (0)
 
+/* the same without a tail (D % 8 == 0): 4 rows x 2 keys, two adjacent scores a row */
+static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t lds, int two) {
+    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+    const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+    if (two) {
+        _mm_storel_pi((__m64 *) S, lo);
+        _mm_storeh_pi((__m64 *) (S + lds), lo);
+        _mm_storel_pi((__m64 *) (S + 2 * lds), hi);
+        _mm_storeh_pi((__m64 *) (S + 3 * lds), hi);
+    } else {
+        float s8[8];
+        _mm256_storeu_ps(s8, s);
+        for (int i = 0; i < 4; i++) S[i * lds] = s8[2 * i];
+    }
+}
+
+/* 1 row x 8 keys, n8 of them stored */
+static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8) {
+    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+    if (n8 == 8) {
+        _mm256_storeu_ps(S, s);
+    } else {
+        float s8[8];
+        _mm256_storeu_ps(s8, s);
+        for (int i = 0; i < n8; i++) S[i] = s8[i];
+    }
+}
+
 #define FLOAT_SCORES_AVX2(t, LOAD8, AT)                                                         \
 void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
                                     const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
@@ -93,6 +131,8 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             const int two = j + 1 < nk;                                                         \
             const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
             const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t d = 0; d < D8; d += 8) {                                               \
@@ -102,6 +142,10 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                     acc[2 * i] = _mm256_fmadd_ps(qv, kv0, acc[2 * i]);                          \
                     acc[2 * i + 1] = _mm256_fmadd_ps(qv, kv1, acc[2 * i + 1]);                  \
                 }                                                                               \
+            }                                                                                   \
+            if (D8 == D) {                                                                      \
+                store_4x2(acc, scale, S + r * lds + j, lds, two);                               \
+                continue;                                                                       \
             }                                                                                   \
             const float *qr[8];                                                                 \
             const char *kr[8];                                                                  \
@@ -120,6 +164,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
         const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
             const float *qr[8];                                                                 \
             const char *kr[8];                                                                  \
             float *out[8];                                                                      \
@@ -134,7 +179,8 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                 const __m256 qv = _mm256_loadu_ps(q1 + d);                                      \
                 for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, LOAD8(kr[i], d), acc[i]); \
             }                                                                                   \
-            FLOAT_FINISH(AT);                                                                   \
+            if (D8 == D) store_1x8(acc, scale, S + r * lds + j, n8);                            \
+            else FLOAT_FINISH(AT);                                                              \
         }                                                                                       \
     }                                                                                           \
 }
@@ -170,6 +216,8 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             const int two = j + 1 < nk;                                                         \
             const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
             const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -185,12 +233,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                         ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq1, qq))), acc[2 * i + 1]);      \
                 }                                                                               \
             }                                                                                   \
-            float s8[8];                                                                        \
-            _mm256_storeu_ps(s8, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));           \
-            for (int i = 0; i < 4; i++) {                                                       \
-                S[(r + i) * lds + j] = s8[2 * i];                                               \
-                if (two) S[(r + i) * lds + j + 1] = s8[2 * i + 1];                              \
-            }                                                                                   \
+            store_4x2(acc, scale, S + r * lds + j, lds, two);                                   \
         }                                                                                       \
     }                                                                                           \
     for (; r < nr; r++) {                                                                       \
@@ -199,6 +242,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
             const char *kr[8];                                                                  \
             for (int i = 0; i < 8; i++) kr[i] = ggml_py_attn_row(k, j0 + j + (i < n8 ? i : 0)); \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -212,9 +256,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                         ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq, qq))), acc[i]);               \
                 }                                                                               \
             }                                                                                   \
-            float s8[8];                                                                        \
-            _mm256_storeu_ps(s8, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));           \
-            for (int i = 0; i < n8; i++) S[r * lds + j + i] = s8[i];                            \
+            store_1x8(acc, scale, S + r * lds + j, n8);                                         \
         }                                                                                       \
     }                                                                                           \
 }
@@ -247,6 +289,8 @@ void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_
             const int two = j + 1 < nk;
             const int8_t *k0 = (const int8_t *) ggml_py_attn_row(k, j0 + j);
             const int8_t *k1 = two ? (const int8_t *) ggml_py_attn_row(k, j0 + j + 1) : k0;
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
             __m256i acc[8];
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
             for (int64_t d = 0; d < D32; d += 32) {
@@ -353,6 +397,9 @@ void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t l
                                 float *acc) {                                                   \
     for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {                                              \
         const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
+        if (jb == 0)                                                                            \
+            for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j, j0 + nk);                  \
+        for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j, j0 + nk);           \
         int64_t r = 0;                                                                          \
         for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, SCALE, 4);                     \
         for (; r < nr; r++) PV_ROWS(deq8_##t, value_##t, SCALE, 1);                             \

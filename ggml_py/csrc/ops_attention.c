@@ -105,6 +105,7 @@ static struct ggml_py_attn_rows rows_of(const struct ggml_py_tensor *pool, const
     x.scale_stride = scales ? scales->nb[1] : 0;
     x.slots = slots;
     x.type = pool->type;
+    x.row_bytes = (int32_t) ggml_py_row_size(pool->type, D);
     return x;
 }
 
