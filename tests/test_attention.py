@@ -5,9 +5,9 @@ invariance (a token's result is bitwise the same whatever else is in the batch);
 SIMD kernels against their scalar twins (bit for bit); set_rows into I8; bad input."""
 import numpy as np
 import pytest
+from conftest import compute, same_bits
 
 import ggml_py as gg
-from conftest import compute, same_bits
 from ggml_py import _core
 from ggml_py.core import system
 
@@ -142,7 +142,7 @@ def test_the_simd_kernels_give_their_twins_bits(rng, type):
     for profile in PROFILES:
         out, _, _ = attention_node(q, k, v, lists, 0.2, type, profile)
         graph = gg.build_forward(out)
-        twin, simd = with_twins(lambda: compute(out, threads=(2,), graph=graph))
+        twin, simd = with_twins(lambda out=out, graph=graph: compute(out, threads=(2,), graph=graph))
         assert same_bits(twin, simd), f"{type.name} {profile}"
 
 
@@ -155,7 +155,7 @@ def test_odd_head_sizes_give_their_twins_bits(rng):
         for type in (gg.F32, gg.F16, gg.I8):
             out, k_held, v_held = attention_node(q, k, k, lists, 0.5, type, "slim")
             graph = gg.build_forward(out)
-            twin, simd = with_twins(lambda: compute(out, threads=(1,), graph=graph))
+            twin, simd = with_twins(lambda out=out, graph=graph: compute(out, threads=(1,), graph=graph))
             assert same_bits(twin, simd), (D, type.name)
             np.testing.assert_allclose(simd, reference(query_held(q, type), k_held, v_held, lists, 0.5),
                                        atol=TOLERANCE, rtol=TOLERANCE)
