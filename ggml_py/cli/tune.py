@@ -11,8 +11,14 @@ import sys
 import time
 
 import ggml_py as gg
-from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, thread_list,
-                                weight_type)
+from ggml_py.cli.common import (
+    ArgumentParser,
+    console_script,
+    file_name,
+    run,
+    thread_list,
+    weight_type,
+)
 from ggml_py.core import graph
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
