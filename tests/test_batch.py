@@ -220,6 +220,19 @@ def test_the_pool(rng):
         PagedKVCache(1, 16, 1, 32, type=gg.Q5_0)
 
 
+def test_two_batches_of_one_llama_share_the_pool_without_mixing(logits_log):
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+    alone = [run_alone(llm, p, logits_log, max_tokens=8, temperature=0)[:2] for p in PROMPTS[:2]]
+    b1, b2 = llm.batch(), llm.batch()
+    s1, s2 = b1.add(PROMPTS[0], max_tokens=8, temperature=0), b2.add(PROMPTS[1], max_tokens=8,
+                                                                     temperature=0)
+    assert s1 != s2
+    while b1.running or b2.running:
+        b1.step()
+        b2.step()
+    assert [(b.sequence(s).text, b.sequence(s).tokens) for b, s in ((b1, s1), (b2, s2))] == alone
+
+
 def test_bad_input():
     llm = gg.Llama(n_ctx=64, n_threads=1)
     with pytest.raises(ValueError, match="list of prompts is empty"):

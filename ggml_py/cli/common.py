@@ -297,7 +297,11 @@ def setup_tune(llm, args, log):
         try:
             llm.set_tune(args.tune_file)
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
-            benched = llm.model.tune.m_values[-1]
+            data = llm.model.tune
+            if llm.n_threads() not in data.thread_counts:
+                log(f"tune: {args.tune_file} was benched at {tune.threads_text(data.thread_counts)}; "
+                    f"times at {llm.n_threads()} are estimated between them")
+            benched = data.m_values[-1]
             if m_max > benched:
                 m_max_flag = (m_max - 1).bit_length()
                 hint = (f"ggml-tune --m-max {m_max_flag} benches them" if m_max_flag <= 12

@@ -2,6 +2,7 @@
 or plot a tune file.
 
     ggml-tune -m model.gguf -o tune.json            # shapes and types from the model
+    ggml-tune -o tune.json                          # the bundled model's
     ggml-tune --model-shape 1.1B --type Q4_0 -o tune.json --n-threads 1,2 --m-max 9
     ggml-tune analyze tune.json [--plot tune.png]
 """
@@ -23,6 +24,7 @@ from ggml_py.core import graph
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
 from ggml_py.model.config import LlamaConfig
+from ggml_py.model.bundled import default_model_path
 from ggml_py.model.weights import matrix_shapes
 from ggml_py.tune import data as tune
 from ggml_py.tune.attention import bench_attention
@@ -63,9 +65,10 @@ def bench_parser():
                                 "shape, M and thread count, and the attention op's profiles "
                                 "per KV type and context length; write a tune file. "
                                 "'ggml-tune analyze FILE' reads one.")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("-m", "--model", type=file_name,
-                     help="GGUF model: bench its matrix shapes and weight types")
+                     help="GGUF model: bench its matrix shapes and weight types (default, "
+                          "without --model-shape: the bundled Shakespeare model)")
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
     p.add_argument("--type", type=weight_type,
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
@@ -92,6 +95,8 @@ def tqdm_progress(total):
 
 def run_bench(args):
     """Bench the shapes of -m or --model-shape, save the tune file; exit status 0."""
+    if args.model is None and args.model_shape is None:    # as ggml-main: the bundled model
+        args.model = default_model_path()
     tune.check_writable(args.file, not_over=args.model)
     if args.model:
         model_file = GGUFModelFile(args.model)
@@ -177,7 +182,7 @@ def _agg_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise ValueError("--plot needs matplotlib: pip install 'ggml_py[plot]'") from None
     matplotlib.use("Agg")
     return matplotlib
 
@@ -256,7 +261,7 @@ def analyze_or_bench(argv):
         return run_analyze(argv[1:])
     parser = bench_parser()
     args = parser.parse_args(argv)
-    if args.model and args.type is not None:
+    if args.model_shape is None and args.type is not None:    # -m, or the bundled model
         parser.error("--type goes with --model-shape; a model's weights have their own")
     if not 1 <= args.m_max <= 12:
         parser.error("--m-max must be in 1..12 (two Ms or more: estimates interpolate between them)")

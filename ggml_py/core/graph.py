@@ -134,7 +134,7 @@ class PlanRow:
     type: Type
     profile: object
     work_size: int
-    reason: str = "default"          # default | fallback | tuned | user
+    reason: str = "default"          # default | fallback | tuned | estimated | user
     estimate_us: float = None
 
 
@@ -148,12 +148,12 @@ class Plan:
     def __str__(self):
         lines = [f"plan: {len(self.rows)} nodes, {self.n_threads} threads, "
                  f"work buffer {self.work_size} bytes",
-                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10} {'why':<8} "
+                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10} {'why':<9} "
                  f"{'est us':>9}  profile"]
         for r in self.rows:
             est = f"{r.estimate_us:9.1f}" if r.estimate_us is not None else f"{'':9}"
             lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
-                         f"{r.work_size:>10} {r.reason:<8} {est}  {r.profile}")
+                         f"{r.work_size:>10} {r.reason:<9} {est}  {r.profile}")
         return "\n".join(lines)
 
 
@@ -193,8 +193,10 @@ class Stats(tuple):
 def choose_mul_mat_profile(node, n_threads, tune):
     """Set a MUL_MAT node's profile from tune data, else ggml's rule.
 
-    Returns (reason, estimated µs or None). Only the node's own profiles are
-    candidates, so non-contiguous operands stay on the CPU profile.
+    Returns (reason, estimated µs or None): "tuned" from times benched at n_threads,
+    "estimated" from times interpolated between two benched thread counts (the
+    estimates' `between`), "fallback" for ggml's rule. Only the node's own profiles
+    are candidates, so non-contiguous operands stay on the CPU profile.
     """
     a, b = node.src[0], node.src[1]
     n, k, m = a._ne[1], a._ne[0], b._ne[1]
@@ -202,11 +204,13 @@ def choose_mul_mat_profile(node, n_threads, tune):
     # de-quantized per batch) is not that product, so ggml's rule decides it
     if tune is not None and b._ne[2] * b._ne[3] == 1:
         own = node.profiles()
-        for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
+        estimates = tune.estimates(n, k, a.type, m, n_threads)
+        for estimate, profile in estimates:
             match = next((p for p in own if p.id == profile.id), None)
             if match is not None and match.same_code_path(profile):
                 node._plan_profile(match)   # the node's own flags, whatever the file says
-                return "tuned", estimate
+                between = getattr(estimates, "between", None)
+                return ("tuned" if between is None else "estimated"), estimate
     node._plan_profile(node.default_profile())
     return "fallback", None
 
@@ -318,9 +322,11 @@ class Graph:
 
         tune: TuneData (ggml_py.tune.data); for each MUL_MAT node whose (N, K, type)
         was benched at this thread count, the profile with the smallest
-        estimated time at the node's M is chosen ("tuned"); other nodes get
-        ggml's rule ("fallback"); ATTENTION nodes likewise by their shape
-        (choose_attention_profile). Profiles set by hand are kept ("user").
+        estimated time at the node's M is chosen ("tuned"); at a thread count
+        between two benched ones, from times interpolated between theirs
+        ("estimated"); other nodes get ggml's rule ("fallback"); ATTENTION nodes
+        likewise by their shape (choose_attention_profile). Profiles set by hand
+        are kept ("user").
         n_threads: 1..256, None for default_threads().
         """
         n_threads = thread_count(n_threads, "plan")

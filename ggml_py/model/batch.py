@@ -20,7 +20,6 @@ When the pool fills during a step the youngest running sequence is preempted: it
 pages go back and it waits to be read again (prompt and generated tokens), which gives
 the same tokens as if it had gone on (its sampler goes on where it was).
 """
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -75,7 +74,6 @@ class Batch:
         self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
-        self._ids = itertools.count()
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
 
     # ---- the interface ------------------------------------------------------------
@@ -113,7 +111,7 @@ class Batch:
         banned = sorted(self.tokenizer.eog_ids) if ignore_eos else ()
         # (at most half the context: a shift must have tokens to drop)
         n_kept = min(kept_count(ids, self.keep, self.tokenizer.bos_id), self.n_ctx_seq // 2)
-        s = Sequence(next(self._ids), list(ids), max_tokens, logprobs, ids=list(ids),
+        s = Sequence(next(self.llm._sequence_ids), list(ids), max_tokens, logprobs, ids=list(ids),
                      n_kept=n_kept, sampler=Sampler(params, banned=banned),
                      decoder=self.tokenizer.decoder(strip_leading_space=False),
                      stop=StopFilter(stop_strings(stop)))

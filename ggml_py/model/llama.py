@@ -95,10 +95,11 @@ class LlamaModel:
     """
 
     def __init__(self, path, n_ctx=None, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True, make_cache=default_cache, use_mmap=True, kv_type_v=None,
-                 attention="auto"):
+                 packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter,
+                 kv_type_v=None, attention="auto"):
         """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
-        kv_type_v: V's cache type (None: kv_type); attention: one of ATTENTION_MODES."""
+        clock: what build_s is timed with (seconds); kv_type_v: V's cache type (None:
+        kv_type); attention: one of ATTENTION_MODES."""
         self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config = LlamaConfig.from_gguf(self.file)
@@ -129,6 +130,7 @@ class LlamaModel:
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
+        self.clock = clock
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
         _live_models.add(self)
 
@@ -159,7 +161,7 @@ class LlamaModel:
         key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             if self.packed and T not in self._reserved_for:
                 # size the buffers at once for T tokens over the whole context (as ggml
                 # reserves its compute buffer), so that the windows to come, which need
@@ -183,7 +185,7 @@ class LlamaModel:
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
-            self.build_s += time.perf_counter() - t0
+            self.build_s += self.clock() - t0
             self.n_built += 1
         else:
             self._graphs.move_to_end(key)
@@ -198,7 +200,7 @@ class LlamaModel:
         key = ("step", id(cache), R, N, n_out, invariant)
         g = self._graphs.get(key)
         if g is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             g = build_step_graph(self.config, self.weights, cache, R, N, n_out,
                                  buffer_for=self._intermediates_for if self.packed else None)
             if invariant:
@@ -209,7 +211,7 @@ class LlamaModel:
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
-            self.build_s += time.perf_counter() - t0
+            self.build_s += self.clock() - t0
             self.n_built += 1
         else:
             self._graphs.move_to_end(key)

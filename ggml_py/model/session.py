@@ -8,6 +8,7 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -140,6 +141,8 @@ class Llama:
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
     file into memory, so that changing the file later does not reach the model (mapped,
     a file changed in place makes the next evaluation raise ModelLoadError).
+    clock: what the timings are read from, a function returning seconds (default
+    time.perf_counter; tests give one they step by hand).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
     ValueError / TypeError naming the argument for a bad one. A context longer than the
     model's training context is allowed with a TrainingContextWarning (a UserWarning),
@@ -148,8 +151,11 @@ class Llama:
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
-                 kv_type_v=None, attention="auto"):
-        t0 = time.perf_counter()
+                 clock=time.perf_counter, kv_type_v=None, attention="auto"):
+        if not callable(clock):
+            raise TypeError(f"Llama: clock must be callable () -> seconds, got "
+                            f"{type(clock).__name__}")
+        t0 = clock()
         self._n_seq_max = checked_int("n_seq_max", n_seq_max, low=1)
         kv_type = kv_rows.kv_type(kv_type, "Llama: kv_type")
         kv_type_v = kv_type if kv_type_v is None else kv_rows.kv_type(kv_type_v, "Llama: kv_type_v")
@@ -171,11 +177,13 @@ class Llama:
                                 self.model_path, n_ctx=n_ctx, kv_type=kv_type,
                                 n_threads=n_threads, kv_pad=kv_pad,
                                 make_cache=make_cache or default_cache, use_mmap=bool(use_mmap),
-                                kv_type_v=kv_type_v, attention=attention)
+                                clock=clock, kv_type_v=kv_type_v, attention=attention)
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
         self._kv_type, self._kv_type_v = kv_type, kv_type_v
         self._kv_pool = None      # the paged cache of batch(), made at its first use
+        self._sequence_ids = itertools.count()   # ids of batches' sequences: one pool, no two alike
+        self.shift_log = []       # (kept, dropped) of each context shift of the sequence, in order
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # (prompt ids, logits of its last token) of generate's last prompt, while the cache
@@ -190,7 +198,8 @@ class Llama:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
                           f"-- possible training context overflow", TrainingContextWarning,
                           stacklevel=2)
-        self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
+        # its start: now, after the load
+        self.timings = Timings(load_s=clock() - t0, clock=clock)
 
     def close(self):
         """Let go of the model: its memory-mapped file, KV cache, graphs and buffers
@@ -330,13 +339,13 @@ class Llama:
         """_decode, counted in timings as a prompt's or a generated token's (see Timings):
         the tokens it evaluated, so a refused call counts nothing and one stopped part-way
         (Ctrl-C: the whole batches run are kept) its batches run."""
-        model = self.model
-        t0, build_s, builds, before = time.perf_counter(), model.build_s, model.n_built, self.n_tokens
+        model, clock = self.model, self.timings.clock
+        t0, build_s, builds, before = clock(), model.build_s, model.n_built, self.n_tokens
         try:
             return self._decode(tokens, **kwargs)
         finally:
             if self.n_tokens > before:
-                self.timings.count(self.n_tokens - before, time.perf_counter() - t0,
+                self.timings.count(self.n_tokens - before, clock() - t0,
                                    model.build_s - build_s, model.n_built - builds, prompt)
 
     def _check_vocab(self, tokens):
@@ -431,14 +440,17 @@ class Llama:
             yield rest
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
-                        add_bos=True, context_shift=False, keep=0):
+                        add_bos=True, context_shift=False, keep=0, yield_eog=False):
         """Generated token ids (see generate), an iterator. A text prompt's control-token
         texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
         llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
         is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
         first next(), reusing the cached prefix of the prompt. context_shift: when the
         context is full, drop half of the tokens after the first `keep` of the prompt
-        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does."""
+        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does.
+        yield_eog: the end-of-generation token that ends it is produced too, as the
+        last one (not evaluated, nor counted in max_tokens); a chat keeps it in its
+        history."""
         ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
         max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
@@ -452,9 +464,9 @@ class Llama:
         keep = checked_int("keep", keep, low=-1)
         n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
             if context_shift else None
-        return self._generate(ids, sampler, max_tokens, n_kept)
+        return self._generate(ids, sampler, max_tokens, n_kept, yield_eog)
 
-    def _generate(self, ids, sampler, max_tokens, n_kept=None):
+    def _generate(self, ids, sampler, max_tokens, n_kept=None, yield_eog=False):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
         with self._turn("generate"):      # one call at a time changes the sequence
             logits = self._prompt_again(ids)
@@ -470,13 +482,16 @@ class Llama:
             mine = self.changes
 
         n = 0
+        clock = self.timings.clock
         while max_tokens < 0 or n < max_tokens:
-            t0 = time.perf_counter()
+            t0 = clock()
             token = sampler.sample(logits)
             sampler.accept(token)
-            self.timings.sample_s += time.perf_counter() - t0
+            self.timings.sample_s += clock() - t0
             self.timings.sample_runs += 1
             if self.tokenizer.is_eog(token):
+                if yield_eog:
+                    yield token
                 return
             yield token
             n += 1
@@ -509,6 +524,20 @@ class Llama:
         self._prompt_logits = None
         self.changes += 1
         self.timings.context_shifts += 1
+        self.shift_log.append((n_kept, n_discard))
+
+    def shift_context(self, n_kept):
+        """Shift the context now: drop half of the sequence's tokens after its first n_kept
+        (their K, V rows go; the later ones move down, keys rotated to match), to make
+        room for input (a conversation's next message). Returns (n_kept, dropped);
+        ValueError when there is nothing after n_kept to drop."""
+        n_kept = checked_int("n_kept", n_kept, low=0)
+        with self._turn("shift_context"):
+            if self.n_tokens <= n_kept + 1:
+                raise ValueError(f"shift_context: {self.n_tokens} tokens, {n_kept} kept: "
+                                 f"nothing to drop")
+            self._shift_context(n_kept)
+            return self.shift_log[-1]
 
     def _prompt_again(self, ids):
         """The logits of the last prompt's last token when ids is that prompt again and the

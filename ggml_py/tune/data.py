@@ -130,6 +130,41 @@ class ShapeTimes:
         """(N, K, type), what TuneData.shape finds this matrix by."""
         return (self.n, self.k, self.type)
 
+    def estimate(self, p, m_values, m, n_threads):
+        """Profile p's (a ProfileTimes of this shape) estimated µs at M=m on n_threads
+        benched threads, or None. With one thread the profiles that run blas's code are
+        benched as blas (SAME_AS_BLAS_ON_ONE_THREAD), so blas's time stands for theirs."""
+        t = p.estimate(m_values, m, n_threads)
+        if t is None and n_threads == 1 and p.profile.name in SAME_AS_BLAS_ON_ONE_THREAD:
+            blas = next((q for q in self.profiles if q.profile.name == "blas"), None)
+            t = None if blas is None else blas.estimate(m_values, m, 1)
+        return t
+
+
+class Estimates(list):
+    """[(estimated µs, TaskProfile)], fastest first; `between` is None when the thread
+    count was benched, else the two benched counts its times were interpolated between."""
+    between = None
+
+
+def thread_neighbours(thread_counts, n_threads):
+    """(lo, hi): the benched thread counts either side of n_threads, or None when
+    n_threads is benched itself or lies outside them (nothing to interpolate between)."""
+    below = [t for t in thread_counts if t < n_threads]
+    above = [t for t in thread_counts if t > n_threads]
+    if n_threads in thread_counts or not below or not above:
+        return None
+    return max(below), min(above)
+
+
+def between_threads(lo, t_lo, hi, t_hi, n_threads):
+    """A time at n_threads from the times at lo and hi threads (lo < n_threads < hi),
+    on a straight line in 1 / n_threads: a stage split over the threads takes
+    serial / n + constant (a single-thread stage, the constant alone), which such a
+    line runs through exactly."""
+    w = (1 / n_threads - 1 / hi) / (1 / lo - 1 / hi)     # 1 at lo, 0 at hi
+    return w * t_lo + (1 - w) * t_hi
+
 
 ATTENTION_PROFILES = ("slim", "flash")
 
@@ -189,20 +224,39 @@ class TuneData:
         key = (n, k, Type.of(type, "TuneData.shape"))
         return next((s for s in self.shapes if s.key == key), None)
 
-    def estimates(self, n, k, type, m, n_threads):
-        """[(estimated µs, TaskProfile)] for every benched profile, fastest first.
+    def covers(self, n_threads):
+        """Whether estimates serve n_threads: benched, or between two benched counts."""
+        return n_threads in self.thread_counts or \
+            thread_neighbours(self.thread_counts, n_threads) is not None
 
-        Empty when the shape or the thread count was not benched.
+    def estimates(self, n, k, type, m, n_threads):
+        """Estimates [(estimated µs, TaskProfile)] for every benched profile, fastest first.
+
+        A thread count that was not benched but lies between two that were gets
+        each profile's time interpolated between theirs (between_threads; the
+        list's `between` names the two); a profile needs times at both.
+        Empty when the shape was not benched, or the thread count is outside the
+        benched ones.
         """
+        found = Estimates()
         shape = self.shape(n, k, type)
         if shape is None:
-            return []
-        found = []
+            return found
+        between = thread_neighbours(self.thread_counts, n_threads)
         for p in shape.profiles:
-            t = p.estimate(self.m_values, m, n_threads)
+            if between is None:
+                t = p.estimate(self.m_values, m, n_threads)
+            else:
+                lo, hi = between
+                t_lo = shape.estimate(p, self.m_values, m, lo)
+                t_hi = shape.estimate(p, self.m_values, m, hi)
+                t = None if t_lo is None or t_hi is None else \
+                    between_threads(lo, t_lo, hi, t_hi, n_threads)
             if t is not None:
                 found.append((t, p.profile))
-        return sorted(found, key=lambda e: e[0])
+        found.sort(key=lambda e: e[0])
+        found.between = between
+        return found
 
     # ---- file I/O ---------------------------------------------------------------
 
@@ -273,7 +327,8 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     check_system: the file must come from this CPU, build and ggml_py version,
     and its profiles must be this build's MUL_MAT profiles.
     shapes: when given, (N, K, type) triples the file must all cover.
-    n_threads: when given, a thread count the file must have been benched at.
+    n_threads: when given, a thread count the file must serve: benched at, or between
+    two benched counts (TuneData.estimates interpolates).
     """
     if n_threads is not None:
         n_threads = check_thread_count(n_threads, "load")
@@ -303,9 +358,10 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
         n, k, t = missing[0]
         raise TuneFileError(f"{path}: has no times for {len(missing)} of the model's matrix shapes "
                             f"(e.g. N={n} K={k} {Type(t).name}); bench again with ggml-tune")
-    if n_threads is not None and n_threads not in data.thread_counts:
+    if n_threads is not None and not data.covers(n_threads):
         raise TuneFileError(f"{path}: benched at {threads_text(data.thread_counts)}, not at "
-                            f"{n_threads}; bench again with ggml-tune --n-threads {n_threads}")
+                            f"{n_threads} nor on both sides of it; bench again with ggml-tune "
+                            f"--n-threads {n_threads}")
     return data
 
 
