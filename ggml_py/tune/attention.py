@@ -34,8 +34,8 @@ def attention_case(shape, T, L, rng):
     """(context, node, graph) of one attention node: T query tokens over a list of L."""
     D, H, Hkv, type_k, type_v = shape
     T = min(T, L)
-    pool_bytes = L * (row_bytes(Type.F32, Hkv * D) + 4 * Hkv)
-    ctx = Context(mem_size=4 * pool_bytes + 4 * (T * H * D + 2 * T + L) + (1 << 20))
+    pool_bytes = L * (row_bytes(Type.F32, Hkv * D) + 4 * Hkv)    # at most, and its F32 source
+    ctx = Context(mem_size=8 * pool_bytes + 8 * (T * H * D + 2 * T + L) + (1 << 20))
     x = rng.standard_normal((L, Hkv * D)).astype(np.float32)
     k, ks = _pool(ctx, x, type_k, D)
     v, vs = _pool(ctx, x, type_v, D)
