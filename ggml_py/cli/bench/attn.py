@@ -90,7 +90,9 @@ class Case:
     """One cell: the graph of one layer's attention for (L, profile, type), built once."""
 
     def __init__(self, H, Hkv, D, L, T, profile, type, rng):
-        self.ctx = Context(mem_size=64 << 20)
+        # the graph's results are not packed: scores, probabilities and copies
+        self.ctx = Context(mem_size=3 * 4 * H * T * L + 4 * T * L + 16 * T * H * D + 16 * L * Hkv * D
+                           + (16 << 20))
         ctx, scale = self.ctx, 1 / np.sqrt(D)
         q = ctx.from_numpy(rng.standard_normal((T, H, D)).astype(np.float32))
         if profile == "graph":
