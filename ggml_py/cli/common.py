@@ -260,8 +260,8 @@ def add_kv_arguments(parser):
 
 def kv_options(args):
     """The Llama keyword arguments of -ctk, -ctv and --attention."""
-    return dict(kv_type=args.cache_type_k, kv_type_v=args.cache_type_v or args.cache_type_k,
-                attention=args.attention)
+    return {"kv_type": args.cache_type_k, "kv_type_v": args.cache_type_v or args.cache_type_k,
+            "attention": args.attention}
 
 
 def setup_tune(llm, args, log):
