@@ -55,7 +55,7 @@ def test_graph_slim_and_flash_agree(kv):
     for mode in ("slim", "flash"):
         np.testing.assert_allclose(out[mode], out["graph"], atol=2e-3 if kv == "f16" else 1e-4,
                                    rtol=0)
-        np.testing.assert_allclose(out[mode], out["slim"], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(out[mode], out["slim"], atol=1e-4, rtol=0)
     assert np.array_equal(out["auto"], out["slim"]) or np.array_equal(out["auto"], out["flash"])
 
 
