@@ -48,7 +48,7 @@ cdef extern from "ggml_py.h" nogil:
         int64_t ne[4]
         size_t nb[4]
         int32_t op_params[16]
-        ggml_py_tensor *src[4]
+        ggml_py_tensor *src[6]
         void *data
         ggml_py_task_profile profile
         char name[48]

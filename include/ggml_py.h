@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #define GGML_PY_MAX_DIMS      4
-#define GGML_PY_MAX_SRC       4
+#define GGML_PY_MAX_SRC       6
 #define GGML_PY_MAX_OP_PARAMS 16   /* int32 slots */
 #define GGML_PY_MAX_NAME      48
 #define GGML_PY_MAX_PROFILES  8
@@ -63,10 +63,12 @@ enum ggml_py_type {
     /* matrix products and row access */ \
     X(MUL_MAT) \
     X(GET_ROWS)      /* src1: I32 row ids                                 */ \
-    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2     */ \
+    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2 (an I8 src2:   \
+                        int8 per group of op_params[0], scales into src3)  */ \
     X(ROPE)          /* src1: I32 positions, src2: optional freq factors  */ \
     X(CONCAT)        /* op_params[0]: dim                                 */ \
-    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index; op_params[0]: scale */ \
+    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index, k and v scales  \
+                        (I8 pools); op_params[0]: scale                    */ \
     /* communication: data aliases src0 (in place) */ \
     X(ALL_REDUCE)    /* sum over an MPI communicator; op_params: struct ggml_py_comm */ \
     /* views: no compute, data aliases src0 */ \
@@ -136,6 +138,12 @@ struct ggml_py_comm {
     int64_t in_place;      /* MPI_IN_PLACE                                     */
     int32_t handle_bytes;  /* 4 or 8                                           */
     int32_t last_error;    /* out: the error code of the last failed call      */
+};
+
+/* ATTENTION profile ids: how the scores of a block of query rows are held. */
+enum ggml_py_attention_profile {
+    GGML_PY_ATTENTION_SLIM  = 0,   /* the whole score row-block, softmax in place, times V */
+    GGML_PY_ATTENTION_FLASH = 1,   /* key tiles, online softmax (running max and sum)     */
 };
 
 /* ---- tensors --------------------------------------------------------------- */

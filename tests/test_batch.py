@@ -3,7 +3,7 @@
 The test that matters: every sequence of a batch yields exactly what it yields alone -
 bitwise the same logits at every step - whatever the other sequences are doing
 (different prompt lengths, staggered arrivals and endings, one shifting its context),
-greedy and seeded, F16 and F32 pools, 1 and 2 threads. Then the pool's pages (reuse,
+greedy and seeded, every KV cache type and attention profile, 1 and 2 threads. Then the pool's pages (reuse,
 a full pool, cancel), the interface and bad input.
 """
 import numpy as np
@@ -42,12 +42,18 @@ def run_alone(llm, prompt, log, **kwargs):
     return s.text, s.tokens, log[(b, sid)]
 
 
-@pytest.mark.parametrize("kind,kv_type,threads", [("bundled", "f16", 2), ("f32", "f32", 1),
-                                                  ("q4_0", "f16", 2), ("variant", "f32", 2)])
+@pytest.mark.parametrize("kind,kv_type,threads,attention", [
+    ("bundled", "f16", 2, "auto"), ("f32", "f32", 1, "auto"), ("q4_0", "f16", 2, "flash"),
+    ("variant", "f32", 2, "slim"),
+    # every KV cache type, K and V apart, under both profiles
+    ("bundled", "q8_0", 2, "slim"), ("bundled", "q4_0/int8", 1, "flash"),
+    ("q4_k", "int8", 2, "slim"), ("q4_k", "q8_0/q4_0", 2, "flash"), ("heads", "int8/f16", 2, "flash")])
 def test_a_sequence_yields_in_a_batch_exactly_what_it_yields_alone(kind, kv_type, threads,
-                                                                   logits_log):
+                                                                   attention, logits_log):
     path = None if kind == "bundled" else model_path(kind)
-    llm = gg.Llama(path, n_ctx=256, n_threads=threads, kv_type=kv_type, n_seq_max=3)
+    ctk, ctv = (kv_type + "/" + kv_type).split("/")[:2]
+    llm = gg.Llama(path, n_ctx=256, n_threads=threads, kv_type=ctk, kv_type_v=ctv, n_seq_max=3,
+                   attention=attention)
     settings = [dict(max_tokens=12, temperature=0), dict(max_tokens=20, temperature=0.9, seed=7),
                 dict(max_tokens=5, temperature=0.7, seed=3), dict(max_tokens=16, temperature=0)]
     alone = [run_alone(llm, p, logits_log, **kw) for p, kw in zip(PROMPTS, settings)]
@@ -208,8 +214,10 @@ def test_the_pool(rng):
     pool.free("a")
     pool.reserve("c", 1)
     assert list(pool.slots("c", 0, 1)) == [0]                   # the pages freed last go first
-    with pytest.raises(ValueError, match="must be F16 or F32"):
+    with pytest.raises(ValueError, match="multiple of 32, not 8"):
         PagedKVCache(1, 16, 1, 8, type=gg.Q4_0)
+    with pytest.raises(ValueError, match="must be one of f32, f16, q8_0, q4_0, int8, got Q5_0"):
+        PagedKVCache(1, 16, 1, 32, type=gg.Q5_0)
 
 
 def test_two_batches_of_one_llama_share_the_pool_without_mixing(logits_log):

@@ -299,7 +299,11 @@ def test_bad_arguments():
         gg.Llama("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="kv_type"):
         gg.Llama(model_path("f32"), kv_type="q8")
-    with pytest.raises(ValueError, match="Llama: kv_type must be 'f16' or 'f32', got Q8_0"):
+    with pytest.raises(ValueError, match="Llama: kv_type must be one of f32, f16, q8_0, q4_0, "
+                                         "int8, got Q5_1"):
+        gg.Llama(model_path("f32"), kv_type=gg.Q5_1)
+    with pytest.raises(ValueError, match="a Q8_0 KV cache needs a head size that is a multiple "
+                                         "of 32, not 16"):
         gg.Llama(model_path("f32"), kv_type=gg.Q8_0)
     for same in ("F32", gg.F32, 0):          # a type by name in any case, or its number
         assert gg.Llama(model_path("f32"), n_ctx=16, kv_type=same).model.cache.type == gg.F32

@@ -665,7 +665,7 @@ def test_bench_measures_every_profile_and_stage(tmp_path):
 def test_cli_bench_and_analyze(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert tune_main(["--model-shape", "1.1B", "--type", "F32", "--m-max", "1", "--n-threads", "1",
-                      "-o", str(out), "-q"]) == 0
+                      "--kv-types", "none", "-o", str(out), "-q"]) == 0
     data = tune.load(out)
     assert {s.key[:2] for s in data.shapes} == {s[:2] for s in preset_shapes("1.1B", gg.F32)}
     capsys.readouterr()
@@ -686,7 +686,8 @@ def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_pat
     monkeypatch.setattr(tune_cli, "bench", fake_bench)
     for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2])]:
         monkeypatch.setattr(ggml_py.core.graph, "default_threads", lambda: cores)
-        assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q"]) == 0
+        assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q",
+                          "--kv-types", "none"]) == 0
         assert asked.pop() == expected
 
 
@@ -701,9 +702,31 @@ def test_without_a_model_ggml_tune_benches_the_bundled_one(tmp_path, monkeypatch
         asked.append((model, shapes))
         return synthetic_data()
     monkeypatch.setattr(tune_cli, "bench", fake_bench)
-    assert tune_main(["-o", str(tmp_path / "t.json"), "-q"]) == 0
+    assert tune_main(["-o", str(tmp_path / "t.json"), "-q", "--kv-types", "none"]) == 0
     assert asked == [matrix_shapes(GGUFModelFile(default_model_path()))]
     assert tune.load(tmp_path / "t.json").model == "synthetic"
+
+
+def test_ggml_tune_benches_the_attention_of_each_kv_type(tmp_path, monkeypatch):
+    from ggml_py.cli import tune as tune_cli
+    from ggml_py.tune.attention import bench_attention
+    asked = []
+    monkeypatch.setattr(tune_cli, "bench", lambda *args, **kwargs: synthetic_data())
+
+    def small(shapes, thread_counts):
+        asked.append(shapes)
+        return bench_attention(shapes, thread_counts, tokens=[1], lengths=[8, 16], repetitions=1)
+    monkeypatch.setattr(tune_cli, "bench_attention", small)
+    assert tune_main(["-o", str(tmp_path / "t.json"), "-q", "--kv-types", "int8,q4_0,f16",
+                      "--n-threads", "1"]) == 0
+    # the bundled model: heads of 32, 8 of them, 8 KV heads
+    assert asked == [[(32, 8, 8, gg.I8, gg.I8), (32, 8, 8, gg.Q4_0, gg.Q4_0),
+                      (32, 8, 8, gg.F16, gg.F16)]]
+    data = tune.load(tmp_path / "t.json")
+    assert [a.key for a in data.attention] == asked[0]
+    assert data.attention_estimates(32, 8, 8, gg.I8, gg.I8, 1, 12, 1)
+    with pytest.raises(SystemExit):
+        tune_main(["-o", str(tmp_path / "t.json"), "--kv-types", "q5_0"])
 
 
 def test_cli_errors(tmp_path, capsys):

@@ -13,7 +13,7 @@ import time
 
 import ggml_py as gg
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, number, open_llama, positive_int, process_escapes, run)
+                                kv_options, number, open_llama, positive_int, process_escapes, run)
 from ggml_py.model.bundled import default_model_path
 
 PROG = "ggml-batched"
@@ -90,7 +90,7 @@ def main(argv=None):
     prompts = read_prompts(args)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**31)
     llm, warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                               n_batch=args.batch_size, kv_type=kv_type(parser, args),
+                               n_batch=args.batch_size, **kv_options(args),
                                use_mmap=args.use_mmap, tp=args.tp, n_seq_max=args.parallel)
     for message in warnings:
         log(f"batched: warning: {message}")

@@ -232,10 +232,7 @@ def add_model_arguments(parser, ctx_default):
                         help="do not process escape sequences")
     parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
                         help="most tokens evaluated at once (default: 512)")
-    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
-                        help="KV cache type for K (default: f16)")
-    parser.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default=None,
-                        help="KV cache type for V (default: as K; must equal K)")
+    add_kv_arguments(parser)
     parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
@@ -249,6 +246,28 @@ def add_model_arguments(parser, ctx_default):
     parser.add_argument("--tune-file", metavar="FNAME",
                         help="load MUL_MAT tune data (ggml-tune) to schedule with; with --tune, "
                              "write it there and exit")
+
+
+KV_TYPE_CHOICES = ("f32", "f16", "q8_0", "q4_0", "int8")
+ATTENTION_CHOICES = ("auto", "graph", "slim", "flash")
+
+
+def add_kv_arguments(parser):
+    """-ctk, -ctv (llama.cpp's names and types, plus int8) and --attention."""
+    parser.add_argument("-ctk", "--cache-type-k", choices=KV_TYPE_CHOICES, default="f16",
+                        help="KV cache type for K (default: f16; int8: one scale per token and "
+                             "head)")
+    parser.add_argument("-ctv", "--cache-type-v", choices=KV_TYPE_CHOICES, default=None,
+                        help="KV cache type for V (default: as K)")
+    parser.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
+                        help="attention: one node (slim or flash profile; auto: the planner's "
+                             "choice) or the three-node graph (f16/f32 caches) (default: auto)")
+
+
+def kv_options(args):
+    """The Llama keyword arguments of -ctk, -ctv and --attention."""
+    return {"kv_type": args.cache_type_k, "kv_type_v": args.cache_type_v or args.cache_type_k,
+            "attention": args.attention}
 
 
 def setup_tune(llm, args, log):
@@ -337,13 +356,6 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return llm, messages
-
-
-def kv_type(parser, args):
-    """The KV cache type of -ctk ("f16" or "f32"); a -ctv that differs is a flag error (exit 2)."""
-    if args.cache_type_v is not None and args.cache_type_v != args.cache_type_k:
-        parser.error("the K and V cache types must be the same (-ctk / -ctv)")
-    return args.cache_type_k
 
 
 def run(prog, main, argv=None):

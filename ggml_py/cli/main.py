@@ -12,7 +12,7 @@ import sys
 import ggml_py as gg
 from ggml_py.cli import interactive
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, number, open_llama, positive_number, process_escapes,
+                                kv_options, number, open_llama, positive_number, process_escapes,
                                 read_prompt_file, run, setup_tune)
 from ggml_py.model.bundled import default_model_path
 from ggml_py.model.context_shift import kept_count
@@ -158,7 +158,6 @@ def main(argv=None):
     if "" in args.reverse_prompt:
         parser.error("argument -r/--reverse-prompt: expected a text, got ''")
     args.model = args.model or default_model_path()
-    cache_type = kv_type(parser, args)
     prompt = args.prompt if args.prompt_from == "prompt" else read_prompt_file(args.file)
     if args.escape:    # as llama.cpp: on by default, for -p and -f and the reverse prompts
         prompt = process_escapes(prompt)
@@ -166,7 +165,7 @@ def main(argv=None):
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                    n_batch=args.batch_size, kv_type=cache_type,
+                                    n_batch=args.batch_size, **kv_options(args),
                                     use_mmap=args.use_mmap, tp=args.tp)
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")

@@ -11,7 +11,7 @@ from ggml_py.cli.common import (
     ArgumentParser,
     add_model_arguments,
     console_script,
-    kv_type,
+    kv_options,
     open_llama,
     positive_int,
     run,
@@ -65,7 +65,6 @@ def main(argv=None):
         parser.error(f"--max-queue must be at least 0, got {args.max_queue}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
-    cache_type = kv_type(parser, args)
     try:
         from ggml_py.serve.app import Settings, model_names
         from ggml_py.serve.run import Server, bind, url_of
@@ -89,7 +88,7 @@ def main(argv=None):
 
     def load():
         llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                   n_batch=args.batch_size, kv_type=cache_type,
+                                   n_batch=args.batch_size, **kv_options(args),
                                    use_mmap=args.use_mmap, n_seq_max=args.parallel,
                                    pool_contexts=args.parallel)
         for message in warnings:

@@ -215,6 +215,29 @@ def choose_mul_mat_profile(node, n_threads, tune):
     return "fallback", None
 
 
+def choose_attention_profile(node, n_threads, tune):
+    """Set an ATTENTION node's profile (slim or flash) from tune data where its shape
+    (head size, heads, KV heads, K and V types) was benched at n_threads, else by the
+    rule (slim while its score buffer is small: ggml_py_attention_default_profile_index).
+
+    Returns (reason, estimated µs or None). The longest list a token can have stands
+    for the context length (the window of a single sequence, or the lists of a step).
+    """
+    q, k, v, index = node.src[:4]
+    T, H, D = q.shape
+    longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+    estimates = getattr(tune, "attention_estimates", None)
+    if estimates is not None:
+        own = {p.name: p for p in node.profiles()}
+        for estimate, name in estimates(D, H, k.shape[1] // D, k.type, v.type, T, longest,
+                                        n_threads):
+            if name in own:
+                node._plan_profile(own[name])
+                return "tuned", estimate
+    node._plan_profile(node.default_profile())
+    return "fallback", None
+
+
 def topological_order(outputs):
     """Every tensor the outputs depend on, sources before users (ggml's DFS order)."""
     order, seen = [], set()
@@ -295,14 +318,15 @@ class Graph:
                         "(build the graph again)")
 
     def plan(self, n_threads=None, tune=None):
-        """Choose each MUL_MAT node's profile and report the plan at n_threads.
+        """Choose each MUL_MAT and ATTENTION node's profile and report the plan at n_threads.
 
         tune: TuneData (ggml_py.tune.data); for each MUL_MAT node whose (N, K, type)
         was benched at this thread count, the profile with the smallest
         estimated time at the node's M is chosen ("tuned"); at a thread count
         between two benched ones, from times interpolated between theirs
-        ("estimated"); other nodes get ggml's rule ("fallback"). Profiles set by
-        hand are kept ("user").
+        ("estimated"); other nodes get ggml's rule ("fallback"); ATTENTION nodes
+        likewise by their shape (choose_attention_profile). Profiles set by hand
+        are kept ("user").
         n_threads: 1..256, None for default_threads().
         """
         n_threads = thread_count(n_threads, "plan")
@@ -312,6 +336,8 @@ class Graph:
             reason, estimate = ("user" if t.profile_pinned else "default"), None
             if t.op == Op.MUL_MAT and not t.profile_pinned:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
+            elif t.op == Op.ATTENTION and not t.profile_pinned:
+                reason, estimate = choose_attention_profile(t, n_threads, tune)
             rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
                                 t._work_size(n_threads), reason, estimate))
         return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))

@@ -166,5 +166,8 @@ size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_thread
 int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
                              struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]);
 int ggml_py_mul_mat_default_profile_index(const struct ggml_py_tensor *node);
+int ggml_py_attention_profiles(const struct ggml_py_tensor *node,
+                               struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]);
+int ggml_py_attention_default_profile_index(const struct ggml_py_tensor *node);
 
 #endif /* GGML_PY_IMPL_H */

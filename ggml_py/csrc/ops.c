@@ -28,6 +28,7 @@ int ggml_py_op_profiles(const struct ggml_py_tensor *node,
         out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
         return 1;
     }
+    if (node->op == GGML_PY_OP_ATTENTION) return ggml_py_attention_profiles(node, out);
     out[0] = make_profile(0, "compute");
     out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
     return 1;
@@ -37,6 +38,7 @@ struct ggml_py_task_profile ggml_py_default_profile(const struct ggml_py_tensor 
     struct ggml_py_task_profile profiles[GGML_PY_MAX_PROFILES];
     ggml_py_op_profiles(node, profiles);
     if (node->op == GGML_PY_OP_MUL_MAT) return profiles[ggml_py_mul_mat_default_profile_index(node)];
+    if (node->op == GGML_PY_OP_ATTENTION) return profiles[ggml_py_attention_default_profile_index(node)];
     return profiles[0];
 }
 

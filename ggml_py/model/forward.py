@@ -20,15 +20,18 @@ PACKED_ATTENTION_MIN_T = 32   # batches from this size (BLAS's minimum M) copy K
 
 
 class ForwardGraph:
-    """A built forward pass for T tokens over a K-slot window, with its inputs."""
+    """A built forward pass for T tokens over a K-slot window, with its inputs: the
+    three-node attention's mask, or the attention op's kv_index (the other one None)."""
 
-    def __init__(self, ctx, tokens, positions, slots, mask, logits, graph, buffer_bytes=None):
+    def __init__(self, ctx, tokens, positions, slots, mask, logits, graph, buffer_bytes=None,
+                 kv_index=None):
         self.ctx, self.graph = ctx, graph
         self.buffer_bytes = buffer_bytes    # the packed intermediates (None: unpacked)
         self.tokens = tokens.numpy()        # int32 (T,)
         self.positions = positions.numpy()  # int32 (T,)
         self.slots = slots.numpy()          # int32 (T,)
-        self.mask = mask.numpy()            # float32 (T, K)
+        self.mask = None if mask is None else mask.numpy()               # float32 (T, K)
+        self.kv_index = None if kv_index is None else kv_index.numpy()   # int32 (2T + K,)
         self.logits = logits.numpy()        # float32 (n_out, V)
 
 
@@ -68,12 +71,19 @@ def attention_scale(c):
 
 
 def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
-    """Self-attention of layer il: x (T, E) -> (T, E); writes this batch's K, V rows."""
-    D, H = c.head_dim, c.n_head
+    """Self-attention of layer il in three nodes (mul_mat, soft_max, mul_mat over the
+    window of K slots, the reference): x (T, E) -> (T, E); writes this batch's K, V rows."""
     q, k, v = project_qkv(c, x, lw, positions, rope_freqs, T)
     keys, values = cache.store_and_load(x.ctx, il, k, v, slots, K)   # (Hkv, K, D) each
-    values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
+    out = graph_attention(q, keys, values, mask, attention_scale(c))   # (T, H*D)
+    return linear(lw.wo, out, lw.bo)                                # (T, E)
 
+
+def graph_attention(q, keys, values, mask, scale):
+    """softmax(scale q k^T + mask) v as three nodes: q (T, H, D), keys and values
+    (Hkv, K, D), mask (T, K) -> (T, H*D)."""
+    T, H, D = q.shape
+    values = ops.cont(ops.permute(values, (0, 2, 1)))              # (Hkv, D, K)
     queries = ops.permute(q, (1, 0, 2))                              # (H, T, D)
     if T >= PACKED_ATTENTION_MIN_T:
         # packed copies (a few MB), so that the products can take BLAS
@@ -81,19 +91,19 @@ def attention(c, x, lw, cache, il, positions, slots, mask, rope_freqs, T, K):
 
     # grouped-query attention: mul_mat broadcasts the Hkv heads over the H query heads
     scores = ops.mul_mat(keys, queries)                             # (H, T, K)
-    probs = ops.soft_max(scores, mask, attention_scale(c))          # (H, T, K)
+    probs = ops.soft_max(scores, mask, scale)                       # (H, T, K)
     out = ops.mul_mat(values, probs)                                # (H, T, D)
-    out = ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, H*D)
-    return linear(lw.wo, out, lw.bo)                                # (T, E)
+    return ops.reshape(ops.cont(ops.permute(out, (1, 0, 2))), (T, H * D))   # (T, H*D)
 
 
-def paged_attention(c, x, lw, cache, il, positions, slots, kv_index, rope_freqs, T):
-    """Self-attention of layer il over a paged cache: x (T, E) -> (T, E). Each token
-    attends to its own sequence's slots (kv_index: see ops.attention); this batch's
-    K, V rows are written at `slots` first."""
+def fused_attention(c, x, lw, cache, il, positions, slots, kv_index, rope_freqs, T):
+    """Self-attention of layer il as one node (gg.attention) over each token's list of
+    slots: x (T, E) -> (T, E). This batch's K, V rows are written at `slots` first
+    (cache.store: the single sequence's KVCache or the paged pool of batches)."""
     q, k, v = project_qkv(c, x, lw, positions, rope_freqs, T)
-    pool_k, pool_v = cache.store(x.ctx, il, k, v, slots)
-    out = ops.attention(q, pool_k, pool_v, kv_index, attention_scale(c))    # (T, H, D)
+    kv = cache.store(x.ctx, il, k, v, slots)
+    out = ops.attention(q, kv.k, kv.v, kv_index, attention_scale(c),
+                        kv.k_scales, kv.v_scales)                   # (T, H, D)
     return linear(lw.wo, ops.reshape(out, (T, c.n_head * c.head_dim)), lw.bo)   # (T, E)
 
 
@@ -104,7 +114,7 @@ def feed_forward(x, lw):
 
 
 def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=None,
-                        mask_buffer=None, reduce=None):
+                        mask_buffer=None, fused=False, reduce=None):
     """The forward pass of T tokens attending to K cache slots, as a ForwardGraph.
 
     n_out: logits are computed for the last n_out tokens only (1 to sample the
@@ -113,45 +123,59 @@ def build_forward_graph(c, weights, cache, T, K, n_out, packed=True, buffer_for=
     (graph_alloc); otherwise each has its own memory. buffer_for: see
     graph_alloc.build_packed (a buffer shared with other graphs). mask_buffer:
     a float32 array of T * K or more elements to hold the mask (shared with
-    other graphs that never run at the same time; None: the graph's own). reduce: see
+    other graphs that never run at the same time; None: the graph's own).
+    fused: attention as one node (gg.attention; its input kv_index, filled by
+    cache.fill_index) instead of three (the mask, filled by cache.fill_mask). reduce: see
     _layers.
     """
-    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer, reduce)
+    build = _forward_builder(c, weights, cache, T, K, n_out, mask_buffer, fused, reduce)
     if packed:
         leaf_bytes = _leaf_bytes(c, T, 0 if mask_buffer is not None else K)
         built = build_packed(build, lambda r: [r[-1]], leaf_bytes, buffer_for)
-        return ForwardGraph(*built.result[:5], logits=built.result[5], graph=built.graph,
-                            buffer_bytes=built.buffer_bytes)
+        return _forward_graph(built.result, built.graph, fused, built.buffer_bytes)
     # every result its own memory: the arena a first build (structs only) counts, each
     # result aligned
     plan = plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K))
     arena = plan.other_bytes + plan.unpacked_bytes + _core.ARENA_ALIGN * len(plan.sizes)
-    ctx, tokens, positions, slots, mask, logits = build(Context(mem_size=arena))
-    return ForwardGraph(ctx, tokens, positions, slots, mask, logits, build_forward(logits))
+    result = build(Context(mem_size=arena))
+    return _forward_graph(result, build_forward(result[-1]), fused)
 
 
-def forward_graph_bytes(c, weights, cache, T, K, n_out, reduce=None):
+def _forward_graph(result, graph, fused, buffer_bytes=None):
+    ctx, tokens, positions, slots, mask_or_index, logits = result
+    return ForwardGraph(ctx, tokens, positions, slots, None if fused else mask_or_index, logits,
+                        graph, buffer_bytes, kv_index=mask_or_index if fused else None)
+
+
+def forward_graph_bytes(c, weights, cache, T, K, n_out, fused=False, reduce=None):
     """Bytes of the packed intermediates of build_forward_graph(..., T, K, n_out), found
     without building it (tensor structs only)."""
-    build = _forward_builder(c, weights, cache, T, K, n_out, reduce=reduce)
+    build = _forward_builder(c, weights, cache, T, K, n_out, fused=fused, reduce=reduce)
     return plan_packed(build, lambda r: [r[-1]], _leaf_bytes(c, T, K)).buffer_bytes
 
 
-def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None, reduce=None):
-    """build(ctx) -> (ctx, tokens, positions, slots, mask, logits) of the forward pass."""
+def _forward_builder(c, weights, cache, T, K, n_out, mask_buffer=None, fused=False, reduce=None):
+    """build(ctx) -> (ctx, tokens, positions, slots, mask or kv_index, logits)."""
     def build(ctx):
         tokens = ctx.new_tensor(Type.I32, (T,), name="tokens")
         positions = ctx.new_tensor(Type.I32, (T,), name="positions")
         slots = ctx.new_tensor(Type.I32, (T,), name="kv_slots")
-        if mask_buffer is None:
-            mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+        if fused:
+            kv_index = ctx.new_tensor(Type.I32, (2 * T + K,), name="kv_index")
+            x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: fused_attention(
+                c, h, lw, cache, il, positions, slots, kv_index, rope_freqs, T), reduce)
+            inputs = kv_index
         else:
-            mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
-        x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: attention(
-            c, h, lw, cache, il, positions, slots, mask, rope_freqs, T, K), reduce)
+            if mask_buffer is None:
+                mask = ctx.new_tensor(Type.F32, (T, K), name="kq_mask")
+            else:
+                mask = ctx.from_buffer(mask_buffer[:T * K], Type.F32, (T, K), name="kq_mask")
+            x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: attention(
+                c, h, lw, cache, il, positions, slots, mask, rope_freqs, T, K), reduce)
+            inputs = mask
         if n_out < T:           # the output matrix is the largest: skip unwanted rows
             x = ops.view(x, (n_out, c.n_embd), offset=(T - n_out) * x.strides[0])
-        return ctx, tokens, positions, slots, mask, _logits(ctx, c, weights, x)
+        return ctx, tokens, positions, slots, inputs, _logits(ctx, c, weights, x)
     return build
 
 
@@ -211,7 +235,7 @@ def build_step_graph(c, weights, cache, R, N, n_out, buffer_for=None, reduce=Non
         slots = ctx.new_tensor(Type.I32, (R,), name="kv_slots")
         kv_index = ctx.new_tensor(Type.I32, (2 * R + N,), name="kv_index")
         out_rows = ctx.new_tensor(Type.I32, (n_out,), name="out_rows")
-        x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: paged_attention(
+        x = _layers(ctx, c, weights, tokens, lambda h, lw, il, rope_freqs: fused_attention(
             c, h, lw, cache, il, positions, slots, kv_index, rope_freqs, R), reduce)
         if n_out < R:
             x = ops.get_rows(x, out_rows)                               # (n_out, E)

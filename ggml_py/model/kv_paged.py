@@ -14,11 +14,10 @@ Shapes are numpy order: Hkv = n_head_kv, D = head_dim.
 """
 import numpy as np
 
-from ggml_py.core import ops
 from ggml_py.core.types import Type, checked_int
+from ggml_py.model.kv_rows import KVRows, kv_type
 
 PAGE_SIZE = 16            # tokens per page (docs/batching.md has the measurements)
-KV_TYPES = (Type.F16, Type.F32)
 
 
 class KVPoolFull(RuntimeError):
@@ -26,29 +25,24 @@ class KVPoolFull(RuntimeError):
 
 
 class PagedKVCache:
-    """K and V rows of every layer in pages: k[l], v[l] (n_pages * page_size, Hkv*D)."""
+    """K and V rows of every layer in pages: k[l], v[l] (n_pages * page_size, Hkv*D), in
+    the pool's types (kv_rows.py)."""
 
-    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, page_size=PAGE_SIZE):
+    def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, type_v=None,
+                 page_size=PAGE_SIZE):
         n_layer, n_ctx, n_head_kv, head_dim, page_size = (
             checked_int(f"PagedKVCache: {name}", value, low=1) for name, value in
             (("n_layer", n_layer), ("n_ctx", n_ctx), ("n_head_kv", n_head_kv),
              ("head_dim", head_dim), ("page_size", page_size)))
-        type = Type.of(type, "PagedKVCache")
-        if type not in KV_TYPES:
-            raise ValueError(f"KV cache type must be F16 or F32, got {type.name}")
-        self.type, self.page_size = type, page_size
+        self.type = kv_type(type, "PagedKVCache: type")
+        self.type_v = self.type if type_v is None else kv_type(type_v, "PagedKVCache: type_v")
+        self.page_size = page_size
         self.n_head_kv, self.head_dim = n_head_kv, head_dim
         self.n_pages = -(-n_ctx // page_size)
         self.n_slots = self.n_pages * page_size
-        dtype = np.float16 if type == Type.F16 else np.float32
-        shape = (self.n_slots, n_head_kv * head_dim)
-        try:
-            self.k = [np.zeros(shape, dtype) for _ in range(n_layer)]
-            self.v = [np.zeros(shape, dtype) for _ in range(n_layer)]
-        except (MemoryError, ValueError, OverflowError):
-            size = 2 * n_layer * shape[0] * shape[1] * np.dtype(dtype).itemsize
-            raise ValueError(f"cannot allocate the KV pool for n_ctx={n_ctx}: "
-                             f"{size / 2**30:.1f} GiB") from None
+        self.rows = KVRows(n_layer, self.n_slots, n_head_kv, head_dim, self.type, self.type_v,
+                           f"the KV pool for n_ctx={n_ctx}")
+        self.k, self.v = self.rows.k, self.rows.v
         self._free = list(range(self.n_pages - 1, -1, -1))   # pop() takes the lowest first
         self._tables = {}      # sequence id -> its pages, in position order
         self._lengths = {}     # sequence id -> positions held (0..n-1)
@@ -57,8 +51,13 @@ class PagedKVCache:
 
     @property
     def nbytes(self):
-        """Bytes of the pool: 2 * n_layer * n_slots * Hkv*D * element size."""
-        return sum(a.nbytes for a in self.k + self.v)
+        """Bytes of the pool (int8 scales included): n_slots * bytes_per_token."""
+        return self.rows.nbytes
+
+    @property
+    def bytes_per_token(self):
+        """Bytes one token holds over all layers, K and V."""
+        return self.rows.bytes_per_token()
 
     @property
     def pages_free(self):
@@ -132,18 +131,15 @@ class PagedKVCache:
         """Copy every layer's K, V rows at slots src to slots dst (int32 arrays of one
         length), K rotated by rerope(k_rows, -n_back) for positions n_back lower: shift's
         copy (the processes of a split model each make it in their own pool)."""
-        for k, v in zip(self.k, self.v):
-            rows = k[src].astype(np.float32)
+        for il in range(len(self.k)):
+            rows = self.rows.keys_f32(il, src)
             rerope(rows, -n_back)
-            k[dst] = rows
-            v[dst] = v[src]
+            self.rows.set_keys(il, dst, rows)
+            self.rows.move(il, src, dst)
 
     # ---- graph ops ------------------------------------------------------------------
 
     def store(self, ctx, il, k, v, slots):
         """Graph ops of layer il: write k, v (T, Hkv*D) into the pool rows at `slots`
-        (I32 (T,)); the written pools (slots, Hkv*D), to be read after the writes."""
-        shape = (self.n_slots, self.n_head_kv * self.head_dim)
-        pool_k = ctx.from_buffer(self.k[il], self.type, shape, name=f"kv_pool_k.{il}")
-        pool_v = ctx.from_buffer(self.v[il], self.type, shape, name=f"kv_pool_v.{il}")
-        return ops.set_rows(pool_k, k, slots), ops.set_rows(pool_v, v, slots)
+        (I32 (T,)); the written pools as a kv_rows.AttentionKV, to be read after the writes."""
+        return self.rows.store(ctx, il, k, v, slots, "kv_pool")

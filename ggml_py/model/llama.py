@@ -20,12 +20,17 @@ from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.config import LlamaConfig, context_size
 from ggml_py.model.forward import build_forward_graph, build_step_graph, forward_graph_bytes
 from ggml_py.model.kv_cache import KVCache
+from ggml_py.model.kv_rows import GRAPH_KV_TYPES
 from ggml_py.model.weights import LlamaWeights
 
 KV_PAD = 256          # the attention window grows in steps of this many slots
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
 MAX_GRAPHS = 64       # ... and at most
 RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
+# how attention is computed (docs/attention.md): "graph" the three nodes mul_mat, soft_max,
+# mul_mat (F16 / F32 caches, the single sequence only); "slim" / "flash" the attention op
+# with that profile; "auto" the attention op, its profile chosen by the planner
+ATTENTION_MODES = ("auto", "graph", "slim", "flash")
 
 
 _live_models = weakref.WeakSet()
@@ -50,9 +55,28 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_free_locks_after_fork)
 
 
-def default_cache(config, n_ctx, kv_type):
-    """The stock KV cache for a model of `config`: n_ctx slots of kv_type (F16 or F32)."""
-    return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type)
+def default_cache(config, n_ctx, kv_type, kv_type_v=None):
+    """The stock KV cache for a model of `config`: n_ctx slots of kv_type (K) and kv_type_v
+    (V; None: as K), any of kv_rows.KV_TYPES."""
+    return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type,
+                   type_v=kv_type_v)
+
+
+def check_attention(mode, where):
+    """mode if it is one of ATTENTION_MODES, else ValueError naming `where`."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"{where}: attention must be one of {', '.join(ATTENTION_MODES)}, "
+                         f"got {mode!r:.40}")
+    return mode
+
+
+def pin_attention(graph, mode):
+    """Pin every ATTENTION node of graph to the profile named mode ('slim' or 'flash');
+    other modes leave them to the planner."""
+    if mode in ("slim", "flash"):
+        for t in graph.nodes:
+            if t.op == Op.ATTENTION:
+                t.profile = next(p for p in t.profiles() if p.name == mode)
 
 
 def pin_row_invariant(graph):
@@ -71,13 +95,23 @@ class LlamaModel:
     """
 
     def __init__(self, path, n_ctx=None, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter):
+                 packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter,
+                 kv_type_v=None, attention="auto"):
         """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
-        clock: what build_s is timed with (seconds)."""
+        clock: what build_s is timed with (seconds); kv_type_v: V's cache type (None:
+        kv_type); attention: one of ATTENTION_MODES."""
+        self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config, self.weights = self._load(self.file)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
-        self._cache = make_cache(self.config, self.n_ctx, kv_type)
+        if attention == "graph" and not {kv_type, kv_type_v or kv_type} <= set(GRAPH_KV_TYPES):
+            raise ValueError(f"attention='graph' reads F16 and F32 caches, not "
+                             f"{Type(kv_type).name} / {Type(kv_type_v or kv_type).name}: "
+                             f"quantized caches are read by the attention op (slim, flash)")
+        if kv_type_v is None or kv_type_v == kv_type:
+            self._cache = make_cache(self.config, self.n_ctx, kv_type)
+        else:
+            self._cache = make_cache(self.config, self.n_ctx, kv_type, kv_type_v)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
@@ -122,6 +156,15 @@ class LlamaModel:
             g.graph.plan(self.n_threads, tune=data)
             self._share_work(g.graph)
 
+    def fused(self, T):
+        """Whether a forward of T tokens computes attention with the attention op (one
+        node over each token's slot list) or with the three nodes: the op unless
+        attention="graph" or the cache has only the three-node interface."""
+        if self.attention == "graph":
+            return False
+        cache = self._cache
+        return callable(getattr(cache, "fill_index", None)) and callable(getattr(cache, "store", None))
+
     def graph(self, T, K, n_out):
         """The cached forward graph for (T, K, n_out), built on first use."""
         key = (T, K, n_out)
@@ -135,15 +178,18 @@ class LlamaModel:
                 # spare, as the packing is not monotone in K (a smaller window has needed 6 %
                 # more), though a graph that needs more still gets it
                 need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T,
-                                           reduce=self.reduce)
+                                           fused=self.fused(T), reduce=self.reduce)
                 self._intermediates_for(need + need // RESERVE_SPARE)
-                self._masks_for(T * self.n_ctx)
+                if not self.fused(T):
+                    self._masks_for(T * self.n_ctx)
                 self._reserved_for.add(T)
+            fused = self.fused(T)
             g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
                                     self.packed, buffer_for=self._intermediates_for,
-                                    mask_buffer=self._masks_for(T * K) if self.packed else None,
-                                    reduce=self.reduce)
+                                    mask_buffer=self._masks_for(T * K) if self.packed and not fused
+                                    else None, fused=fused, reduce=self.reduce)
             self._graphs[key] = g
+            pin_attention(g.graph, self.attention)
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
@@ -169,6 +215,7 @@ class LlamaModel:
                                  reduce=self.reduce)
             if invariant:
                 pin_row_invariant(g.graph)
+            pin_attention(g.graph, self.attention)
             self._graphs[key] = g
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
@@ -265,7 +312,10 @@ class LlamaModel:
             g.tokens[:] = tokens
             g.positions[:] = positions
             g.slots[:] = slots
-            cache.fill_mask(g.mask, positions)
+            if g.kv_index is not None:
+                cache.fill_index(g.kv_index, positions)
+            else:
+                cache.fill_mask(g.mask, positions)
             pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
             g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
         except BaseException:

@@ -23,15 +23,15 @@ from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.batch import Batch
 from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
 from ggml_py.model.kv_paged import PAGE_SIZE, PagedKVCache
-from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache
+from ggml_py.model import kv_rows
+from ggml_py.model.llama import KV_PAD, LlamaModel, check_attention, default_cache
 from ggml_py.model.weights import matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import stop_strings, until_stop
 from ggml_py.model.timings import Timings
 from ggml_py.tokenizer.tokenizer import Tokenizer
-from ggml_py.core.types import Type, checked_int
+from ggml_py.core.types import checked_int
 
-KV_TYPES = (Type.F16, Type.F32)
 DEFAULT_SEQ_MAX = 8       # sequences a batch runs at once
 TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
 # exact types whose values numpy holds as integers (bool is not one: True is no token id)
@@ -127,11 +127,15 @@ class Llama:
     n_ctx: KV cache size in tokens (None: 2048, or the model's training context when that
     is smaller, as the programs' default; 0: the model's training context).
     n_batch: most tokens evaluated in one graph (longer inputs are split).
-    kv_type: 'f16' (default) or 'f32' cache.
+    kv_type: the KV cache type of K: 'f16' (default), 'f32', 'q8_0', 'q4_0' or 'int8' (int8
+    with one scale per token and head); kv_type_v: V's (None: as K). docs/attention.md.
+    attention: 'auto' (default), 'graph' (three nodes, F16/F32 caches; the single sequence
+    only), 'slim' or 'flash' (the attention op with that profile).
     n_threads: 1..256 (None: the physical cores).
     kv_pad: the attention window grows in steps of this many slots.
-    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
-    see ggml_py/model/kv_cache.py for the members the model uses).
+    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (with kv_type_v
+    too when it differs) (None: a KVCache; see ggml_py/model/kv_cache.py for the members
+    the model uses).
     n_seq_max: most sequences a batch() runs at once (more wait); its pages come from a
     pool of n_ctx tokens, allocated at the first batch() (docs/batching.md).
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
@@ -147,18 +151,18 @@ class Llama:
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
-                 clock=time.perf_counter):
+                 clock=time.perf_counter, kv_type_v=None, attention="auto"):
         if not callable(clock):
             raise TypeError(f"Llama: clock must be callable () -> seconds, got "
                             f"{type(clock).__name__}")
         t0 = clock()
         self._n_seq_max = checked_int("n_seq_max", n_seq_max, low=1)
-        kv_type = Type.of(kv_type, "Llama: kv_type")
+        kv_type = kv_rows.kv_type(kv_type, "Llama: kv_type")
+        kv_type_v = kv_type if kv_type_v is None else kv_rows.kv_type(kv_type_v, "Llama: kv_type_v")
+        check_attention(attention, "Llama")
         if make_cache is not None and not callable(make_cache):
             raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
                             f"cache, got {type(make_cache).__name__}")
-        if kv_type not in KV_TYPES:
-            raise ValueError(f"Llama: kv_type must be 'f16' or 'f32', got {kv_type.name}")
         n_ctx = None if n_ctx is None else checked_int("n_ctx", n_ctx, low=0)
         n_batch = checked_int("n_batch", n_batch, low=1)
         kv_pad = checked_int("kv_pad", kv_pad, low=1)
@@ -173,10 +177,11 @@ class Llama:
                                       self.model_path, n_ctx=n_ctx, kv_type=kv_type,
                                       n_threads=n_threads, kv_pad=kv_pad,
                                       make_cache=make_cache or default_cache,
-                                      use_mmap=bool(use_mmap), clock=clock)
+                                      use_mmap=bool(use_mmap), clock=clock, kv_type_v=kv_type_v,
+                                      attention=attention)
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
-        self._kv_type = kv_type
+        self._kv_type, self._kv_type_v = kv_type, kv_type_v
         self._kv_pool = None      # the paged cache of batch(), made at its first use
         self._sequence_ids = itertools.count()   # ids of batches' sequences: one pool, no two alike
         self.shift_log = []       # (kept, dropped) of each context shift of the sequence, in order
@@ -577,7 +582,7 @@ class Llama:
         if self._kv_pool is None:
             c = self.config    # (a closed Llama raises here)
             self._kv_pool = PagedKVCache(c.n_layer, self.n_ctx(), c.n_head_kv, c.head_dim,
-                                         type=self._kv_type)
+                                         type=self._kv_type, type_v=self._kv_type_v)
         return self._kv_pool
 
     def kv_pages_used(self):

@@ -12,9 +12,17 @@ A tune file is JSON, self-contained and versioned (see docs/tune.md):
                                "times_us": {"1": {"init": [...], "compute": [...]}, ...}}]}]}
 
 Times are the fastest of the passes, in microseconds, one per M of m_values.
+
+An optional "attention" list holds the attention op's profiles per shape (tune/attention.py):
+
+    "attention": [{"head_dim": 64, "n_head": 32, "n_head_kv": 4, "type_k": "F16", "type_v": "F16",
+                   "tokens": [1, 16, 256], "lengths": [256, 1024, 4096],
+                   "times_us": {"slim": {"2": [[...one per length...], ...one per token count]},
+                                "flash": {...}}}]
 """
 import errno
 import json
+import math
 import os
 import platform
 import stat
@@ -158,6 +166,38 @@ def between_threads(lo, t_lo, hi, t_hi, n_threads):
     return w * t_lo + (1 - w) * t_hi
 
 
+ATTENTION_PROFILES = ("slim", "flash")
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """The attention op's profiles benched for one shape: times_us[profile][n_threads] is a
+    list over `tokens` (query rows of the node) of lists over `lengths` (the longest list)."""
+    head_dim: int
+    n_head: int
+    n_head_kv: int
+    type_k: Type
+    type_v: Type
+    tokens: list
+    lengths: list
+    times_us: dict = field(default_factory=dict)
+
+    @property
+    def key(self):
+        """(head size, heads, KV heads, K type, V type)."""
+        return (self.head_dim, self.n_head, self.n_head_kv, self.type_k, self.type_v)
+
+    def estimate(self, profile, T, K, n_threads):
+        """Estimated µs of `profile` for T query tokens over lists of K: the benched token
+        count nearest T (by ratio), linear in K between the benched lengths; None where the
+        profile or n_threads was not benched."""
+        per = self.times_us.get(profile, {}).get(n_threads)
+        if per is None:
+            return None
+        i = min(range(len(self.tokens)), key=lambda j: abs(math.log(self.tokens[j] / max(T, 1))))
+        return interpolate(self.lengths, per[i], K)
+
+
 @dataclass
 class TuneData:
     """A whole tune file in memory."""
@@ -166,6 +206,18 @@ class TuneData:
     thread_counts: list
     shapes: list = field(default_factory=list)        # ShapeTimes
     system: dict = field(default_factory=current_system)
+    attention: list = field(default_factory=list)     # AttentionTimes
+
+    def attention_estimates(self, head_dim, n_head, n_head_kv, type_k, type_v, T, K, n_threads):
+        """[(estimated µs, profile name)] of the attention op for this shape, fastest first;
+        empty when the shape or the thread count was not benched."""
+        key = (head_dim, n_head, n_head_kv, Type.of(type_k, "attention_estimates"),
+               Type.of(type_v, "attention_estimates"))
+        shape = next((a for a in self.attention if a.key == key), None)
+        if shape is None:
+            return []
+        found = [(shape.estimate(p, T, K, n_threads), p) for p in shape.times_us]
+        return sorted((e, p) for e, p in found if e is not None)
 
     def shape(self, n, k, type):
         """The ShapeTimes of (N, K, type), or None (a scan: a file has at most MAX_SHAPES)."""
@@ -222,6 +274,13 @@ class TuneData:
                                  for t, per in p.times_us.items()},
                 } for p in s.profiles],
             } for s in self.shapes],
+            **({"attention": [{
+                "head_dim": a.head_dim, "n_head": a.n_head, "n_head_kv": a.n_head_kv,
+                "type_k": Type(a.type_k).name, "type_v": Type(a.type_v).name,
+                "tokens": list(a.tokens), "lengths": list(a.lengths),
+                "times_us": {p: {str(t): [[round(v, 3) for v in row] for row in per]
+                                 for t, per in by_t.items()} for p, by_t in a.times_us.items()},
+            } for a in self.attention]} if self.attention else {}),
         }
 
     def save(self, path):
@@ -424,7 +483,44 @@ def _from_json(obj, path, model, check_system):
             check.fail(f"{_describe(shape)} appears twice")
         seen.add(shape.key)
         data.shapes.append(shape)
+    for a in check.of_type(obj.get("attention", []), list, "attention"):
+        times = _attention_from_json(check.of_type(a, dict, "an attention shape"), check, data)
+        if any(b.key == times.key for b in data.attention):
+            check.fail(f"attention shape {times.key[:3]} {times.type_k.name}/{times.type_v.name} "
+                       f"appears twice")
+        data.attention.append(times)
     return data
+
+
+def _attention_from_json(a, check, data):
+    """AttentionTimes of one attention shape's JSON: known profiles and types, a time per
+    (token count, length), thread counts the file lists."""
+    types = []
+    for key in ("type_k", "type_v"):
+        name = check.of_type(a[key], str, key)
+        if name not in Type.__members__:
+            check.fail(f"unknown KV type {name!r:.20}")
+        types.append(Type[name])
+    tokens = check.ascending(a["tokens"], "attention tokens", MAX_M)
+    lengths = check.ascending(a["lengths"], "attention lengths", MAX_M)
+    if len(lengths) < 2:
+        check.fail("attention lengths must hold two or more lengths (estimates interpolate)")
+    times = {}
+    for profile, by_t in check.of_type(a["times_us"], dict, "attention times_us").items():
+        if profile not in ATTENTION_PROFILES:
+            check.fail(f"unknown attention profile {profile!r:.20}")
+        times[profile] = {}
+        for t, rows in check.of_type(by_t, dict, f"attention {profile} times").items():
+            n_threads = check.thread_key(t, data.thread_counts, f"attention {profile}")
+            rows = check.of_type(rows, list, f"attention {profile} times")
+            if len(rows) != len(tokens):
+                check.fail(f"attention {profile}: need one list of times per token count")
+            times[profile][n_threads] = [check.times(r, len(lengths), f"attention {profile}")
+                                         for r in rows]
+    return AttentionTimes(check.integer(a["head_dim"], "head_dim", 1),
+                          check.integer(a["n_head"], "n_head", 1),
+                          check.integer(a["n_head_kv"], "n_head_kv", 1), types[0], types[1],
+                          tokens, lengths, times)
 
 
 def _describe(shape):

@@ -11,7 +11,14 @@ import json
 import time
 
 import ggml_py as gg
-from ggml_py.cli.common import count_list, file_name, open_llama, positive_int
+from ggml_py.cli.common import (
+    add_kv_arguments,
+    count_list,
+    file_name,
+    kv_options,
+    open_llama,
+    positive_int,
+)
 from ggml_py.cli.common import run as run_reporting_errors
 from ggml_py.model.bundled import default_model_path, default_text_path
 
@@ -29,8 +36,7 @@ def add_arguments(parser):
                         help="tokens generated per sequence (default 128)")
     parser.add_argument("-t", "--threads", type=positive_int, default=None,
                         help="threads (default: physical cores)")
-    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
-                        help="KV cache type (default f16)")
+    add_kv_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", default=None, metavar="PNG",
                         help="draw aggregate decode tokens/s against B into this PNG "
@@ -82,8 +88,8 @@ def bench_batch(args):
     sizes = sorted(set(args.parallel) | {1})
     n_ctx = max(sizes) * (PROMPT_TOKENS + args.n_gen + 16)
     model = args.model or default_model_path()
-    llm, _ = open_llama(model, n_ctx=n_ctx, n_threads=args.threads, kv_type=args.cache_type_k,
-                        n_seq_max=max(sizes))
+    llm, _ = open_llama(model, n_ctx=n_ctx, n_threads=args.threads, n_seq_max=max(sizes),
+                        **kv_options(args))
     rows = []
     for n_seq in sizes:
         time_batch(llm, n_seq, args.n_gen)         # builds the graphs the timed run uses
