@@ -298,12 +298,23 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, tp=False, **kwargs):
+def serving_rank():
+    """Whether this process is a rank other than 0 of an mpiexec launch (with --tp it
+    computes its share of rank 0's steps and prints nothing)."""
+    comm = world()
+    return comm is not None and comm.Get_rank() > 0
+
+
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
+               tp=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
     program to log as llama.cpp does; other warnings are shown as Python shows them.
+    pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
+    given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
+    context itself, so a pool past the training context is not warned about.
 
     tp (--tp): under mpiexec with more than one process, the model is split over them;
     only rank 0 returns (the others serve its steps and then end the process)."""
@@ -312,10 +323,15 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, tp=F
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
+        given = n_ctx
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
+        if pool_contexts is not None and given is None:
+            n_ctx *= pool_contexts
         llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
     if llm.rank > 0:
         serve_and_exit(llm)
+    if pool_contexts is not None:
+        caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
     messages = []
     if tp and comm is None:
         messages.append("--tp: one process (mpiexec -n N starts N processes to split the model "
