@@ -296,3 +296,44 @@ def test_an_error_in_a_step_ends_every_rank(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@needs_mpi
+@pytest.mark.skipif(importlib.util.find_spec("uvicorn") is None, reason="needs the server extra")
+def test_the_server_runs_on_rank_0():
+    """mpiexec -n 2 ggml-server --tp: rank 0 serves HTTP, both compute; a request's text
+    is what one process's batch gives; SIGTERM ends every rank."""
+    import signal
+    import threading
+    import urllib.request
+    proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "ggml_py.cli.server",
+                             "--tp", "--port", "0", "-c", "512", "-np", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=ENV, cwd=CWD)
+    lines, ready = [], threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line)
+            if "ready:" in line:
+                ready.set()
+        ready.set()
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert ready.wait(120) and proc.poll() is None, "".join(lines)
+        url = next(line.split("listening on ")[1].split()[0] for line in lines
+                   if "listening on" in line)
+        body = json.dumps({"prompt": "ROMEO.", "max_tokens": 24, "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = json.loads(response.read())["choices"][0]["text"]
+        with pytest.warns(gg.TrainingContextWarning):      # 512 > the bundled model's 256
+            alone = gg.Llama(n_ctx=512, n_threads=1, n_seq_max=2)
+        assert text == alone.generate_batch(["ROMEO."], max_tokens=24, temperature=0)[0]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, "".join(lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -317,6 +317,13 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
+def serving_rank():
+    """Whether this process is a rank other than 0 of an mpiexec launch (with --tp it
+    computes its share of rank 0's steps and prints nothing)."""
+    comm = world()
+    return comm is not None and comm.Get_rank() > 0
+
+
 def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
                tp=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
@@ -327,6 +334,7 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
     given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
     context itself, so a pool past the training context is not warned about.
+
     tp (--tp): under mpiexec with more than one process, the model is split over them;
     only rank 0 returns (the others serve its steps and then end the process)."""
     comm = world() if tp else None

@@ -15,6 +15,7 @@ from ggml_py.cli.common import (
     open_llama,
     positive_int,
     run,
+    serving_rank,
     setup_tune,
 )
 from ggml_py.model.bundled import default_model_path
@@ -65,6 +66,13 @@ def main(argv=None):
         parser.error(f"--max-queue must be at least 0, got {args.max_queue}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
+    model = args.model or default_model_path()
+    load_args = {"n_threads": args.threads, "n_batch": args.batch_size, **kv_options(args),
+                 "use_mmap": args.use_mmap, "n_seq_max": args.parallel,
+                 "pool_contexts": args.parallel, "tp": args.tp}
+    if args.tp and serving_rank():
+        # another rank of a split model: no HTTP, its share of rank 0's steps (then exits)
+        open_llama(model, args.ctx_size, args.ctx_default, **load_args)
     try:
         from ggml_py.serve.app import Settings, model_names
         from ggml_py.serve.run import Server, bind, url_of
@@ -72,7 +80,6 @@ def main(argv=None):
         raise ValueError(f"the server needs the `server` extra: pip install 'ggml_py[server]' "
                          f"({e})") from None
     from ggml_py.tokenizer.chat_template import compile_template
-    model = args.model or default_model_path()
     template = None
     if args.chat_template is not None:
         try:
@@ -87,10 +94,7 @@ def main(argv=None):
                         context_shift=args.context_shift)
 
     def load():
-        llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                   n_batch=args.batch_size, **kv_options(args),
-                                   use_mmap=args.use_mmap, n_seq_max=args.parallel,
-                                   pool_contexts=args.parallel)
+        llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, **load_args)
         for message in warnings:
             log(f"warning: {message}")
         setup_tune(llm, args, log)

@@ -44,8 +44,9 @@ def world():
 
 def serve_and_exit(llm):
     """A program's rank other than 0: run rank 0's steps until it closes its Llama (it
-    does at exit), then end the process with status 0. Ctrl-C, which mpiexec passes to
-    every rank, is rank 0's to handle."""
+    does at exit), then end the process with status 0. Ctrl-C and SIGTERM, which mpiexec
+    passes to every rank, are rank 0's to handle (rank 0 ending by one ends the job)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     llm.serve()
     raise SystemExit(0)
