@@ -15,7 +15,9 @@ tokens once (timed: the prompt's tokens/s, in batches of -b), the other stays em
 for --rounds rounds, each config and llama.cpp in turn decode -n tokens greedily after the
 prompt (the cache cut back to it before each) and -n tokens from the empty context; the
 best round of each is kept. Printed per config: decode tokens/s at depth and from empty,
-their ratio, and llama.cpp's. Never part of the tests.
+their ratio, and llama.cpp's. --pp N adds, to each round, N prompt tokens evaluated after the
+-d ones (one batch of -b at most each; the cache cut back after): the prompt speed where
+attention weighs most. Never part of the tests.
 """
 import argparse
 import json
@@ -83,6 +85,13 @@ def llama_cpp_worker():
             for i in range(0, len(tokens), n_batch):
                 decode(tokens[i:i + n_batch], i, i + n_batch >= len(tokens))
             print(json.dumps({"s": time.perf_counter() - t0}), flush=True)
+        elif job["cmd"] == "more":
+            start, tokens, n_batch = job["start"], job["tokens"], job["n_batch"]
+            L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, start, -1)
+            t0 = time.perf_counter()
+            for i in range(0, len(tokens), n_batch):
+                decode(tokens[i:i + n_batch], start + i, i + n_batch >= len(tokens))
+            print(json.dumps({"s": time.perf_counter() - t0}), flush=True)
         elif job["cmd"] == "decode":
             start, n = job["start"], job["n"]
             L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, start, -1)
@@ -124,6 +133,15 @@ def ggml_py_decode(llm, start, n, token=1):
     return time.perf_counter() - t0
 
 
+def ggml_py_prompt(llm, start, tokens):
+    """Seconds to evaluate tokens after the first `start` of llm's sequence."""
+    llm.tokens = llm.tokens[:start]
+    llm.model.cache.truncate(start)
+    t0 = time.perf_counter()
+    llm._decode(tokens)
+    return time.perf_counter() - t0
+
+
 def main():
     import ggml_py as gg
 
@@ -134,12 +152,13 @@ def main():
     p.add_argument("-b", "--batch-size", type=int, default=512)
     p.add_argument("-t", "--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--pp", type=int, default=0, help="prompt tokens timed after the -d ones")
     p.add_argument("--configs", default="graph:f16:f16,auto:f16:f16,auto:int8:int8,auto:q8_0:q8_0")
     p.add_argument("--llama-cpp-python", default=None,
                    help="a Python interpreter that can import llama_cpp (none: ggml_py alone)")
     args = p.parse_args()
     configs = [tuple(c.split(":")) for c in args.configs.split(",")]
-    n_ctx = args.depth + args.n_gen + 16
+    n_ctx = args.depth + max(args.n_gen, args.pp) + 16
     worker = Worker(args.llama_cpp_python) if args.llama_cpp_python else None
     rows = []
     for attention, ctk, ctv in configs:
@@ -151,7 +170,7 @@ def main():
         llms[0]._decode(prompt)
         key = f"{attention}:{ctk}:{ctv}"
         row = {"config": key, "llms": llms,
-               "prefill_ts": args.depth / (time.perf_counter() - t0), "best": [np.inf] * 4}
+               "prefill_ts": args.depth / (time.perf_counter() - t0), "best": [np.inf] * 6}
         if worker is not None:
             flash = "disabled" if attention == "graph" else ("enabled" if ctv != "f16" else "auto")
             for which, size in (("d", n_ctx), ("0", args.n_gen + 16)):
@@ -174,6 +193,13 @@ def main():
                                      token=1)["s"],
                           worker.ask(cmd="decode", key=key + "0", start=0, n=args.n_gen,
                                      token=1)["s"]]
+            times += [np.inf] * (4 - len(times))
+            if args.pp:
+                more = np.random.default_rng(r).integers(3, row["llms"][0].n_vocab(), args.pp).tolist()
+                times.append(ggml_py_prompt(row["llms"][0], args.depth, more))
+                times.append(worker.ask(cmd="more", key=row["config"] + "d", start=args.depth,
+                                        tokens=more, n_batch=args.batch_size)["s"]
+                             if worker is not None else np.inf)
             if r:
                 row["best"] = [min(b, t) for b, t in zip(row["best"], times + [np.inf] * 2)]
     print(f"\n{args.model}, {args.threads} threads, decode of {args.n_gen} tokens after "
@@ -184,6 +210,14 @@ def main():
         ts = [args.n_gen / b if np.isfinite(b) else float("nan") for b in row["best"]]
         print(f"| {row['config']} | {ts[0]:.2f} | {ts[1]:.2f} | {ts[0] / ts[1]:.3f} | "
               f"{ts[2]:.2f} | {ts[3]:.2f} | {ts[2] / ts[3]:.3f} |")
+    if args.pp:
+        print(f"\nprompt of {args.pp} tokens after {args.depth} (batches of {args.batch_size}), "
+              f"tokens/s, best of {args.rounds} rounds\n")
+        print("| attention:ctk:ctv | ggml_py | llama.cpp | ratio |")
+        print("|---|---:|---:|---:|")
+        for row in rows:
+            a, b = (args.pp / t if np.isfinite(t) else float("nan") for t in row["best"][4:6])
+            print(f"| {row['config']} | {a:.2f} | {b:.2f} | {a / b:.3f} |")
     if worker is not None:
         worker.close()
 
