@@ -21,6 +21,12 @@ DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
 MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
 ABORT_INTERVAL_MS = 20.0       # how often the executor checks for Ctrl-C
 WORK_ALIGN = 64
+# A parallel stage costs a dispatch and a barrier: tenths of a µs with spinning
+# workers, tens of µs to wake sleeping ones, milliseconds when another program
+# holds a worker's core. A stage smaller than this runs on the main thread alone
+# (docs/runtime.md, "Small nodes on one thread", has the measurements):
+MIN_PARALLEL_MACS = 1 << 18        # MUL_MAT's products: N·K·M multiply-adds (~10 µs)
+MIN_PARALLEL_ELEMENTS = 1 << 13    # any other stage: elements, over at least two rows
 MAX_THREADS = _core.MAX_THREADS   # the most threads a pool or a compute may have
 
 _pools = {}
@@ -211,6 +217,43 @@ def choose_mul_mat_profile(node, n_threads, tune):
     return "fallback", None
 
 
+def _elements(tensor):
+    return int(np.prod(tensor.shape, dtype=np.int64))
+
+
+def stage_is_worth_threads(node, stage):
+    """Whether a parallel stage of node has work enough for more than one thread.
+
+    The kernels split a stage by rows (MUL_MAT's products by groups of weight rows),
+    so one row is one thread's work whatever its length."""
+    if node.op == Op.MUL_MAT and node.profile.name == "cpu":
+        a, b = node.src[0], node.src[1]
+        if stage == "init":      # the activations converted to the weight's dot type
+            return b._ne[1] * b._ne[2] * b._ne[3] >= 2 and _elements(b) >= MIN_PARALLEL_ELEMENTS
+        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= int(os.environ.get("GGML_PY_SMALL_RULE") or MIN_PARALLEL_MACS)
+    if node.op == Op.MUL_MAT:    # the BLAS profiles de-quantize the whole weight
+        return _elements(node.src[0]) >= MIN_PARALLEL_ELEMENTS
+    # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
+    # else the larger of the result's and the first source's
+    if node.op == Op.GET_ROWS:
+        work = _elements(node)
+    elif node.op == Op.SET_ROWS:
+        work = _elements(node.src[0])
+    else:
+        work = max(_elements(node), _elements(node.src[0]) if node.src[0] is not None else 0)
+    row = max(1, node._ne[0])
+    return work >= MIN_PARALLEL_ELEMENTS and work >= 2 * row
+
+
+def one_thread_where_small(node):
+    """Node's profile with its small parallel stages on the main thread alone."""
+    profile = node.profile
+    for stage, flags in zip(STAGES, profile.stages):
+        if flags.valid and flags.parallel and not stage_is_worth_threads(node, stage):
+            profile = profile.with_stage(stage, parallel=False)
+    return profile
+
+
 def topological_order(outputs):
     """Every tensor the outputs depend on, sources before users (ggml's DFS order)."""
     order, seen = [], set()
@@ -297,6 +340,8 @@ class Graph:
         was benched at this thread count, the profile with the smallest
         estimated time at the node's M is chosen ("tuned"); other nodes get
         ggml's rule ("fallback"). Profiles set by hand are kept ("user").
+        With more than one thread, a parallel stage too small to gain from
+        threads runs on the main thread alone (stage_is_worth_threads).
         n_threads: 1..256, None for default_threads().
         """
         n_threads = thread_count(n_threads, "plan")
@@ -306,6 +351,10 @@ class Graph:
             reason, estimate = ("user" if t.profile_pinned else "default"), None
             if t.op == Op.MUL_MAT and not t.profile_pinned:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
+            elif not t.profile_pinned:
+                t._plan_profile(t.default_profile())
+            if n_threads > 1 and not t.profile_pinned and os.environ.get("GGML_PY_SMALL_RULE") != "0":
+                t._plan_profile(one_thread_where_small(t))
             rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
                                 t._work_size(n_threads), reason, estimate))
         return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))

@@ -5,6 +5,11 @@
 #include "ggml_py_pool.h"
 
 #include <sched.h>
+#include <stdlib.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,6 +52,59 @@ static long usable_cpus(void) {
     return sysconf(_SC_NPROCESSORS_ONLN);
 }
 
+/* A spinning worker sees a new stage within about a microsecond; one that saw
+ * it this late had lost its core to another task. */
+#define LATE_NS  50000
+/* A worker woken from its sleep is late when it has not come this long after. */
+#define LATE_WOKEN_NS 500000
+/* Main then runs the stages alone for this long (the workers asleep), and then
+ * tries the workers again. */
+#define SOLO_NS  50000000
+
+/* development switches: GGML_PY_POOL_EXP=flags[,late_us[,solo_ms]] */
+#define EXP_NO_CLAIM 1   /* each worker runs its own share (no claiming)            */
+#define EXP_NO_SOLO  2   /* lateness never sends main solo                          */
+#define EXP_SLEEPY   4   /* lateness: workers sleep after each task instead of solo */
+#define EXP_NO_LATE  8   /* no lateness detection at all                            */
+#define EXP_CONDVAR 16   /* sleep on condition variables, not futexes               */
+#define EXP_NO_MAIN_LATE 32 /* main does not judge lateness by the shares it took     */
+
+/* Sleeping threads wait on a futex where there is one: a sleeper holds no lock,
+ * so a worker that loses its core just after waking cannot block the main
+ * thread's next wake-up (with a mutex, main waits for it to run again). */
+#if defined(__linux__)
+#define HAVE_FUTEX 1
+static void futex_wait(atomic_int *addr, int val) {
+    syscall(SYS_futex, (int *) addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+static void futex_wake(atomic_int *addr, int n) {
+    syscall(SYS_futex, (int *) addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+#else
+#define HAVE_FUTEX 0
+static void futex_wait(atomic_int *addr, int val) { (void) addr; (void) val; }
+static void futex_wake(atomic_int *addr, int n) { (void) addr; (void) n; }
+#endif
+
+static int use_futex(const struct ggml_py_pool *pool) {
+    return HAVE_FUTEX && !(pool->exp_flags & EXP_CONDVAR);
+}
+
+static void read_exp_flags(struct ggml_py_pool *pool) {
+    const char *e = getenv("GGML_PY_POOL_EXP");
+    if (!e || !*e) return;
+    char *end;
+    pool->exp_flags = (int32_t) strtol(e, &end, 0);
+    if (*end == ',') {
+        pool->late_ns = (int64_t) (strtod(end + 1, &end) * 1000);
+        if (*end == ',') pool->solo_ns = (int64_t) (strtod(end + 1, &end) * 1000000);
+    }
+}
+
+static int adaptive(const struct ggml_py_pool *pool) {
+    return pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && !(pool->exp_flags & EXP_NO_LATE);
+}
+
 int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns) {
     if (n_threads < 1 || n_threads > GGML_PY_MAX_THREADS) return -1;
     if (policy < GGML_PY_WAIT_SPIN_THEN_SLEEP || policy > GGML_PY_WAIT_SLEEP) return -1;
@@ -62,6 +120,15 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
     atomic_init(&pool->main_sleeping, 0);
     atomic_init(&pool->n_sleeps, 0);
     atomic_init(&pool->n_wakeups, 0);
+    atomic_init(&pool->claim, 0);
+    atomic_init(&pool->t_publish_ns, 0);
+    atomic_init(&pool->n_late, 0);
+    atomic_init(&pool->sleepy_until_ns, 0);
+    atomic_init(&pool->task_sleep_after, 0);
+    atomic_init(&pool->stopping, 0);
+    pool->late_ns = LATE_NS;
+    pool->solo_ns = SOLO_NS;
+    read_exp_flags(pool);
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) return -1;
     if (pthread_cond_init(&pool->cond, NULL) != 0) {
         pthread_mutex_destroy(&pool->mutex);
@@ -83,6 +150,16 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
  * re-read of generation are seq_cst, mirrored in publish(): either main sees
  * this sleeper and broadcasts under the mutex, or we see the new generation. */
 static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
+    if (use_futex(pool)) {
+        atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+        atomic_fetch_add_explicit(&pool->n_sleeps, 1, memory_order_relaxed);
+        int gen;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_seq_cst)) == seen) {
+            futex_wait(&pool->generation, seen);
+        }
+        atomic_fetch_sub_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+        return gen;
+    }
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&pool->n_sleeps, 1, memory_order_relaxed);
@@ -95,13 +172,18 @@ static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
     return gen;
 }
 
-/* Wait for the next generation: spin (bounded by policy), then sleep. */
-static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
+/* Wait for the next generation: spin (bounded by policy), then sleep.
+ * *spun: whether it came while spinning. */
+static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin, int *spun) {
+    *spun = 0;
     if (!skip_spin && pool->policy != GGML_PY_WAIT_SLEEP) {
         const int64_t t_start = ggml_py_time_ns();
         for (uint32_t iter = 1;; iter++) {
             int gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-            if (gen != seen) return gen;
+            if (gen != seen) {
+                *spun = 1;
+                return gen;
+            }
             if (atomic_load_explicit(&pool->wait_now, memory_order_relaxed)) break;
             spin_once(pool, iter);
             if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
@@ -113,26 +195,68 @@ static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
     return sleep_until_new_generation(pool, seen);
 }
 
+/* One share done: the last one wakes main if it gave up spinning. */
+static void share_done(struct ggml_py_pool *pool) {
+    if (atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_seq_cst) == 1 &&
+        atomic_load_explicit(&pool->main_sleeping, memory_order_seq_cst)) {
+        if (use_futex(pool)) {
+            futex_wake(&pool->n_pending, 1);
+            return;
+        }
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->mutex);
+    }
+}
+
+/* Run unclaimed shares of stage `gen` until none is left; returns how many.
+ * The task is read only after a claim succeeds: until that share is done main
+ * cannot finish the stage, so it cannot be publishing the next one. */
+static int run_claimed_shares(struct ggml_py_pool *pool, int gen) {
+    const uint32_t nth = (uint32_t) pool->n_threads;
+    int ran = 0;
+    uint64_t c = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t) (c >> 32) != (uint32_t) gen || (uint32_t) c >= nth) return ran;
+        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire)) {
+            continue;
+        }
+        pool->task_fn(pool->task_arg, (int) (uint32_t) c, (int) nth);
+        share_done(pool);
+        ran++;
+        c = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    }
+}
+
 void *ggml_py_pool_worker_main(void *arg) {
     struct ggml_py_worker *worker = arg;
     struct ggml_py_pool *pool = worker->pool;
     int seen = 0;  /* generation starts at 0; a task published before we run is still new */
     int skip_spin = 0;
     for (;;) {
-        seen = wait_for_task(pool, seen, skip_spin);
+        int spun;
+        seen = wait_for_task(pool, seen, skip_spin, &spun);
         /* the acquire (or seq_cst) load of generation makes these visible */
-        if (pool->stopping) break;
-        ggml_py_task_fn fn = pool->task_fn;
-        void *task_arg     = pool->task_arg;
+        if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) break;
+        int64_t now = 0;
+        if (adaptive(pool)) {
+            now = ggml_py_time_ns();
+            if (spun && now - atomic_load_explicit(&pool->t_publish_ns, memory_order_relaxed) > pool->late_ns) {
+                atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
+            }
+        }
         /* the look-ahead's advice; the spin-only policy ignores it */
-        skip_spin          = pool->task_sleep_after && pool->policy != GGML_PY_WAIT_SPIN;
-        fn(task_arg, worker->ith, pool->n_threads);
-        if (atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_seq_cst) == 1 &&
-            atomic_load_explicit(&pool->main_sleeping, memory_order_seq_cst)) {
-            /* the last share is done and main gave up spinning: wake it */
-            pthread_mutex_lock(&pool->mutex);
-            pthread_cond_signal(&pool->done);
-            pthread_mutex_unlock(&pool->mutex);
+        skip_spin = atomic_load_explicit(&pool->task_sleep_after, memory_order_relaxed) &&
+                    pool->policy != GGML_PY_WAIT_SPIN;
+        if (pool->exp_flags & EXP_NO_CLAIM) {
+            pool->task_fn(pool->task_arg, worker->ith, pool->n_threads);
+            share_done(pool);
+        } else {
+            run_claimed_shares(pool, seen);
+        }
+        if ((pool->exp_flags & EXP_SLEEPY) && now < atomic_load_explicit(&pool->sleepy_until_ns, memory_order_relaxed)) {
+            skip_spin = 1;
         }
     }
     return NULL;
@@ -155,6 +279,15 @@ static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers) {
             }
         }
     }
+    if (use_futex(pool)) {
+        atomic_store_explicit(&pool->main_sleeping, 1, memory_order_seq_cst);
+        int pending;
+        while ((pending = atomic_load_explicit(&pool->n_pending, memory_order_seq_cst)) != 0) {
+            futex_wait(&pool->n_pending, pending);
+        }
+        atomic_store_explicit(&pool->main_sleeping, 0, memory_order_relaxed);
+        return;
+    }
     pthread_mutex_lock(&pool->mutex);
     atomic_store_explicit(&pool->main_sleeping, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&pool->n_pending, memory_order_seq_cst) != 0) {
@@ -169,6 +302,11 @@ static int publish(struct ggml_py_pool *pool) {
     atomic_store_explicit(&pool->wait_now, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&pool->n_sleeping, memory_order_seq_cst) > 0) {
+        if (use_futex(pool)) {
+            futex_wake(&pool->generation, INT32_MAX);
+            atomic_fetch_add_explicit(&pool->n_wakeups, 1, memory_order_relaxed);
+            return 1;
+        }
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->cond);
         pthread_mutex_unlock(&pool->mutex);
@@ -184,12 +322,42 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
         fn(arg, 0, 1);
         return;
     }
+    const int64_t now = ggml_py_time_ns();
+    if (adaptive(pool) && atomic_load_explicit(&pool->n_late, memory_order_relaxed) > 0) {
+        atomic_store_explicit(&pool->n_late, 0, memory_order_relaxed);
+        if (pool->exp_flags & EXP_SLEEPY) {
+            atomic_store_explicit(&pool->sleepy_until_ns, now + pool->solo_ns, memory_order_relaxed);
+        } else if (!(pool->exp_flags & EXP_NO_SOLO)) {
+            if (now >= pool->solo_until_ns) pool->n_solo_spells++;
+            pool->solo_until_ns = now + pool->solo_ns;
+            ggml_py_pool_wait_now(pool);
+        }
+    }
+    if (now < pool->solo_until_ns) {
+        /* the workers lost their cores lately: every share on main, in order */
+        for (int ith = 0; ith < nth; ith++) fn(arg, ith, nth);
+        pool->n_solo_stages++;
+        return;
+    }
     pool->task_fn          = fn;
     pool->task_arg         = arg;
-    pool->task_sleep_after = sleep_after;
+    atomic_store_explicit(&pool->task_sleep_after, sleep_after, memory_order_relaxed);
     atomic_store_explicit(&pool->n_pending, nth - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->t_publish_ns, now, memory_order_relaxed);
+    const int gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    /* share 0 is main's; the release orders the task and n_pending before it */
+    atomic_store_explicit(&pool->claim, ((uint64_t) (uint32_t) gen << 32) | 1u, memory_order_release);
     const int woke_sleepers = publish(pool);
     fn(arg, 0, nth);
+    if (!(pool->exp_flags & EXP_NO_CLAIM)) {
+        const int stolen = run_claimed_shares(pool, gen);
+        pool->n_stolen += stolen;
+        /* a worker that did not come while main ran a long share of its own lost its core */
+        if (stolen && adaptive(pool) && !(pool->exp_flags & EXP_NO_MAIN_LATE) &&
+            ggml_py_time_ns() - now > (woke_sleepers ? LATE_WOKEN_NS : pool->late_ns)) {
+            atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
+        }
+    }
     /* the workers' decrements (seq_cst, so release) make their writes visible */
     wait_for_workers(pool, woke_sleepers);
 }
@@ -199,7 +367,10 @@ void ggml_py_pool_wait_now(struct ggml_py_pool *pool) {
 }
 
 void ggml_py_pool_stop(struct ggml_py_pool *pool) {
-    pool->stopping = 1;
+    atomic_store_explicit(&pool->stopping, 1, memory_order_relaxed);
+    const int gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool->claim, ((uint64_t) (uint32_t) gen << 32) | (uint32_t) pool->n_threads,
+                          memory_order_release);
     publish(pool);
 }
 
