@@ -64,6 +64,7 @@ struct ggml_py_pool {
 
     /* adaptive waiting (spin-then-sleep): main's own state */
     int64_t solo_until_ns;        /* run stages on main alone until then      */
+    int64_t last_late_ns;         /* when main last saw a worker late         */
     int64_t n_solo_stages;        /* statistics: stages run alone             */
     int64_t n_solo_spells;        /* statistics: times the pool went solo     */
     int64_t n_stolen;             /* statistics: workers' shares main ran     */

@@ -60,6 +60,9 @@ static long usable_cpus(void) {
 /* Main then runs the stages alone for this long (the workers asleep), and then
  * tries the workers again. */
 #define SOLO_NS  50000000
+/* ... once lateness is seen twice this close together (a lone hiccup is not a
+ * busy machine) */
+#define LATE_WINDOW_NS 20000000
 
 /* development switches: GGML_PY_POOL_EXP=flags[,late_us[,solo_ms]] */
 #define EXP_NO_CLAIM 1   /* each worker runs its own share (no claiming)            */
@@ -68,6 +71,8 @@ static long usable_cpus(void) {
 #define EXP_NO_LATE  8   /* no lateness detection at all                            */
 #define EXP_CONDVAR 16   /* sleep on condition variables, not futexes               */
 #define EXP_NO_MAIN_LATE 32 /* main does not judge lateness by the shares it took     */
+#define EXP_SHORTWAIT 64  /* lateness: main waits for workers with a short spin, not solo */
+#define EXP_NO_HYST 128   /* one late event is enough                               */
 
 /* Sleeping threads wait on a futex where there is one: a sleeper holds no lock,
  * so a worker that loses its core just after waking cannot block the main
@@ -265,7 +270,7 @@ void *ggml_py_pool_worker_main(void *arg) {
 /* Main: wait until every worker has finished its share. Spin like a worker
  * would (bounded by the policy), then sleep on `done`; the same seq_cst pair
  * as for the workers (main_sleeping / n_pending) makes the wake-up safe. */
-static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers) {
+static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers, int64_t spin_ns) {
     /* A worker that had to be woken may need this very core to run on: then
      * main sleeps at once instead of spinning against it. */
     if (pool->policy != GGML_PY_WAIT_SLEEP && !woke_sleepers) {
@@ -274,7 +279,7 @@ static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers) {
             if (atomic_load_explicit(&pool->n_pending, memory_order_acquire) == 0) return;
             spin_once(pool, iter);
             if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
-                ggml_py_time_ns() - t_start > pool->spin_ns) {
+                ggml_py_time_ns() - t_start > spin_ns) {
                 break;
             }
         }
@@ -325,15 +330,19 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
     const int64_t now = ggml_py_time_ns();
     if (adaptive(pool) && atomic_load_explicit(&pool->n_late, memory_order_relaxed) > 0) {
         atomic_store_explicit(&pool->n_late, 0, memory_order_relaxed);
+        const int64_t last = pool->last_late_ns;
+        pool->last_late_ns = now;
         if (pool->exp_flags & EXP_SLEEPY) {
             atomic_store_explicit(&pool->sleepy_until_ns, now + pool->solo_ns, memory_order_relaxed);
-        } else if (!(pool->exp_flags & EXP_NO_SOLO)) {
+        } else if (!(pool->exp_flags & EXP_NO_SOLO) &&
+                   ((pool->exp_flags & EXP_NO_HYST) || now - last < LATE_WINDOW_NS)) {
             if (now >= pool->solo_until_ns) pool->n_solo_spells++;
             pool->solo_until_ns = now + pool->solo_ns;
-            ggml_py_pool_wait_now(pool);
+            if (!(pool->exp_flags & EXP_SHORTWAIT)) ggml_py_pool_wait_now(pool);
         }
     }
-    if (now < pool->solo_until_ns) {
+    const int contended = now < pool->solo_until_ns;
+    if (contended && !(pool->exp_flags & EXP_SHORTWAIT)) {
         /* the workers lost their cores lately: every share on main, in order */
         for (int ith = 0; ith < nth; ith++) fn(arg, ith, nth);
         pool->n_solo_stages++;
@@ -359,7 +368,7 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
         }
     }
     /* the workers' decrements (seq_cst, so release) make their writes visible */
-    wait_for_workers(pool, woke_sleepers);
+    wait_for_workers(pool, woke_sleepers, contended ? pool->late_ns / 2 : pool->spin_ns);
 }
 
 void ggml_py_pool_wait_now(struct ggml_py_pool *pool) {
