@@ -1,4 +1,6 @@
-/* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done. */
+/* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done,
+ * shares claimed by whichever thread comes first, and spells on the main thread
+ * alone while other programs hold the workers' cores (ggml_py_pool.h). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #endif
@@ -25,7 +27,7 @@ static inline void cpu_relax(void) { }
  * the machine has cores (then the thread it waits for may need this core):
  * otherwise sched_yield would hand the core to any runnable task, low-priority
  * ones included, for a whole time slice. A thread that has spun its budget
- * sleeps instead (workers on `cond`, the main thread on `done`). */
+ * sleeps instead. */
 #define YIELD_EVERY 256
 
 static inline void spin_once(const struct ggml_py_pool *pool, uint32_t iter) {
@@ -53,7 +55,7 @@ static long usable_cpus(void) {
 }
 
 /* A spinning worker sees a new stage within about a microsecond; one that saw
- * it this late had lost its core to another task. */
+ * it this late had lost its core to another program. */
 #define LATE_NS  50000
 /* A worker woken from its sleep is late when it has not come this long after. */
 #define LATE_WOKEN_NS 500000
@@ -63,16 +65,6 @@ static long usable_cpus(void) {
 /* ... once lateness is seen twice this close together (a lone hiccup is not a
  * busy machine) */
 #define LATE_WINDOW_NS 20000000
-
-/* development switches: GGML_PY_POOL_EXP=flags[,late_us[,solo_ms]] */
-#define EXP_NO_CLAIM 1   /* each worker runs its own share (no claiming)            */
-#define EXP_NO_SOLO  2   /* lateness never sends main solo                          */
-#define EXP_SLEEPY   4   /* lateness: workers sleep after each task instead of solo */
-#define EXP_NO_LATE  8   /* no lateness detection at all                            */
-#define EXP_CONDVAR 16   /* sleep on condition variables, not futexes               */
-#define EXP_NO_MAIN_LATE 32 /* main does not judge lateness by the shares it took     */
-#define EXP_SHORTWAIT 64  /* lateness: main waits for workers with a short spin, not solo */
-#define EXP_NO_HYST 128   /* one late event is enough                               */
 
 /* Sleeping threads wait on a futex where there is one: a sleeper holds no lock,
  * so a worker that loses its core just after waking cannot block the main
@@ -92,22 +84,14 @@ static void futex_wake(atomic_int *addr, int n) { (void) addr; (void) n; }
 #endif
 
 static int use_futex(const struct ggml_py_pool *pool) {
-    return HAVE_FUTEX && !(pool->exp_flags & EXP_CONDVAR);
+    (void) pool;
+    return HAVE_FUTEX;
 }
 
-static void read_exp_flags(struct ggml_py_pool *pool) {
-    const char *e = getenv("GGML_PY_POOL_EXP");
-    if (!e || !*e) return;
-    char *end;
-    pool->exp_flags = (int32_t) strtol(e, &end, 0);
-    if (*end == ',') {
-        pool->late_ns = (int64_t) (strtod(end + 1, &end) * 1000);
-        if (*end == ',') pool->solo_ns = (int64_t) (strtod(end + 1, &end) * 1000000);
-    }
-}
-
+/* Lateness is judged under spin-then-sleep only: `spin` promises workers that
+ * never sleep, and under `sleep` every worker comes late by design. */
 static int adaptive(const struct ggml_py_pool *pool) {
-    return pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && !(pool->exp_flags & EXP_NO_LATE);
+    return pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP;
 }
 
 int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns) {
@@ -128,12 +112,10 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
     atomic_init(&pool->claim, 0);
     atomic_init(&pool->t_publish_ns, 0);
     atomic_init(&pool->n_late, 0);
-    atomic_init(&pool->sleepy_until_ns, 0);
     atomic_init(&pool->task_sleep_after, 0);
     atomic_init(&pool->stopping, 0);
     pool->late_ns = LATE_NS;
     pool->solo_ns = SOLO_NS;
-    read_exp_flags(pool);
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) return -1;
     if (pthread_cond_init(&pool->cond, NULL) != 0) {
         pthread_mutex_destroy(&pool->mutex);
@@ -153,7 +135,8 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
 
 /* Sleep until `generation` moves past `seen`. The increment of n_sleeping and the
  * re-read of generation are seq_cst, mirrored in publish(): either main sees
- * this sleeper and broadcasts under the mutex, or we see the new generation. */
+ * this sleeper and wakes it (a futex wake, or a broadcast under the mutex), or
+ * we see the new generation. The futex wait itself re-checks the value. */
 static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
     if (use_futex(pool)) {
         atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
@@ -244,25 +227,16 @@ void *ggml_py_pool_worker_main(void *arg) {
         seen = wait_for_task(pool, seen, skip_spin, &spun);
         /* the acquire (or seq_cst) load of generation makes these visible */
         if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) break;
-        int64_t now = 0;
-        if (adaptive(pool)) {
-            now = ggml_py_time_ns();
-            if (spun && now - atomic_load_explicit(&pool->t_publish_ns, memory_order_relaxed) > pool->late_ns) {
-                atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
-            }
+        /* a spinning worker sees a stage within a microsecond: one that saw it
+         * this late had lost its core to another program */
+        if (spun && adaptive(pool) &&
+            ggml_py_time_ns() - atomic_load_explicit(&pool->t_publish_ns, memory_order_relaxed) > pool->late_ns) {
+            atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
         }
         /* the look-ahead's advice; the spin-only policy ignores it */
         skip_spin = atomic_load_explicit(&pool->task_sleep_after, memory_order_relaxed) &&
                     pool->policy != GGML_PY_WAIT_SPIN;
-        if (pool->exp_flags & EXP_NO_CLAIM) {
-            pool->task_fn(pool->task_arg, worker->ith, pool->n_threads);
-            share_done(pool);
-        } else {
-            run_claimed_shares(pool, seen);
-        }
-        if ((pool->exp_flags & EXP_SLEEPY) && now < atomic_load_explicit(&pool->sleepy_until_ns, memory_order_relaxed)) {
-            skip_spin = 1;
-        }
+        run_claimed_shares(pool, seen);
     }
     return NULL;
 }
@@ -270,7 +244,7 @@ void *ggml_py_pool_worker_main(void *arg) {
 /* Main: wait until every worker has finished its share. Spin like a worker
  * would (bounded by the policy), then sleep on `done`; the same seq_cst pair
  * as for the workers (main_sleeping / n_pending) makes the wake-up safe. */
-static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers, int64_t spin_ns) {
+static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers) {
     /* A worker that had to be woken may need this very core to run on: then
      * main sleeps at once instead of spinning against it. */
     if (pool->policy != GGML_PY_WAIT_SLEEP && !woke_sleepers) {
@@ -279,7 +253,7 @@ static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers, int64
             if (atomic_load_explicit(&pool->n_pending, memory_order_acquire) == 0) return;
             spin_once(pool, iter);
             if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
-                ggml_py_time_ns() - t_start > spin_ns) {
+                ggml_py_time_ns() - t_start > pool->spin_ns) {
                 break;
             }
         }
@@ -330,20 +304,18 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
     const int64_t now = ggml_py_time_ns();
     if (adaptive(pool) && atomic_load_explicit(&pool->n_late, memory_order_relaxed) > 0) {
         atomic_store_explicit(&pool->n_late, 0, memory_order_relaxed);
-        const int64_t last = pool->last_late_ns;
-        pool->last_late_ns = now;
-        if (pool->exp_flags & EXP_SLEEPY) {
-            atomic_store_explicit(&pool->sleepy_until_ns, now + pool->solo_ns, memory_order_relaxed);
-        } else if (!(pool->exp_flags & EXP_NO_SOLO) &&
-                   ((pool->exp_flags & EXP_NO_HYST) || now - last < LATE_WINDOW_NS)) {
+        if (now - pool->last_late_ns < LATE_WINDOW_NS) {
+            /* late twice in a short while: another program holds the workers'
+             * cores. Go on alone for a spell, the workers asleep, then try them
+             * again. */
             if (now >= pool->solo_until_ns) pool->n_solo_spells++;
             pool->solo_until_ns = now + pool->solo_ns;
-            if (!(pool->exp_flags & EXP_SHORTWAIT)) ggml_py_pool_wait_now(pool);
+            ggml_py_pool_wait_now(pool);
         }
+        pool->last_late_ns = now;
     }
-    const int contended = now < pool->solo_until_ns;
-    if (contended && !(pool->exp_flags & EXP_SHORTWAIT)) {
-        /* the workers lost their cores lately: every share on main, in order */
+    if (now < pool->solo_until_ns) {
+        /* every share on main, in order: the same bits as any split */
         for (int ith = 0; ith < nth; ith++) fn(arg, ith, nth);
         pool->n_solo_stages++;
         return;
@@ -358,17 +330,17 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
     atomic_store_explicit(&pool->claim, ((uint64_t) (uint32_t) gen << 32) | 1u, memory_order_release);
     const int woke_sleepers = publish(pool);
     fn(arg, 0, nth);
-    if (!(pool->exp_flags & EXP_NO_CLAIM)) {
-        const int stolen = run_claimed_shares(pool, gen);
-        pool->n_stolen += stolen;
-        /* a worker that did not come while main ran a long share of its own lost its core */
-        if (stolen && adaptive(pool) && !(pool->exp_flags & EXP_NO_MAIN_LATE) &&
-            ggml_py_time_ns() - now > (woke_sleepers ? LATE_WOKEN_NS : pool->late_ns)) {
-            atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
-        }
+    /* the shares no worker has claimed yet: main runs them, so that a worker
+     * that lost its core holds no barrier it has not joined */
+    const int stolen = run_claimed_shares(pool, gen);
+    pool->n_stolen += stolen;
+    /* a worker that did not come while main ran a long share of its own was late */
+    if (stolen && adaptive(pool) &&
+        ggml_py_time_ns() - now > (woke_sleepers ? LATE_WOKEN_NS : pool->late_ns)) {
+        atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
     }
     /* the workers' decrements (seq_cst, so release) make their writes visible */
-    wait_for_workers(pool, woke_sleepers, contended ? pool->late_ns / 2 : pool->spin_ns);
+    wait_for_workers(pool, woke_sleepers);
 }
 
 void ggml_py_pool_wait_now(struct ggml_py_pool *pool) {
