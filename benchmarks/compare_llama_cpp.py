@@ -51,11 +51,11 @@ class Peer:
         self.proc.stdin.write(json.dumps({"cmd": cmd, **request}) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the llama.cpp process ended (exit status {self.proc.wait()})")
+        if not line:     # (errors end the script in one line: run() reports a ValueError)
+            raise ValueError(f"the llama.cpp process ended (exit status {self.proc.wait()})")
         answer = json.loads(line)
         if "error" in answer:
-            raise RuntimeError(f"llama.cpp: {answer['error']}")
+            raise ValueError(f"llama.cpp: {answer['error']}")
         return answer
 
     def logits(self, tokens):
@@ -113,10 +113,11 @@ def check_logits(ours, peer, text, args):
     return ids
 
 
-def speed_rows(ours, peer, prompt, args, busy):
+def speed_rows(ours, peer, ids, args, busy):
     """pp and tg of both runtimes in turns: one result dict per test."""
+    prompt = (ids * (args.n_prompt // len(ids) + 1))[: args.n_prompt]
     n_gen = args.n_gen
-    gen = [prompt[(t + 1) % len(prompt)] for t in range(n_gen)]
+    gen = [ids[(t + 1) % len(ids)] for t in range(n_gen)]
 
     def ours_pp():
         ours.reset()
@@ -126,7 +127,7 @@ def speed_rows(ours, peer, prompt, args, busy):
 
     def ours_tg():
         ours.reset()
-        ours._decode(prompt[:1])
+        ours._decode(ids[:1])
         start = time.perf_counter()
         for t in gen:
             ours._decode([t])
@@ -134,7 +135,7 @@ def speed_rows(ours, peer, prompt, args, busy):
 
     rows = []
     tests = ((("pp", args.n_prompt), ours_pp, lambda: peer.ask("pp", tokens=prompt)["seconds"]),
-             (("tg", n_gen), ours_tg, lambda: peer.ask("tg", first=prompt[0], tokens=gen)["seconds"]))
+             (("tg", n_gen), ours_tg, lambda: peer.ask("tg", first=ids[0], tokens=gen)["seconds"]))
     with spinning_processes(busy):
         for (kind, n), ours_case, peer_case in tests:
             if n == 0:
@@ -158,8 +159,8 @@ def main(argv=None):
     p.add_argument("--chunks", type=at_least(2), default=8,
                    help="perplexity chunks at most (llama.cpp's method needs 2 or more)")
     p.add_argument("-t", "--threads", type=thread_count, default=2)
-    p.add_argument("-p", "--n-prompt", type=positive_int, default=128)
-    p.add_argument("-n", "--n-gen", type=positive_int, default=32)
+    p.add_argument("-p", "--n-prompt", type=at_least(0), default=128, help="0: no pp test")
+    p.add_argument("-n", "--n-gen", type=at_least(0), default=32, help="0: no tg test")
     p.add_argument("--repeat", type=positive_int, default=3)
     p.add_argument("--busy", type=at_least(0), default=0,
                    help="also time with this many other processes spinning on the CPU")
@@ -174,7 +175,11 @@ def main(argv=None):
     peer = Peer(args.peer_python)
     results = []
     try:
-        info = peer.ask("info")
+        try:
+            info = peer.ask("info")
+        except ValueError as e:
+            raise ValueError(f"needs llama-cpp-python in {args.peer_python}'s environment "
+                             f"(--peer-python; see the README's Benchmarks section): {e}") from None
         print(f"ggml_py {gg.__version__} ({os.path.dirname(gg.__file__)}): {gg.system_info()}")
         print(f"llama-cpp-python {info['version']} ({args.peer_python}): {info['system_info']}")
         print(f"load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -185,13 +190,12 @@ def main(argv=None):
             peer.ask("load", path=path, n_ctx=n_ctx, n_threads=args.threads, logits_all=True)
             print(f"\nmodel: {path} ({ours.model.file.file_type_name()}); llama.cpp loads it: yes")
             ids = check_logits(ours, peer, text, args)
-            prompt = (ids * (args.n_prompt // len(ids) + 1))[: args.n_prompt]
             # speed: an instance that keeps only the last logits, as llama-bench runs
             peer.ask("load", path=path, n_ctx=n_ctx, n_threads=args.threads, logits_all=False)
             print(f"{'test':<8} {'busy':>4} {'ggml_py t/s best, median':>25} "
                   f"{'llama.cpp t/s best, median':>28} {'ratio of medians':>17} {'per turn':>9}")
             for busy in sorted({0, args.busy}):
-                for r in speed_rows(ours, peer, prompt, args, busy):
+                for r in speed_rows(ours, peer, ids, args, busy):
                     r.update(model=path, type=ours.model.file.file_type_name(),
                              load=os.getloadavg()[0])
                     results.append(r)

@@ -102,7 +102,7 @@ def main():
             break
         try:
             answer = getattr(server, cmd)(**request)
-        except Exception as e:      # reported to the caller, which stops with it
+        except Exception as e:      # noqa: BLE001 - reported to the caller, which stops with it
             answer = {"error": f"{type(e).__name__}: {e}"}
         out.write(json.dumps(answer) + "\n")
         out.flush()

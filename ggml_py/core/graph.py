@@ -197,7 +197,7 @@ class Stats(tuple):
 
 
 def choose_mul_mat_profile(node, n_threads, tune):
-    """Set a MUL_MAT node's profile from tune data, else ggml's rule.
+    """Set a MUL_MAT node's profile from tune data, else the built-in rule.
 
     Returns (reason, estimated µs or None). Only the node's own profiles are
     candidates, so non-contiguous operands stay on the CPU profile.
@@ -205,7 +205,7 @@ def choose_mul_mat_profile(node, n_threads, tune):
     a, b = node.src[0], node.src[1]
     n, k, m = a._ne[1], a._ne[0], b._ne[1]
     # tune data times one product of M rows; a batched one (one sgemm per batch,
-    # de-quantized per batch) is not that product, so ggml's rule decides it
+    # de-quantized per batch) is not that product, so the built-in rule decides it
     if tune is not None and b._ne[2] * b._ne[3] == 1:
         own = node.profiles()
         for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
@@ -230,7 +230,7 @@ def stage_is_worth_threads(node, stage):
         a, b = node.src[0], node.src[1]
         if stage == "init":      # the activations converted to the weight's dot type
             return b._ne[1] * b._ne[2] * b._ne[3] >= 2 and _elements(b) >= MIN_PARALLEL_ELEMENTS
-        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= int(os.environ.get("GGML_PY_SMALL_RULE") or MIN_PARALLEL_MACS)
+        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= MIN_PARALLEL_MACS
     if node.op == Op.MUL_MAT:    # the BLAS profiles de-quantize the whole weight
         return _elements(node.src[0]) >= MIN_PARALLEL_ELEMENTS
     # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
@@ -339,7 +339,8 @@ class Graph:
         tune: TuneData (ggml_py.tune.data); for each MUL_MAT node whose (N, K, type)
         was benched at this thread count, the profile with the smallest
         estimated time at the node's M is chosen ("tuned"); other nodes get
-        ggml's rule ("fallback"). Profiles set by hand are kept ("user").
+        the built-in rule ("fallback": node.default_profile()). Profiles set by
+        hand are kept ("user").
         With more than one thread, a parallel stage too small to gain from
         threads runs on the main thread alone (stage_is_worth_threads).
         n_threads: 1..256, None for default_threads().
@@ -353,7 +354,7 @@ class Graph:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
             elif not t.profile_pinned:
                 t._plan_profile(t.default_profile())
-            if n_threads > 1 and not t.profile_pinned and os.environ.get("GGML_PY_SMALL_RULE") != "0":
+            if n_threads > 1 and not t.profile_pinned:
                 t._plan_profile(one_thread_where_small(t))
             rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
                                 t._work_size(n_threads), reason, estimate))
