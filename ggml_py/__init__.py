@@ -61,14 +61,15 @@ from ggml_py.core.quants import dequantize, quantize  # noqa: E402
 from ggml_py.core.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
                            default_threads, shared_pool)
 from ggml_py.core.ops import (  # noqa: E402
-    ROPE_NEOX, ROPE_NORMAL, add, argmax, concat, cont, cpy, div, dup, gelu, get_rows, mean,
+    ROPE_NEOX, ROPE_NORMAL, add, all_reduce, argmax, attention, concat, cont, cpy, div, dup, gelu, get_rows, mean,
     mul, mul_mat, neg, norm, permute, relu, reshape, rms_norm, rope, scale, set_rows, silu,
     soft_max, sqr, sqrt, sub, sum_rows, swiglu, transpose, view,
 )
 
 from ggml_py.files.gguf_reader import ModelFileWarning, ModelLoadError  # noqa: E402
 from ggml_py.model.sampling import Sampler, SamplingParams  # noqa: E402
-from ggml_py.model.session import Llama, TrainingContextWarning  # noqa: E402
+from ggml_py.model.session import TrainingContextWarning  # noqa: E402
+from ggml_py.dist.llama import Llama  # noqa: E402
 
 F32, F16, BF16 = Type.F32, Type.F16, Type.BF16
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1 = Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q8_1

@@ -239,12 +239,26 @@ cdef class CGraph:
             op = _OP_NAMES.get((<TensorBase> self.tensors[failed_node]).t.op, "?")
             if status == GGML_PY_STATUS_BAD_INDEX:
                 raise ValueError(_bad_row_id(self.tensors[failed_node], op, failed_node))
+            if status == GGML_PY_STATUS_COMM:
+                raise RuntimeError(_comm_failed(self.tensors[failed_node], op, failed_node))
             raise RuntimeError(f"{op}: compute failed with status {status} (node {failed_node})")
+
+
+def _comm_failed(node, op, index):
+    """The message for an ALL_REDUCE node whose MPI call failed: its MPI error code (the
+    MPI library's own text for it is MPI.Get_error_string(code), in mpi4py)."""
+    cdef ggml_py_comm c
+    memcpy(&c, (<TensorBase> node).t.op_params, sizeof(c))
+    return (f"{op}: MPI_Allreduce of {node.shape} failed with MPI error code {c.last_error} "
+            f"(node {index}): another process of the communicator may have ended")
 
 
 def _bad_row_id(node, op, index):
     """The message for a get_rows / set_rows node whose ids leave its rows: the first
     such id, the rows there are, and the shapes."""
+    if node.op == GGML_PY_OP_ATTENTION:
+        return (f"{op}: kv_index {node.src[3].shape} names a slot outside 0..{node.src[1]._ne[1] - 1} "
+                f"or a list outside its slot lists (node {index})")
     rows = node.src[0] if node.op == GGML_PY_OP_GET_ROWS else node    # set_rows: dst's view
     ids = node.src[1]
     n_rows = rows._ne[1]

@@ -14,8 +14,10 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED
         GGML_PY_STATUS_BAD_INDEX
+        GGML_PY_STATUS_COMM
         GGML_PY_OP_NONE
         GGML_PY_OP_GET_ROWS
+        GGML_PY_OP_ATTENTION
         GGML_PY_OP_VIEW
         GGML_PY_OP_RESHAPE
         GGML_PY_OP_PERMUTE
@@ -25,6 +27,15 @@ cdef extern from "ggml_py.h" nogil:
         uint8_t valid
         uint8_t parallel
         uint8_t wait
+
+    struct ggml_py_comm:
+        int64_t allreduce
+        int64_t comm
+        int64_t type_f32
+        int64_t op_sum
+        int64_t in_place
+        int32_t handle_bytes
+        int32_t last_error
 
     struct ggml_py_task_profile:
         int32_t id
@@ -37,7 +48,7 @@ cdef extern from "ggml_py.h" nogil:
         int64_t ne[4]
         size_t nb[4]
         int32_t op_params[16]
-        ggml_py_tensor *src[4]
+        ggml_py_tensor *src[6]
         void *data
         ggml_py_task_profile profile
         char name[48]

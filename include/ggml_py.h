@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 #define GGML_PY_MAX_DIMS      4
-#define GGML_PY_MAX_SRC       4
+#define GGML_PY_MAX_SRC       6
 #define GGML_PY_MAX_OP_PARAMS 16   /* int32 slots */
 #define GGML_PY_MAX_NAME      48
 #define GGML_PY_MAX_PROFILES  8
@@ -63,9 +63,14 @@ enum ggml_py_type {
     /* matrix products and row access */ \
     X(MUL_MAT) \
     X(GET_ROWS)      /* src1: I32 row ids                                 */ \
-    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2     */ \
+    X(SET_ROWS)      /* src1: I32 row ids; writes src0 rows into src2 (an I8 src2:   \
+                        int8 per group of op_params[0], scales into src3)  */ \
     X(ROPE)          /* src1: I32 positions, src2: optional freq factors  */ \
     X(CONCAT)        /* op_params[0]: dim                                 */ \
+    X(ATTENTION)     /* src: q, k pool, v pool, I32 kv_index, k and v scales  \
+                        (I8 pools); op_params[0]: scale                    */ \
+    /* communication: data aliases src0 (in place) */ \
+    X(ALL_REDUCE)    /* sum over an MPI communicator; op_params: struct ggml_py_comm */ \
     /* views: no compute, data aliases src0 */ \
     X(VIEW) X(RESHAPE) X(PERMUTE) X(TRANSPOSE)
 
@@ -117,6 +122,28 @@ enum ggml_py_mul_mat_profile {
     GGML_PY_MUL_MAT_BLAS       = 1,  /* COMPUTE on one thread: dequant + sgemm     */
     GGML_PY_MUL_MAT_BLAS_SPLIT = 2,  /* INIT: parallel dequant; COMPUTE: sgemm     */
     GGML_PY_MUL_MAT_BLAS_MT    = 3,  /* as BLAS_SPLIT, sgemm on BLAS's own threads */
+};
+
+/* ---- communication ----------------------------------------------------------- */
+
+/* How ALL_REDUCE reaches the MPI library the process has loaded (through mpi4py), held in
+ * the node's op_params: nothing of MPI is needed to build ggml_py. Handles are stored as
+ * 64-bit integers; handle_bytes says how MPI_Comm, MPI_Datatype and MPI_Op are passed:
+ * 4 (MPICH's ABI: int handles) or 8 (Open MPI, the MPI-5 standard ABI: pointers). */
+struct ggml_py_comm {
+    int64_t allreduce;     /* the address of MPI_Allreduce                    */
+    int64_t comm;          /* the communicator's handle                        */
+    int64_t type_f32;      /* MPI_FLOAT                                        */
+    int64_t op_sum;        /* MPI_SUM                                          */
+    int64_t in_place;      /* MPI_IN_PLACE                                     */
+    int32_t handle_bytes;  /* 4 or 8                                           */
+    int32_t last_error;    /* out: the error code of the last failed call      */
+};
+
+/* ATTENTION profile ids: how the scores of a block of query rows are held. */
+enum ggml_py_attention_profile {
+    GGML_PY_ATTENTION_SLIM  = 0,   /* the whole score row-block, softmax in place, times V */
+    GGML_PY_ATTENTION_FLASH = 1,   /* key tiles, online softmax (running max and sum)     */
 };
 
 /* ---- tensors --------------------------------------------------------------- */
@@ -203,6 +230,7 @@ enum ggml_py_status {
     GGML_PY_STATUS_OK        = 0,
     GGML_PY_STATUS_ABORTED   = 1,   /* the abort callback asked to stop        */
     GGML_PY_STATUS_BAD_INDEX = 2,   /* a row id (get_rows/set_rows) out of range */
+    GGML_PY_STATUS_COMM      = 3,   /* an MPI call (ALL_REDUCE) returned an error  */
 };
 
 /* Called between nodes (rate-limited); a non-zero return stops the compute. */

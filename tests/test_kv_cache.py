@@ -13,8 +13,8 @@ from ggml_py.core.tensor import Context
 from ggml_py.core.types import Type
 
 # what kv_cache's docstring lists: a cache of another kind provides these and nothing more
-INTERFACE = {"begin", "rollback", "window", "fill_mask", "store_and_load", "n_past", "clear",
-             "truncate", "cut_by_fork"}
+INTERFACE = {"begin", "rollback", "window", "fill_mask", "store_and_load", "fill_index", "store",
+             "n_past", "clear", "truncate", "cut_by_fork"}
 
 
 def state(cache):

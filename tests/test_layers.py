@@ -9,9 +9,10 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "ggml_py"    # the sourc
 
 # lowest first; a module may import its own layer and those before it ("ggml_py": the
 # public API of ggml_py/__init__.py, which the command-line programs use)
-LAYERS = ["core", "files", "tokenizer", "tune", "model", "tools", "ggml_py", "cli"]
+LAYERS = ["core", "files", "tokenizer", "tune", "model", "tools", "dist", "ggml_py", "serve", "cli"]
 ROOM_LAYER = {"files": "files", "_core": "core", "core": "core", "tokenizer": "tokenizer",
-              "tune": "tune", "model": "model", "tools": "tools", "cli": "cli"}
+              "tune": "tune", "model": "model", "tools": "tools", "dist": "dist", "serve": "serve",
+              "cli": "cli"}
 
 
 def module_name(path):

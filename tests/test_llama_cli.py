@@ -77,7 +77,7 @@ def test_main_greedy_equals_api():
 
 @pytest.mark.parametrize("args, fragment", [
     (["-m", "M", "--temp"], "expected one argument"),
-    (["-m", "M", "-n", "many"], "invalid int value"),
+    (["-m", "M", "-n", "many"], "-n/--n-predict: invalid predict_count value: 'many'"),
     (["-m", "M", "-t", "x"], "-t/--threads: invalid n_threads value: 'x'"),
     (["-m", "M", "-ctk", "q4"], "invalid choice"),
     (["-m", "M", "--no-such-flag"], "unrecognized arguments"),
@@ -249,10 +249,10 @@ def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
 
 
 def test_main_stops_when_the_context_is_full():
-    # as llama-cli: prompt and generated tokens together fill the context, then a line says so
+    # as llama-cli -n -2: prompt and generated tokens together fill the context, then a line says so
     n_prompt = len(gg.Llama(model_path("f32"), n_ctx=16, n_threads=1).tokenize("Hello"))
     args = ("-m", model_path("f32"), "-c", 16, "-p", "Hello", "--ignore-eos", "-s", 1, "-t", 1)
-    full = main(*args, "-n", -1)
+    full = main(*args, "-n", -2)
     assert full.returncode == 0 and "main: context full, stopping" in full.stderr, full.stderr
     # the same tokens where -n ends it exactly there: no context-full line
     exact = main(*args, "-n", 16 - n_prompt)
@@ -572,12 +572,17 @@ def test_the_tune_file_hint_stays_within_what_ggml_tune_benches():
     lines = []
     for batch, ctx, hint in ((100, 4096, "ggml-tune --m-max 7 benches them"),
                              (8192, 8192, "ggml-tune benches up to --m-max 12, M=4096")):
-        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx,
-                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4])))
+        llm = SimpleNamespace(set_tune=lambda path: None, n_ctx=lambda: ctx, n_threads=lambda: 2,
+                              model=SimpleNamespace(tune=SimpleNamespace(m_values=[1, 2, 4],
+                                                                         thread_counts=[1, 2])))
         args = SimpleNamespace(tune=False, tune_file="t.json", batch_size=batch)
         setup_tune(llm, args, lines.append)
         assert lines[-1] == (f"tune: t.json was benched up to M=4; batches of up to {min(batch, ctx)} "
                              f"tokens are estimated past it ({hint})")
+    # a thread count between two benched ones: its times are estimated, and it says so
+    llm.model.tune.thread_counts = [1, 4]
+    setup_tune(llm, args, lines.append)
+    assert "tune: t.json was benched at 1, 4 threads; times at 2 are estimated between them" in lines
 
 
 def test_tune_at_start_up_benches_nothing_for_a_refused_prompt_or_text():
@@ -781,11 +786,38 @@ def test_main_seed_zero_is_a_seed():
     assert runs[0].stdout == runs[1].stdout
 
 
-def test_main_generates_until_the_context_is_full_without_n():
-    # llama.cpp's default -n is -1: no limit but end of text (ignored here) or a full context
-    proc = main("-p", "ROMEO.", "-c", 160, "--ignore-eos", "-s", 1, "-t", 1)
+def test_main_runs_on_past_a_full_context_without_n():
+    # llama.cpp's default -n is -1: no limit but end of text (ignored here); a full context
+    # shifts (half of what follows the kept prompt is dropped) and generation goes on
+    proc = subprocess.Popen([sys.executable, "-m", "ggml_py.cli.main", "-p", "ROMEO.", "-c", "32",
+                             "--keep", "-1", "--ignore-eos", "-s", "1", "-t", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=CWD)
+    try:
+        os.set_blocking(proc.stdout.fileno(), False)
+        received, deadline = b"", time.monotonic() + 60
+        while len(received) < 2000 and time.monotonic() < deadline:   # far past 32 tokens
+            received += proc.stdout.read() or b""
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    err = err.decode()
+    assert len(received) >= 2000 and proc.returncode == 130, err
+    assert "n_predict = -1," in err and "context full" not in err
+    shifts = int(re.search(r"context shifts = +(\d+)", err).group(1))
+    assert shifts >= 10
+
+
+def test_main_n_predict_minus_two_runs_until_the_context_is_full_and_below_is_refused():
+    # llama.cpp: -2 is "until the context is full"; nothing below -2 has a meaning
+    proc = main("-p", "ROMEO.", "-c", 48, "-n", -2, "--ignore-eos", "-s", 1, "-t", 1)
     assert proc.returncode == 0, proc.stderr
-    assert "n_predict = -1," in proc.stderr and "main: context full, stopping" in proc.stderr
+    assert "n_predict = -2," in proc.stderr and "main: context full, stopping" in proc.stderr
+    # prompt and generated tokens fill the 48 positions; the last one sampled is not evaluated
+    assert re.search(r"total time = .* / +47 tokens", proc.stderr)
+    line = assert_one_line_error(main("-n", -3, "-p", "ROMEO."), code=2)
+    assert "-n/--n-predict: must be at least -2" in line
 
 
 def test_main_the_later_of_prompt_and_file_is_the_prompt(tmp_path):

@@ -150,14 +150,16 @@ def test_graphs_are_cached_and_calls_allocate_nothing():
     assert model._graphs[(1, 64, 1)] is graph and graph.ctx.used == used
 
 
-def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkeypatch):
+@pytest.mark.parametrize("attention", ["graph", "auto"])
+def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkeypatch, attention):
     # 20 windows of 16 slots: a sequence fed in batches of 16 needs 20 graphs, more than
     # the 16 once kept, which made every graph be rebuilt (and reallocated) every time
     import ggml_py.model.llama as llama
     builds = []
     build = llama.build_forward_graph
     monkeypatch.setattr(llama, "build_forward_graph", lambda *a, **k: builds.append(a[3:6]) or build(*a, **k))
-    model = LlamaModel(model_path("f32"), n_ctx=320, kv_type=Type.F32, n_threads=2, kv_pad=16)
+    model = LlamaModel(model_path("f32"), n_ctx=320, kv_type=Type.F32, n_threads=2, kv_pad=16,
+                       attention=attention)
     tokens = np.resize(TOKENS, 320)
 
     def one_pass():
@@ -176,7 +178,11 @@ def test_graphs_share_one_buffer_and_are_not_rebuilt_past_sixteen_windows(monkey
     assert len(graphs) == 20
     # one buffer of intermediates and one work buffer for all of them (as ggml's compute buffer)
     assert all(np.shares_memory(g.logits, model._intermediates) for g in graphs)
-    assert all(np.shares_memory(g.mask, model._masks) for g in graphs)   # not a mask per graph
+    if attention == "graph":     # not a mask per graph
+        assert all(np.shares_memory(g.mask, model._masks) for g in graphs)
+    else:                        # no mask: the attention op's slot lists
+        assert all(g.mask is None and g.kv_index.size == 2 * 16 + K for g, (_, K, _) in
+                   zip(graphs, model._graphs))
     assert len({id(g.graph._work) for g in graphs}) == 1
 
 

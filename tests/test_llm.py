@@ -215,7 +215,6 @@ def test_generate_stops_at_a_stop_string_and_evaluates_no_further(llm):
 
 
 def test_timings_count_eval_and_keep_graph_building_apart():
-    import time
     llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
     t = llm.timings
     llm.eval([1, 2, 3, 4])
@@ -230,10 +229,20 @@ def test_timings_count_eval_and_keep_graph_building_apart():
         with pytest.raises(ValueError):
             llm.eval(refused)
     assert (t.prompt_tokens, t.eval_tokens) == (8, 1)          # refused calls count nothing
-    # total: the wall time since the load (not a sum that included the load)
-    time.sleep(0.05)
-    total_ms = float(t.lines()[-1].split("=")[1].split("ms")[0])
-    assert total_ms >= 50 and total_ms < 1e3 * (t.load_s + 60)
+
+    # total: the time since the load, read from the Llama's clock (not a sum that
+    # included the load): a clock stepped by hand, 2 s a reading while loading, then stopped
+    now = [0.0]
+
+    def loading_clock():
+        now[0] += 2.0 if loading else 0.0
+        return now[0]
+    loading = True
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, clock=loading_clock)
+    loading = False
+    assert llm.timings.load_s == pytest.approx(2.0)
+    now[0] += 0.25
+    assert llm.timings.lines()[-1] == "      total time =     250.00 ms /     0 tokens"
 
 
 def reference_perplexity(reference, tokens, n_ctx, bos):
@@ -290,7 +299,11 @@ def test_bad_arguments():
         gg.Llama("/nonexistent/model.gguf")
     with pytest.raises(ValueError, match="kv_type"):
         gg.Llama(model_path("f32"), kv_type="q8")
-    with pytest.raises(ValueError, match="Llama: kv_type must be 'f16' or 'f32', got Q8_0"):
+    with pytest.raises(ValueError, match="Llama: kv_type must be one of f32, f16, q8_0, q4_0, "
+                                         "int8, got Q5_1"):
+        gg.Llama(model_path("f32"), kv_type=gg.Q5_1)
+    with pytest.raises(ValueError, match="a Q8_0 KV cache needs a head size that is a multiple "
+                                         "of 32, not 16"):
         gg.Llama(model_path("f32"), kv_type=gg.Q8_0)
     for same in ("F32", gg.F32, 0):          # a type by name in any case, or its number
         assert gg.Llama(model_path("f32"), n_ctx=16, kv_type=same).model.cache.type == gg.F32
@@ -826,24 +839,39 @@ def test_a_utf8_sequence_cut_at_the_end_of_generation_still_comes_out(llm):
 
 
 def test_building_graphs_is_not_counted_as_evaluation(monkeypatch):
-    # a build made slow on purpose: its time is build time, not the prompt's nor the token's,
-    # and not in perplexity's seconds per chunk
-    import time
+    # a clock stepped by hand: each graph build takes 0.5 s of it, each compute 0.01 s;
+    # the builds are build time, not the prompt's nor the token's, and not in
+    # perplexity's seconds per chunk
     import ggml_py.model.llama as llama_module
-    build = llama_module.build_forward_graph
+    now = [0.0]
+    build, compute = llama_module.build_forward_graph, gg.Graph.compute
 
     def slow_build(*args, **kwargs):
-        time.sleep(0.5)
+        now[0] += 0.5
         return build(*args, **kwargs)
+
+    def timed_compute(self, *args, **kwargs):
+        now[0] += 0.01
+        return compute(self, *args, **kwargs)
     monkeypatch.setattr(llama_module, "build_forward_graph", slow_build)
-    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1)
+    monkeypatch.setattr(gg.Graph, "compute", timed_compute)
+    llm = gg.Llama(model_path("f32"), n_ctx=64, n_threads=1, clock=lambda: now[0])
     llm.eval([1, 2, 3, 4])
     llm.eval([5])
     t = llm.timings
-    assert t.build_s >= 1.0 and t.prompt_s < 0.45 and t.eval_s < 0.45, t
+    assert (t.builds, t.prompt_tokens, t.eval_tokens) == (2, 4, 1)
+    assert t.build_s == pytest.approx(1.0) and t.prompt_s == pytest.approx(0.01), t
+    assert t.eval_s == pytest.approx(0.01), t
     seconds = []
     llm.perplexity(TEXT, n_ctx=16, n_chunks=1, callback=lambda *args: seconds.append(args[-1]))
-    assert llm.timings.build_s >= 1.5 and seconds[0] < 0.45
+    assert llm.timings.builds == 3 and llm.timings.build_s == pytest.approx(1.5)
+    assert seconds == [pytest.approx(0.01)]           # one batch of 16: one compute
+    assert "total time =    1530.00 ms /    21 tokens" in "\n".join(llm.timings.lines())
+
+
+def test_a_clock_that_is_not_callable_is_refused():
+    with pytest.raises(TypeError, match="Llama: clock must be callable"):
+        gg.Llama(model_path("f32"), n_ctx=64, clock=1.0)
 
 
 def test_token_nll_sums_the_exponentials_in_double_as_llama_cpp():

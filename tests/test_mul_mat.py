@@ -275,6 +275,27 @@ def test_non_contiguous_src1_is_cpu_only(t):
     assert nmse(y.numpy(), ref) <= NMSE_MAX
 
 
+@pytest.mark.parametrize("t", [gg.F32, gg.F16, gg.Q8_0, gg.Q4_K], ids=lambda t: t.name)
+def test_columns_of_a_wider_src0_take_every_profile(t):
+    """src0 some columns of a wider matrix (its rows packed, further apart: one process's
+    share of a matrix split by its input columns) is read in place by every profile."""
+    rng = np.random.default_rng(6)
+    k, start = 512, 256                   # the second half of each row (whole K-quant blocks)
+    w = rng.standard_normal((40, 2 * k)).astype(np.float32)
+    x = rng.standard_normal((33, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=16 << 20)
+    whole = ctx.from_numpy(w, type=t)
+    a = gg.view(whole, (40, k), whole.strides, offset=gg.row_bytes(t, start))
+    y = gg.mul_mat(a, ctx.from_numpy(x))
+    names = [p.name for p in y.profiles()]
+    assert "blas" in names and y.profile.name in ("blas-mt", "blas-split")
+    ref = x.astype(np.float64) @ stored_weights(w, t)[:, start:start + k].astype(np.float64).T
+    for p in y.profiles():
+        y.profile = p
+        out = compute(y, threads=(1, 2), exact=p.name != "blas-mt")
+        assert nmse(out, ref) <= NMSE_MAX, p.name
+
+
 @pytest.mark.parametrize("profile", ["cpu", "blas", "blas-split", "blas-mt"])
 def test_batched_broadcast(profile):
     """src0 (2, N, K) broadcast over src1 (4, M, K), as grouped-query attention does."""

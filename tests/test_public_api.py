@@ -38,8 +38,8 @@ def test_every_import_in_the_docs_imports(doc):
 
 def test_every_console_script_has_its_main():
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert set(scripts) == {"ggml-main", "ggml-perplexity", "ggml-bench", "ggml-tune",
-                            "ggml-quantize", "ggml-convert"}
+    assert set(scripts) == {"ggml-main", "ggml-perplexity", "ggml-batched", "ggml-bench", "ggml-tune",
+                            "ggml-quantize", "ggml-convert", "ggml-server"}
     for name, target in scripts.items():
         module, function = target.split(":")
         assert module.startswith("ggml_py.cli."), f"{name}: {target} is not in cli/"

@@ -244,8 +244,36 @@ def test_estimates_pick_the_fastest_and_extrapolate():
     assert p.name == "cpu" and t == pytest.approx(41.0)
     (t, p), _ = data.estimates(64, 64, gg.F32, 128, 1)
     assert p.name == "blas" and t == pytest.approx(160 + 5 * 128)
-    assert data.estimates(64, 64, gg.F32, 4, 3) == []       # thread count not benched
+    assert data.estimates(64, 64, gg.F32, 4, 3) == []       # past the thread counts benched
     assert data.estimates(64, 65, gg.F32, 4, 1) == []       # shape not benched
+    assert data.estimates(64, 64, gg.F32, 4, 1).between is None
+
+
+def test_thread_counts_between_benched_ones_are_interpolated_in_one_over_n():
+    # cpu's compute takes 10 M / n µs, its init 1 µs: a line in 1/n, met exactly between
+    # 1 and 4 threads; blas (one thread, 160 + 5 M) stands for blas-mt at one thread
+    data = synthetic_data(thread_counts=(1, 4))
+    for n in (2, 3):
+        found = data.estimates(64, 64, gg.F32, 8, n)
+        assert found.between == (1, 4)
+        times = {p.name: t for t, p in found}
+        assert times["cpu"] == pytest.approx(1.0 + 80.0 / n)
+        w = (1 / n - 1 / 4) / (1 - 1 / 4)
+        assert times["blas-mt"] == pytest.approx(w * 200 + (1 - w) * 240)
+        assert times["blas"] == pytest.approx(200.0)       # one thread's work at any count
+    assert data.estimates(64, 64, gg.F32, 8, 5) == []      # past the last: not guessed
+    assert data.estimates(64, 64, gg.F32, 8, 4).between is None
+
+
+def test_a_plan_at_an_unbenched_thread_count_is_marked_estimated():
+    data = synthetic_data(thread_counts=(1, 4))
+    graph, _, _ = mul_mat_graph(4)
+    row = graph.plan(2, tune=data).rows[-1]
+    assert (row.reason, row.profile.name) == ("estimated", "cpu")
+    assert row.estimate_us == pytest.approx(1.0 + 40.0 / 2)
+    assert "estimated" in str(graph.plan(2, tune=data))
+    assert graph.plan(4, tune=data).rows[-1].reason == "tuned"
+    assert graph.plan(5, tune=data).rows[-1].reason == "fallback"
 
 
 def test_file_round_trip(tmp_path):
@@ -461,8 +489,12 @@ def test_a_missing_model_is_reported_as_missing_not_compared_with_the_output(tmp
 def test_a_file_benched_at_other_thread_counts_is_refused_when_asked(tmp_path):
     synthetic_data(thread_counts=(1,)).save(tmp_path / "t.json")
     assert tune.load(tmp_path / "t.json", n_threads=1).thread_counts == [1]
-    with pytest.raises(TuneFileError, match="benched at 1 thread, not at 2"):
+    with pytest.raises(TuneFileError, match="benched at 1 thread, not at 2 nor on both sides"):
         tune.load(tmp_path / "t.json", n_threads=2)
+    synthetic_data(thread_counts=(1, 4)).save(tmp_path / "t.json")
+    assert tune.load(tmp_path / "t.json", n_threads=3).thread_counts == [1, 4]   # between
+    with pytest.raises(TuneFileError, match="benched at 1, 4 threads, not at 5"):
+        tune.load(tmp_path / "t.json", n_threads=5)
 
 
 def test_the_plan_runs_the_nodes_own_flags_whatever_the_file_says(tmp_path):
@@ -553,7 +585,7 @@ def test_plan_uses_tune_data_and_falls_back():
     row = graph.plan(1, tune=data).rows[-1]
     assert (row.reason, row.profile.name) == ("tuned", "cpu")
     assert row.estimate_us == pytest.approx(41.0)
-    row = graph.plan(3, tune=data).rows[-1]          # thread count not in the data
+    row = graph.plan(3, tune=data).rows[-1]          # past the thread counts in the data
     assert row.reason == "fallback" and row.estimate_us is None
     # ggml's rule, on one thread: 64 x 64 x 4 multiply-adds are too few for three
     default = graph.nodes[-1].default_profile()
@@ -635,7 +667,7 @@ def test_bench_measures_every_profile_and_stage(tmp_path):
 def test_cli_bench_and_analyze(tmp_path, capsys):
     out = tmp_path / "t.json"
     assert tune_main(["--model-shape", "1.1B", "--type", "F32", "--m-max", "1", "--n-threads", "1",
-                      "-o", str(out), "-q"]) == 0
+                      "--kv-types", "none", "-o", str(out), "-q"]) == 0
     data = tune.load(out)
     assert {s.key[:2] for s in data.shapes} == {s[:2] for s in preset_shapes("1.1B", gg.F32)}
     capsys.readouterr()
@@ -656,8 +688,47 @@ def test_by_default_ggml_tune_benches_the_thread_count_ggml_main_runs_at(tmp_pat
     monkeypatch.setattr(tune_cli, "bench", fake_bench)
     for cores, expected in [(8, [1, 2, 8]), (2, [1, 2]), (1, [1, 2])]:
         monkeypatch.setattr(ggml_py.core.graph, "default_threads", lambda: cores)
-        assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q"]) == 0
+        assert tune_main(["--model-shape", "1.1B", "-o", str(tmp_path / "t.json"), "-q",
+                          "--kv-types", "none"]) == 0
         assert asked.pop() == expected
+
+
+def test_without_a_model_ggml_tune_benches_the_bundled_one(tmp_path, monkeypatch):
+    from ggml_py.cli import tune as tune_cli
+    from ggml_py.files.gguf_reader import GGUFModelFile
+    from ggml_py.model.bundled import default_model_path
+    from ggml_py.model.weights import matrix_shapes
+    asked = []
+
+    def fake_bench(shapes, model, **kwargs):
+        asked.append((model, shapes))
+        return synthetic_data()
+    monkeypatch.setattr(tune_cli, "bench", fake_bench)
+    assert tune_main(["-o", str(tmp_path / "t.json"), "-q", "--kv-types", "none"]) == 0
+    assert asked == [matrix_shapes(GGUFModelFile(default_model_path()))]
+    assert tune.load(tmp_path / "t.json").model == "synthetic"
+
+
+def test_ggml_tune_benches_the_attention_of_each_kv_type(tmp_path, monkeypatch):
+    from ggml_py.cli import tune as tune_cli
+    from ggml_py.tune.attention import bench_attention
+    asked = []
+    monkeypatch.setattr(tune_cli, "bench", lambda *args, **kwargs: synthetic_data())
+
+    def small(shapes, thread_counts):
+        asked.append(shapes)
+        return bench_attention(shapes, thread_counts, tokens=[1], lengths=[8, 16], repetitions=1)
+    monkeypatch.setattr(tune_cli, "bench_attention", small)
+    assert tune_main(["-o", str(tmp_path / "t.json"), "-q", "--kv-types", "int8,q4_0,f16",
+                      "--n-threads", "1"]) == 0
+    # the bundled model: heads of 32, 8 of them, 8 KV heads
+    assert asked == [[(32, 8, 8, gg.I8, gg.I8), (32, 8, 8, gg.Q4_0, gg.Q4_0),
+                      (32, 8, 8, gg.F16, gg.F16)]]
+    data = tune.load(tmp_path / "t.json")
+    assert [a.key for a in data.attention] == asked[0]
+    assert data.attention_estimates(32, 8, 8, gg.I8, gg.I8, 1, 12, 1)
+    with pytest.raises(SystemExit):
+        tune_main(["-o", str(tmp_path / "t.json"), "--kv-types", "q5_0"])
 
 
 def test_cli_errors(tmp_path, capsys):
@@ -697,6 +768,7 @@ def test_cli_refuses_types_and_thread_counts_it_cannot_run(tmp_path, capsys, arg
 
 @pytest.mark.parametrize("args, match", [
     (["-m", "model.gguf", "--type", "F16"], "--type goes with --model-shape"),
+    (["--type", "F16"], "--type goes with --model-shape"),     # the bundled model's own types
     (["--model-shape", "1.1B", "--m-max", "13"], "--m-max must be in 1..12"),
     (["--model-shape", "1.1B", "--m-max", "0"], "--m-max must be in 1..12 (two Ms or more"),
     (["--model-shape", "1.1B", "--passes", "0"], "--passes must be >= 1"),
@@ -755,7 +827,7 @@ def test_analyze_plot_paths(tmp_path, capsys, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
     assert tune_main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 1
-    assert "--plot needs matplotlib" in capsys.readouterr().err
+    assert "--plot needs matplotlib: pip install 'ggml_py[plot]'" in capsys.readouterr().err
 
 
 def test_analyze_reports_crossovers():

@@ -9,9 +9,11 @@ import sys
 import threading
 import warnings
 
+from ggml_py.dist.launch import mpiexec_size, serve_and_exit, world
+from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
-from ggml_py.model.session import Llama, TrainingContextWarning
+from ggml_py.model.session import TrainingContextWarning
 
 
 def console_script(main):
@@ -230,19 +232,42 @@ def add_model_arguments(parser, ctx_default):
                         help="do not process escape sequences")
     parser.add_argument("-b", "--batch-size", type=positive_int, default=512, metavar="N",
                         help="most tokens evaluated at once (default: 512)")
-    parser.add_argument("-ctk", "--cache-type-k", choices=("f16", "f32"), default="f16",
-                        help="KV cache type for K (default: f16)")
-    parser.add_argument("-ctv", "--cache-type-v", choices=("f16", "f32"), default=None,
-                        help="KV cache type for V (default: as K; must equal K)")
+    add_kv_arguments(parser)
     parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
+    parser.add_argument("--tp", action="store_true",
+                        help="under mpiexec -n N: split the model over the N processes (tensor "
+                             "parallel; N must divide the model's KV heads); rank 0 prints, "
+                             "the others compute their share")
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
     parser.add_argument("--tune-file", metavar="FNAME",
                         help="load MUL_MAT tune data (ggml-tune) to schedule with; with --tune, "
                              "write it there and exit")
+
+
+KV_TYPE_CHOICES = ("f32", "f16", "q8_0", "q4_0", "int8")
+ATTENTION_CHOICES = ("auto", "graph", "slim", "flash")
+
+
+def add_kv_arguments(parser):
+    """-ctk, -ctv (llama.cpp's names and types, plus int8) and --attention."""
+    parser.add_argument("-ctk", "--cache-type-k", choices=KV_TYPE_CHOICES, default="f16",
+                        help="KV cache type for K (default: f16; int8: one scale per token and "
+                             "head)")
+    parser.add_argument("-ctv", "--cache-type-v", choices=KV_TYPE_CHOICES, default=None,
+                        help="KV cache type for V (default: as K)")
+    parser.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
+                        help="attention: one node (slim or flash profile; auto: the planner's "
+                             "choice) or the three-node graph (f16/f32 caches) (default: auto)")
+
+
+def kv_options(args):
+    """The Llama keyword arguments of -ctk, -ctv and --attention."""
+    return {"kv_type": args.cache_type_k, "kv_type_v": args.cache_type_v or args.cache_type_k,
+            "attention": args.attention}
 
 
 def setup_tune(llm, args, log):
@@ -256,13 +281,12 @@ def setup_tune(llm, args, log):
     import time
 
     from ggml_py.tune import data as tune
-    from ggml_py.model.weights import matrix_shapes
     from ggml_py.tune.bench import bench
     m_max = min(args.batch_size, llm.n_ctx())   # the largest batch a run can evaluate
     if args.tune:
         if args.tune_file is not None:
             tune.check_writable(args.tune_file, not_over=llm.model.file.path)
-        name, shapes = matrix_shapes(llm.model.file)
+        name, shapes = llm.matrix_shapes()     # a split model's: its ranks' shares
         m_values = [2 ** i for i in range(max(m_max - 1, 1).bit_length() + 1)]
         start = time.perf_counter()
         data = bench(shapes, model=name, m_values=m_values, thread_counts=[llm.n_threads()])
@@ -278,7 +302,11 @@ def setup_tune(llm, args, log):
         try:
             llm.set_tune(args.tune_file)
             log(f"tune: scheduling MUL_MAT profiles with {args.tune_file}")
-            benched = llm.model.tune.m_values[-1]
+            data = llm.model.tune
+            if llm.n_threads() not in data.thread_counts:
+                log(f"tune: {args.tune_file} was benched at {tune.threads_text(data.thread_counts)}; "
+                    f"times at {llm.n_threads()} are estimated between them")
+            benched = data.m_values[-1]
             if m_max > benched:
                 m_max_flag = (m_max - 1).bit_length()
                 hint = (f"ggml-tune --m-max {m_max_flag} benches them" if m_max_flag <= 12
@@ -289,32 +317,53 @@ def setup_tune(llm, args, log):
             log(f"tune: {exc}; using the fallback rule")
 
 
-def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, **kwargs):
+def serving_rank():
+    """Whether this process is a rank other than 0 of an mpiexec launch (with --tp it
+    computes its share of rank 0's steps and prints nothing)."""
+    comm = world()
+    return comm is not None and comm.Get_rank() > 0
+
+
+def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
+               tp=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
     context) and ModelFileWarnings (a file others may change under its mapping), for the
-    program to log as llama.cpp does; other warnings are shown as Python shows them."""
+    program to log as llama.cpp does; other warnings are shown as Python shows them.
+    pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
+    given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
+    context itself, so a pool past the training context is not warned about.
+
+    tp (--tp): under mpiexec with more than one process, the model is split over them;
+    only rank 0 returns (the others serve its steps and then end the process)."""
+    comm = world() if tp else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
+        given = n_ctx
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
-        llm = Llama(f, n_ctx=n_ctx, **kwargs)
+        if pool_contexts is not None and given is None:
+            n_ctx *= pool_contexts
+        llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
+    if llm.rank > 0:
+        serve_and_exit(llm)
+    if pool_contexts is not None:
+        caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
     messages = []
+    if tp and comm is None:
+        messages.append("--tp: one process (mpiexec -n N starts N processes to split the model "
+                        "over)")
+    elif not tp and mpiexec_size() > 1:
+        messages.append(f"started by mpiexec with {mpiexec_size()} processes but without --tp: "
+                        f"each runs the whole model alone")
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
             messages.append(str(w.message))
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return llm, messages
-
-
-def kv_type(parser, args):
-    """The KV cache type of -ctk ("f16" or "f32"); a -ctv that differs is a flag error (exit 2)."""
-    if args.cache_type_v is not None and args.cache_type_v != args.cache_type_k:
-        parser.error("the K and V cache types must be the same (-ctk / -ctv)")
-    return args.cache_type_k
 
 
 def run(prog, main, argv=None):

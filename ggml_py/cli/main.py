@@ -2,18 +2,20 @@
 
 The prompt and the generated text go to stdout as they are produced; the
 system info, load time and the timings at the end go to stderr. Ctrl-C stops
-generation and still prints the timings (exit status 130).
+generation and still prints the timings (exit status 130). -cnv (a chat with the
+model's template), -i / --interactive-first and -r run cli/interactive.py's loop.
 """
 import argparse
 import random
 import sys
 
 import ggml_py as gg
-from ggml_py.model.bundled import default_model_path
+from ggml_py.cli import interactive
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, number, positive_number, process_escapes,
-                                open_llama, read_prompt_file, run,
-                                setup_tune)
+                                kv_options, number, open_llama, positive_number, process_escapes,
+                                read_prompt_file, run, setup_tune)
+from ggml_py.model.bundled import default_model_path
+from ggml_py.model.context_shift import kept_count
 from ggml_py.model.perplexity import ADD_EOS_REFUSED
 from ggml_py.model.sampling import SamplingParams
 
@@ -25,6 +27,23 @@ def repeat_window(text):
     value = int(text)
     if value < -1:
         raise argparse.ArgumentTypeError(f"must be at least -1 (-1: the context), got {value}")
+    return value
+
+
+def predict_count(text):
+    """-n: tokens to predict, or -1 (no limit) or -2 (until the context is full), as llama.cpp."""
+    value = int(text)
+    if value < -2:
+        raise argparse.ArgumentTypeError(f"must be at least -2 (-1: no limit, -2: until the "
+                                         f"context is full), got {value}")
+    return value
+
+
+def keep_value(text):
+    """--keep: tokens of the prompt a context shift keeps (-1: all of it), as llama.cpp."""
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be at least -1 (-1: the whole prompt), got {value}")
     return value
 
 
@@ -61,8 +80,9 @@ def build_parser():
                    help="a file holding the prompt, less one trailing newline (the later of "
                         "-p and -f is the prompt)")
     p.set_defaults(prompt_from="prompt")
-    p.add_argument("-n", "--n-predict", type=int, default=-1, metavar="N",
-                   help="tokens to predict (default: -1 = until end of text or full context)")
+    p.add_argument("-n", "--n-predict", type=predict_count, default=-1, metavar="N",
+                   help="tokens to predict (default: -1 = no limit: until end of text, the "
+                        "context shifting when full; -2 = until the context is full)")
     p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
                    help="RNG seed (default: -1, a random seed)")
     p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
@@ -80,7 +100,47 @@ def build_parser():
     p.add_argument("--ignore-eos", action="store_true",
                    help="never end at an end-of-text token (its logit is set to -inf)")
     p.add_argument("--verbose-prompt", action="store_true", help="print the prompt's tokens")
+    p.add_argument("--keep", type=keep_value, default=0, metavar="N",
+                   help="tokens of the prompt a context shift keeps (default: 0, -1 = all; "
+                        "the BOS is always kept)")
+    p.add_argument("--no-display-prompt", dest="display_prompt", action="store_false",
+                   help="do not echo the prompt")
+    p.add_argument("-co", "--color", action="store_true",
+                   help="colour the prompt (yellow) and the user's input (green) where the "
+                        "terminal shows colours")
+    p.add_argument("-sp", "--special", action="store_true",
+                   help="print special tokens (<s>, </s>, <|im_end|> ...) as their texts")
+    chat = p.add_argument_group("conversation and interactive modes")
+    chat.add_argument("-cnv", "--conversation", action="store_true",
+                      help="chat with the model, in its chat template (a plain User:/Assistant: "
+                           "transcript for a model without one); -p is the first message")
+    chat.add_argument("-sys", "--system-prompt", metavar="PROMPT",
+                      help="the system message of the conversation (with -cnv)")
+    chat.add_argument("-i", "--interactive", action="store_true",
+                      help="generate, then read input where a reverse prompt or the end of "
+                           "text is reached, and go on")
+    chat.add_argument("-if", "--interactive-first", action="store_true",
+                      help="as -i, but read input before generating")
+    chat.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="PROMPT",
+                      help="stop generating where the text ends with PROMPT (plain text; "
+                           "may be given more than once) and, with -i, read input there")
     return p
+
+
+def log_settings(llm, args, prompt, ids, n_keep, seed, log):
+    """The prompt's tokens (--verbose-prompt), the sampler's and the run's settings."""
+    if args.verbose_prompt:
+        log(f"main: prompt: '{prompt}'")
+        log(f"main: number of tokens in prompt = {len(ids)}")
+        for t in ids:
+            log(f"{t:6d} -> '{llm.tokenizer.token_to_piece(t).decode('utf-8', 'replace')}'")
+    repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
+    log(f"sampler params: repeat_last_n = {repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}, "
+        f"frequency_penalty = {args.frequency_penalty:.3f}, presence_penalty = {args.presence_penalty:.3f}, "
+        f"top_k = {args.top_k}, top_p = {args.top_p:.3f}, min_p = {args.min_p:.3f}, temp = {args.temp:.3f}")
+    log(f"generate: n_ctx = {llm.n_ctx()}, n_batch = {args.batch_size}, "
+        f"n_predict = {args.n_predict}, n_keep = {n_keep}, seed = {seed}")
+    log("")
 
 
 def log(*args):
@@ -93,16 +153,20 @@ def main(argv=None):
     stderr. Returns the exit status: 0, or 130 when interrupted."""
     parser = build_parser()
     args = parser.parse_args(prompt_taken_whole(sys.argv[1:] if argv is None else argv))
+    if args.system_prompt is not None and not args.conversation:
+        parser.error("-sys/--system-prompt goes with -cnv/--conversation")
+    if "" in args.reverse_prompt:
+        parser.error("argument -r/--reverse-prompt: expected a text, got ''")
     args.model = args.model or default_model_path()
-    cache_type = kv_type(parser, args)
     prompt = args.prompt if args.prompt_from == "prompt" else read_prompt_file(args.file)
-    if args.escape:    # as llama.cpp: on by default, for -p and -f alike
+    if args.escape:    # as llama.cpp: on by default, for -p and -f and the reverse prompts
         prompt = process_escapes(prompt)
+        args.reverse_prompt = [process_escapes(text) for text in args.reverse_prompt]
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**32)
 
     llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                    n_batch=args.batch_size, kv_type=cache_type,
-                                    use_mmap=args.use_mmap)
+                                    n_batch=args.batch_size, **kv_options(args),
+                                    use_mmap=args.use_mmap, tp=args.tp)
     c = llm.config
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"main: loaded {args.model}: llama, {c.n_layer} layers, {c.n_embd} wide, "
@@ -116,38 +180,43 @@ def main(argv=None):
 
     if llm.tokenizer.add_eos:
         raise ValueError(ADD_EOS_REFUSED)
-    # as llama-cli: special tokens in the prompt ("<s>") are parsed; an empty prompt is
-    # the BOS alone, or refused where the vocabulary adds none
-    ids = llm.tokenize(prompt, special=True)
-    if not ids:
-        raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     repeat_last_n = llm.n_ctx() if args.repeat_last_n < 0 else args.repeat_last_n
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                             min_p=args.min_p, repeat_penalty=args.repeat_penalty,
                             repeat_last_n=repeat_last_n,
                             frequency_penalty=args.frequency_penalty,
                             presence_penalty=args.presence_penalty, seed=seed)
+    if args.conversation or args.interactive or args.interactive_first or args.reverse_prompt:
+        # checks now that the opening fits: nothing is echoed for one that does not
+        conv, reply_first = interactive.start(llm, args, params, prompt, log)
+        setup_tune(llm, args, log)
+        log_settings(llm, args, prompt, conv.tokens, conv.n_keep, seed, log)
+        if args.conversation or args.interactive or args.interactive_first:
+            interactive.interactive_banner(args, log)
+        status = interactive.run(llm, conv, reply_first, args, log)
+        log("")
+        for line in llm.timings.lines():
+            log(f"perf: {line}")
+        return status
+    # as llama-cli: special tokens in the prompt ("<s>") are parsed; an empty prompt is
+    # the BOS alone, or refused where the vocabulary adds none
+    ids = llm.tokenize(prompt, special=True)
+    if not ids:
+        raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     # checks now that the prompt fits the context: nothing is echoed for one that does not
+    # -1: no limit, the context shifting when full (as llama-cli); -2: until it is full
     generated = llm.generate_tokens(ids, params, max_tokens=args.n_predict,
-                                    ignore_eos=args.ignore_eos)
+                                    ignore_eos=args.ignore_eos,
+                                    context_shift=args.n_predict == -1, keep=args.keep)
     setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
-    if args.verbose_prompt:
-        log(f"main: prompt: '{prompt}'")
-        log(f"main: number of tokens in prompt = {len(ids)}")
-        for t in ids:
-            log(f"{t:6d} -> '{llm.tokenizer.token_to_piece(t).decode('utf-8', 'replace')}'")
-    log(f"sampler params: repeat_last_n = {repeat_last_n}, repeat_penalty = {args.repeat_penalty:.3f}, "
-        f"frequency_penalty = {args.frequency_penalty:.3f}, presence_penalty = {args.presence_penalty:.3f}, "
-        f"top_k = {args.top_k}, top_p = {args.top_p:.3f}, min_p = {args.min_p:.3f}, temp = {args.temp:.3f}")
-    log(f"generate: n_ctx = {llm.n_ctx()}, n_batch = {args.batch_size}, "
-        f"n_predict = {args.n_predict}, seed = {seed}")
-    log("")
+    log_settings(llm, args, prompt, ids, kept_count(ids, args.keep, llm.token_bos()), seed, log)
 
     status = 0
-    decoder = llm.tokenizer.decoder(strip_leading_space=False)
+    decoder = llm.tokenizer.decoder(unparse_special=args.special, strip_leading_space=False)
     out = sys.stdout
     try:
-        out.write("".join(decoder.feed(t) for t in ids))
+        if args.display_prompt:
+            out.write("".join(decoder.feed(t) for t in ids))
         out.flush()
         n_generated = 0
         for token in generated:

@@ -13,7 +13,7 @@ import time
 import ggml_py as gg
 from ggml_py.model.bundled import default_model_path, default_text_path
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_type, open_llama, process_escapes, read_prompt_file,
+                                kv_options, open_llama, process_escapes, read_prompt_file,
                                 run, setup_tune)
 from ggml_py.model.perplexity import ADD_EOS_REFUSED
 
@@ -56,14 +56,13 @@ def main(argv=None):
         parser.error(f"argument -c/--ctx-size: must be at least 4 (0: the model's training "
                      f"context), got {args.ctx_size}")
     args.file = args.file or default_text_path()
-    cache_type = kv_type(parser, args)
     text = read_prompt_file(args.file)    # as llama.cpp's -f, for every program
     if args.escape:    # llama.cpp escapes params.prompt, which holds the -f text
         text = process_escapes(text)
 
     llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
-                                    n_batch=args.batch_size, kv_type=cache_type,
-                                    use_mmap=args.use_mmap)
+                                    n_batch=args.batch_size, **kv_options(args),
+                                    use_mmap=args.use_mmap, tp=args.tp)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
     for message in load_warnings:

@@ -2,22 +2,50 @@
 or plot a tune file.
 
     ggml-tune -m model.gguf -o tune.json            # shapes and types from the model
+    ggml-tune -o tune.json                          # the bundled model's
     ggml-tune --model-shape 1.1B --type Q4_0 -o tune.json --n-threads 1,2 --m-max 9
     ggml-tune analyze tune.json [--plot tune.png]
 """
+import argparse
 import os
 import sys
 import time
 
 import ggml_py as gg
+from ggml_py.cli.common import (
+    ArgumentParser,
+    console_script,
+    file_name,
+    run,
+    thread_list,
+    weight_type,
+)
 from ggml_py.core import graph
-from ggml_py.tune import data as tune
-from ggml_py.cli.common import (ArgumentParser, console_script, file_name, run, thread_list,
-                                weight_type)
-from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
 from ggml_py.files.gguf_reader import GGUFModelFile
+from ggml_py.files.output import OutputPathError, atomic_output, check_output_path
+from ggml_py.model.config import LlamaConfig
+from ggml_py.model.bundled import default_model_path
 from ggml_py.model.weights import matrix_shapes
+from ggml_py.tune import data as tune
+from ggml_py.tune.attention import bench_attention
 from ggml_py.tune.bench import PRESETS, bench, preset_shapes
+
+# the attention shapes of the presets: head size, heads, KV heads
+PRESET_ATTENTION = {"1.1B": (64, 32, 4), "7B": (128, 32, 32), "13B": (128, 40, 40)}
+KV_TYPES = {"f32": gg.Type.F32, "f16": gg.Type.F16, "q8_0": gg.Type.Q8_0, "q4_0": gg.Type.Q4_0,
+            "int8": gg.Type.I8}
+
+
+def kv_type_list(text):
+    """--kv-types: comma-separated KV cache types (-ctk's names), or 'none'."""
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if names == ["none"]:
+        return []
+    bad = [n for n in names if n not in KV_TYPES]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected types among {', '.join(KV_TYPES)} or none, "
+                                         f"got {text!r}")
+    return [KV_TYPES[n] for n in names]
 
 
 def parse_threads(text):
@@ -34,11 +62,13 @@ def default_thread_counts():
 def bench_parser():
     """The flags of a bench run (`ggml-tune analyze` has its own parser)."""
     p = ArgumentParser(prog="ggml-tune", description="Bench MUL_MAT task profiles per "
-                                "shape, M and thread count; write a tune file. "
+                                "shape, M and thread count, and the attention op's profiles "
+                                "per KV type and context length; write a tune file. "
                                 "'ggml-tune analyze FILE' reads one.")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("-m", "--model", type=file_name,
-                     help="GGUF model: bench its matrix shapes and weight types")
+                     help="GGUF model: bench its matrix shapes and weight types (default, "
+                          "without --model-shape: the bundled Shakespeare model)")
     src.add_argument("--model-shape", choices=sorted(PRESETS), help="llama shape preset")
     p.add_argument("--type", type=weight_type,
                    help="weight type with --model-shape (default Q4_0; a model has its own)")
@@ -49,6 +79,9 @@ def bench_parser():
     p.add_argument("--passes", type=int, default=1,
                    help="sweeps over all the shapes, one after another; each stage keeps "
                         "its fastest (default 1)")
+    p.add_argument("--kv-types", type=kv_type_list, default=[gg.Type.F16],
+                   help="KV cache types whose attention (slim, flash) is benched too, at the "
+                        "model's head shape (default f16; none: no attention)")
     p.add_argument("-o", "--file", required=True, type=file_name, help="tune file to write (JSON)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     return p
@@ -62,18 +95,27 @@ def tqdm_progress(total):
 
 def run_bench(args):
     """Bench the shapes of -m or --model-shape, save the tune file; exit status 0."""
+    if args.model is None and args.model_shape is None:    # as ggml-main: the bundled model
+        args.model = default_model_path()
     tune.check_writable(args.file, not_over=args.model)
     if args.model:
-        name, shapes = matrix_shapes(GGUFModelFile(args.model))
+        model_file = GGUFModelFile(args.model)
+        name, shapes = matrix_shapes(model_file)
+        c = LlamaConfig.from_gguf(model_file)
+        heads = (c.head_dim, c.n_head, c.n_head_kv)
     else:
         type = gg.Type.Q4_0 if args.type is None else args.type
         name, shapes = f"llama-{args.model_shape}-{type.name}", preset_shapes(args.model_shape, type)
+        heads = PRESET_ATTENTION[args.model_shape]
+    attention_shapes = [heads + (t, t) for t in args.kv_types
+                        if not (t in (gg.Type.Q8_0, gg.Type.Q4_0) and heads[0] % 32)]
     m_values = [2 ** i for i in range(args.m_max + 1)]
     if args.n_threads is None:
         args.n_threads = default_thread_counts()
     start = time.perf_counter()
     data = bench(shapes, model=name, m_values=m_values, thread_counts=args.n_threads,
                  passes=args.passes, progress=None if args.quiet else tqdm_progress)
+    data.attention = bench_attention(attention_shapes, args.n_threads)
     data.save(args.file)
     passes = f", {args.passes} passes" if args.passes > 1 else ""
     print(f"ggml-tune: {len(shapes)} shapes x {len(m_values)} M x threads {args.n_threads}{passes} in "
@@ -140,7 +182,7 @@ def _agg_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise ValueError("--plot needs matplotlib (pip install matplotlib)") from None
+        raise ValueError("--plot needs matplotlib: pip install 'ggml_py[plot]'") from None
     matplotlib.use("Agg")
     return matplotlib
 
@@ -219,7 +261,7 @@ def analyze_or_bench(argv):
         return run_analyze(argv[1:])
     parser = bench_parser()
     args = parser.parse_args(argv)
-    if args.model and args.type is not None:
+    if args.model_shape is None and args.type is not None:    # -m, or the bundled model
         parser.error("--type goes with --model-shape; a model's weights have their own")
     if not 1 <= args.m_max <= 12:
         parser.error("--m-max must be in 1..12 (two Ms or more: estimates interpolate between them)")

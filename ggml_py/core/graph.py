@@ -140,7 +140,7 @@ class PlanRow:
     type: Type
     profile: object
     work_size: int
-    reason: str = "default"          # default | fallback | tuned | user
+    reason: str = "default"          # default | fallback | tuned | estimated | user
     estimate_us: float = None
 
 
@@ -154,12 +154,12 @@ class Plan:
     def __str__(self):
         lines = [f"plan: {len(self.rows)} nodes, {self.n_threads} threads, "
                  f"work buffer {self.work_size} bytes",
-                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10} {'why':<8} "
+                 f"{'#':>4} {'op':<10} {'shape':<22} {'type':<5} {'work':>10} {'why':<9} "
                  f"{'est us':>9}  profile"]
         for r in self.rows:
             est = f"{r.estimate_us:9.1f}" if r.estimate_us is not None else f"{'':9}"
             lines.append(f"{r.index:>4} {r.op.name:<10} {str(r.shape):<22} {r.type.name:<5} "
-                         f"{r.work_size:>10} {r.reason:<8} {est}  {r.profile}")
+                         f"{r.work_size:>10} {r.reason:<9} {est}  {r.profile}")
         return "\n".join(lines)
 
 
@@ -199,8 +199,10 @@ class Stats(tuple):
 def choose_mul_mat_profile(node, n_threads, tune):
     """Set a MUL_MAT node's profile from tune data, else the built-in rule.
 
-    Returns (reason, estimated µs or None). Only the node's own profiles are
-    candidates, so non-contiguous operands stay on the CPU profile.
+    Returns (reason, estimated µs or None): "tuned" from times benched at n_threads,
+    "estimated" from times interpolated between two benched thread counts (the
+    estimates' `between`), "fallback" for the built-in rule. Only the node's own profiles
+    are candidates, so non-contiguous operands stay on the CPU profile.
     """
     a, b = node.src[0], node.src[1]
     n, k, m = a._ne[1], a._ne[0], b._ne[1]
@@ -208,10 +210,35 @@ def choose_mul_mat_profile(node, n_threads, tune):
     # de-quantized per batch) is not that product, so the built-in rule decides it
     if tune is not None and b._ne[2] * b._ne[3] == 1:
         own = node.profiles()
-        for estimate, profile in tune.estimates(n, k, a.type, m, n_threads):
+        estimates = tune.estimates(n, k, a.type, m, n_threads)
+        for estimate, profile in estimates:
             match = next((p for p in own if p.id == profile.id), None)
             if match is not None and match.same_code_path(profile):
                 node._plan_profile(match)   # the node's own flags, whatever the file says
+                between = getattr(estimates, "between", None)
+                return ("tuned" if between is None else "estimated"), estimate
+    node._plan_profile(node.default_profile())
+    return "fallback", None
+
+
+def choose_attention_profile(node, n_threads, tune):
+    """Set an ATTENTION node's profile (slim or flash) from tune data where its shape
+    (head size, heads, KV heads, K and V types) was benched at n_threads, else by the
+    rule (slim while its score buffer is small: ggml_py_attention_default_profile_index).
+
+    Returns (reason, estimated µs or None). The longest list a token can have stands
+    for the context length (the window of a single sequence, or the lists of a step).
+    """
+    q, k, v, index = node.src[:4]
+    T, H, D = q.shape
+    longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+    estimates = getattr(tune, "attention_estimates", None)
+    if estimates is not None:
+        own = {p.name: p for p in node.profiles()}
+        for estimate, name in estimates(D, H, k.shape[1] // D, k.type, v.type, T, longest,
+                                        n_threads):
+            if name in own:
+                node._plan_profile(own[name])
                 return "tuned", estimate
     node._plan_profile(node.default_profile())
     return "fallback", None
@@ -233,6 +260,11 @@ def stage_is_worth_threads(node, stage):
         return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= MIN_PARALLEL_MACS
     if node.op == Op.MUL_MAT:    # the BLAS profiles de-quantize the whole weight
         return _elements(node.src[0]) >= MIN_PARALLEL_ELEMENTS
+    if node.op == Op.ATTENTION:  # items: a kv head and a block of tokens; per token and
+        q, k, index = node.src[0], node.src[1], node.src[3]   # head, its list's K and V rows
+        T, H, D = q.shape
+        longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+        return (k.shape[1] // D >= 2 or T >= 2) and 2 * T * H * longest * D >= MIN_PARALLEL_MACS
     # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
     # else the larger of the result's and the first source's
     if node.op == Op.GET_ROWS:
@@ -334,13 +366,15 @@ class Graph:
                         "(build the graph again)")
 
     def plan(self, n_threads=None, tune=None):
-        """Choose each MUL_MAT node's profile and report the plan at n_threads.
+        """Choose each MUL_MAT and ATTENTION node's profile and report the plan at n_threads.
 
         tune: TuneData (ggml_py.tune.data); for each MUL_MAT node whose (N, K, type)
         was benched at this thread count, the profile with the smallest
-        estimated time at the node's M is chosen ("tuned"); other nodes get
-        the built-in rule ("fallback": node.default_profile()). Profiles set by
-        hand are kept ("user").
+        estimated time at the node's M is chosen ("tuned"); at a thread count
+        between two benched ones, from times interpolated between theirs
+        ("estimated"); other nodes get the built-in rule ("fallback":
+        node.default_profile()); ATTENTION nodes likewise by their shape
+        (choose_attention_profile). Profiles set by hand are kept ("user").
         With more than one thread, a parallel stage too small to gain from
         threads runs on the main thread alone (stage_is_worth_threads).
         n_threads: 1..256, None for default_threads().
@@ -352,6 +386,8 @@ class Graph:
             reason, estimate = ("user" if t.profile_pinned else "default"), None
             if t.op == Op.MUL_MAT and not t.profile_pinned:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
+            elif t.op == Op.ATTENTION and not t.profile_pinned:
+                reason, estimate = choose_attention_profile(t, n_threads, tune)
             elif not t.profile_pinned:
                 t._plan_profile(t.default_profile())
             if n_threads > 1 and not t.profile_pinned:

@@ -188,7 +188,7 @@ def _may_overlap(a, b):
 
 # ops whose result is (a view of) the memory of a source: which source
 VIEW_SOURCE = {Op.VIEW: 0, Op.RESHAPE: 0, Op.PERMUTE: 0, Op.TRANSPOSE: 0, Op.CPY: 1,
-               Op.SET_ROWS: 2}
+               Op.SET_ROWS: 2, Op.ALL_REDUCE: 0}
 
 
 def _memory_of(t):
@@ -401,18 +401,32 @@ def get_rows(a, ids):
     return _new(Op.GET_ROWS, (a, ids), Type.F32, ne, max(2, ids.ndim + 1))
 
 
-def set_rows(dst, src, ids):
+def set_rows(dst, src, ids, scales=None):
     """Write the F32 rows of src into dst at I32 row ids; returns dst's view.
 
     dst (R, n) of F32/F16/BF16 (or any type with a from_float), src (k, n), ids (k,).
+    An I8 dst holds each group of n / g values of a row as int8 with one F32 scale,
+    x ~ q * scale, scale = max|x| / 127 (symmetric, rounded to nearest): `scales` (R, g)
+    F32 gets the scales of the written rows (the int8 KV cache: g = n_head_kv).
     """
     _check_tensor("set_rows", dst=dst, src=src, ids=ids)
     _same_context("set_rows", dst, src, ids)
     _check_type("set_rows", "src", src, (Type.F32,))
     _check_type("set_rows", "ids", ids, (Type.I32,))
     _check_writable("set_rows", "dst", dst)
+    if dst.type == Type.I8:
+        return _set_rows_i8(dst, src, ids, scales)
+    if scales is not None:
+        raise ValueError(f"set_rows: scales are written only with an I8 dst, not {dst.type.name}")
     if not type_traits(dst.type)["has_from_float"]:
         raise ValueError(f"set_rows: cannot write rows of {dst.type.name}")
+    _check_set_rows_shapes(dst, src, ids)
+    src, ids = (dup(t) if _may_overlap(t, dst) else t for t in (src, ids))   # read before written
+    return _new(Op.SET_ROWS, (src, ids, dst), dst.type, dst._ne, dst.ndim,
+                nb=dst._nb, view_of=dst)
+
+
+def _check_set_rows_shapes(dst, src, ids):
     if not _packed_rows(dst):
         # rows are written whole by the type's from_float
         raise ValueError(f"set_rows: dst {dst.shape} must have contiguous rows")
@@ -420,9 +434,30 @@ def set_rows(dst, src, ids):
             or src._ne[2] != dst._ne[2] or src._ne[3] != dst._ne[3]:
         raise ValueError(f"set_rows: dst is {dst.shape}, src is {src.shape}, ids is {ids.shape}: "
                          f"src must be (len(ids), row length of dst)")
-    src, ids = (dup(t) if _may_overlap(t, dst) else t for t in (src, ids))   # read before written
-    return _new(Op.SET_ROWS, (src, ids, dst), dst.type, dst._ne, dst.ndim,
-                nb=dst._nb, view_of=dst)
+
+
+def _set_rows_i8(dst, src, ids, scales):
+    """set_rows into an I8 dst (R, n): int8 per group with its scale in scales (R, g)."""
+    if scales is None:
+        raise ValueError("set_rows: an I8 dst needs scales (R, groups) F32 for its int8 groups")
+    _check_tensor("set_rows", scales=scales)
+    _same_context("set_rows", dst, scales)
+    _check_type("set_rows", "scales", scales, (Type.F32,))
+    _check_writable("set_rows", "scales", scales)
+    if dst.ndim != 2 or scales.ndim != 2 or src.ndim != 2:
+        raise ValueError(f"set_rows: an I8 dst {dst.shape}, its scales {scales.shape} and src "
+                         f"{src.shape} must be matrices")
+    _check_set_rows_shapes(dst, src, ids)
+    n, groups = dst.shape[1], scales.shape[1]
+    if scales.shape[0] != dst.shape[0] or groups == 0 or n % groups or not _packed_rows(scales):
+        raise ValueError(f"set_rows: scales {scales.shape} must be (rows of dst = {dst.shape[0]}, "
+                         f"groups dividing {n}) with contiguous rows")
+    if not _packed_rows(src) or _may_overlap(src, dst) or _may_overlap(src, scales):
+        src = dup(src)                       # the quantizer reads each group twice, packed
+    if _may_overlap(ids, dst) or _may_overlap(ids, scales):
+        ids = dup(ids)
+    return _new(Op.SET_ROWS, (src, ids, dst, scales), dst.type, dst._ne, dst.ndim,
+                [n // groups], nb=dst._nb, view_of=dst)
 
 
 def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, freq_factors=None):
@@ -459,6 +494,92 @@ def rope(a, pos, n_dims, mode=ROPE_NORMAL, freq_base=10000.0, freq_scale=1.0, fr
     params = [n_dims, mode, _f32_bits(freq_base, "rope: freq_base"),
               _f32_bits(freq_scale, "rope: freq_scale")]
     return _new(Op.ROPE, src, Type.F32, a._ne, a.ndim, params)
+
+
+ATTENTION_TYPES = (Type.F32, Type.F16, Type.Q8_0, Type.Q4_0, Type.I8)   # with kernels of their own
+
+
+def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
+    """softmax(scale * q k^T) v for each token over its own list of cache slots.
+
+    q (T, H, D) F32; k, v the cache pools (slots, Hkv*D): F32, F16, Q8_0, Q4_0 or I8 (int8
+    per head, its scales (slots, Hkv) F32 in k_scales / v_scales, as set_rows writes
+    them), or another type with a dot product (k) and a to_float (v); H a multiple of Hkv
+    (query head h reads kv head h // (H // Hkv)); kv_index I32 (2*T + N,): for token t,
+    kv_index[2t:2t+2] = (start, count), and its slots are kv_index[start:start+count], in
+    the N values after the pairs. Returns (T, H, D) F32; a token with no slots gets zeros.
+    Each token's result depends only on its query and its slots (not on the other tokens).
+    The node's profiles: 'slim' (the whole score row-block of a few query rows) and
+    'flash' (key tiles with an online softmax); see docs/attention.md.
+    """
+    _check_tensor("attention", q=q, k=k, v=v, kv_index=kv_index)
+    _same_context("attention", q, k, v, kv_index)
+    _check_type("attention", "q", q, (Type.F32,))
+    _check_type("attention", "kv_index", kv_index, (Type.I32,))
+    if q.ndim != 3 or k.ndim != 2 or v.ndim != 2 or kv_index.ndim != 1:
+        raise ValueError(f"attention: q {q.shape} must be (T, H, D), k {k.shape} and v {v.shape} "
+                         f"(slots, Hkv*D), kv_index {kv_index.shape} one-dimensional")
+    T, H, D = q.shape
+    Hkv = k.shape[1] // D
+    if k.shape != v.shape or k.shape[1] % D or Hkv == 0 or H % Hkv:
+        raise ValueError(f"attention: q is {q.shape}, k {k.shape}, v {v.shape}: k and v must be "
+                         f"(slots, Hkv*{D}) with Hkv dividing H = {H}")
+    for name, t, need, scales in (("k", k, "has_vec_dot", k_scales), ("v", v, "has_to_float", v_scales)):
+        traits = type_traits(t.type)
+        if t.type != Type.I8 and (not traits[need] or D % traits["blck_size"]):
+            raise ValueError(f"attention: {name} of {t.type.name} cannot be read in heads of {D}")
+        if not _packed_rows(t):
+            raise ValueError(f"attention: {name} {t.shape} must have contiguous rows")
+        _check_attention_scales(name, t, scales, Hkv)
+    if q._nb[0] != 4 or kv_index._nb[0] != 4 or kv_index.shape[0] < 2 * T:
+        raise ValueError(f"attention: q {q.shape} rows and kv_index {kv_index.shape} must be "
+                         f"contiguous, kv_index at least 2*T = {2 * T} long")
+    return _new(Op.ATTENTION, (q, k, v, kv_index, k_scales, v_scales), Type.F32, q._ne, 3,
+                [_f32_bits(scale, "attention: scale")])
+
+
+INT_MAX = 2**31 - 1     # MPI counts elements in a C int
+
+
+def all_reduce(a, comm):
+    """The element-wise sum of a (F32, contiguous) over the processes of comm, an mpi4py
+    intracommunicator (e.g. MPI.COMM_WORLD), in place: the result is a view of a's memory,
+    which MPI reads and overwrites, so the op that made a writes straight into the buffer
+    MPI sends (no copy). Every process of comm must compute graphs with the same
+    all_reduce nodes, in the same order, of the same size (else MPI waits for the
+    missing ones). Profile: one thread calls MPI_Allreduce with the GIL released, the
+    pool's workers asleep meanwhile (a single-thread stage with `wait`).
+    """
+    from ggml_py.core.comm import comm_params    # (imports mpi4py, which comm comes from)
+    _check_tensor("all_reduce", a=a)
+    _check_type("all_reduce", "a", a, (Type.F32,))
+    _check_writable("all_reduce", "a", a)
+    if not a.is_contiguous:
+        raise ValueError(f"all_reduce: a {a.shape} must be contiguous (MPI reduces one "
+                         f"buffer; take cont() first)")
+    if _nelements(a) > INT_MAX:
+        raise ValueError(f"all_reduce: a {a.shape} has more than {INT_MAX} elements, "
+                         f"MPI_Allreduce's count")
+    t = _new(Op.ALL_REDUCE, (a,), Type.F32, a._ne, a.ndim, comm_params(comm), nb=a._nb,
+             view_of=a)
+    t._comm = comm      # kept alive while the node lives
+    return t
+
+
+def _check_attention_scales(name, pool, scales, Hkv):
+    """An I8 pool's scales: F32 (slots, Hkv), contiguous rows; none for other types."""
+    if pool.type != Type.I8:
+        if scales is not None:
+            raise ValueError(f"attention: {name}_scales go with an I8 {name}, not {pool.type.name}")
+        return
+    if scales is None:
+        raise ValueError(f"attention: an I8 {name} needs {name}_scales (slots, Hkv) F32")
+    _check_tensor("attention", **{f"{name}_scales": scales})
+    _same_context("attention", pool, scales)
+    _check_type("attention", f"{name}_scales", scales, (Type.F32,))
+    if scales.shape != (pool.shape[0], Hkv) or not _packed_rows(scales):
+        raise ValueError(f"attention: {name}_scales {scales.shape} must be (slots, Hkv) = "
+                         f"{(pool.shape[0], Hkv)} with contiguous rows")
 
 
 def concat(a, b, axis=0):

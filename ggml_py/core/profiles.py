@@ -3,7 +3,8 @@
 A profile is data. `id` selects the op's code path (for MUL_MAT: CPU, BLAS,
 BLAS-split); each stage (INIT, COMPUTE, FINALIZE) says whether it runs at all,
 on every thread or on the main thread only, and whether idle workers should go
-to sleep at once while a single-thread stage runs.
+to sleep at once while a single-thread stage runs. No op's profile runs FINALIZE
+yet; docs/runtime.md says why the stage stays.
 """
 from dataclasses import dataclass, replace
 

@@ -158,10 +158,16 @@ GGML_PY_KERNEL(get_rows);
 GGML_PY_KERNEL(set_rows);
 GGML_PY_KERNEL(rope);
 GGML_PY_KERNEL(concat);
+GGML_PY_KERNEL(attention);
+GGML_PY_KERNEL(all_reduce);
 
+size_t ggml_py_attention_work_size(const struct ggml_py_tensor *node, int n_threads);
 size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_threads);
 int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
                              struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]);
 int ggml_py_mul_mat_default_profile_index(const struct ggml_py_tensor *node);
+int ggml_py_attention_profiles(const struct ggml_py_tensor *node,
+                               struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]);
+int ggml_py_attention_default_profile_index(const struct ggml_py_tensor *node);
 
 #endif /* GGML_PY_IMPL_H */

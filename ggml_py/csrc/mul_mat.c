@@ -18,7 +18,7 @@
  *               COMPUTE (one thread, workers sleep): the sgemms.
  *   blas-mt     as blas-split, but the sgemms run on OpenBLAS's own threads
  *               (one per core) while the pool's workers sleep.
- * BLAS needs both sources contiguous; OpenBLAS runs single-threaded except
+ * BLAS needs src1 contiguous and src0's rows packed; OpenBLAS runs single-threaded except
  * inside blas-mt (the pool owns the cores).
  */
 #include "impl.h"
@@ -65,13 +65,19 @@ static bool src0_is_f32(const struct ggml_py_tensor *node) {
     return node->src[0]->type == GGML_PY_TYPE_F32;
 }
 
-/* BLAS reads both sources as packed f32 matrices (src0 after de-quantizing). */
+/* BLAS reads src1 as a packed f32 matrix, and src0 as f32 rows each packed, any distance
+ * apart: de-quantized row by row into the work buffer, or an f32 src0 in place (its rows
+ * nb01 apart: sgemm's lda). So src0 may be some columns of a wider matrix (one process's
+ * share of a matrix split by its input columns). */
 static bool blas_usable(const struct ggml_py_tensor *node) {
 #if defined(GGML_PY_USE_BLAS)
     const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
-    return ggml_py_get_type_traits(src0->type)->to_float != NULL &&
-           src1->type == GGML_PY_TYPE_F32 &&
-           ggml_py_is_contiguous(src0) && ggml_py_is_contiguous(src1);
+    const struct ggml_py_type_traits *tt = ggml_py_get_type_traits(src0->type);
+    const bool rows_packed = src0->nb[0] == tt->type_size &&
+        (src0->type != GGML_PY_TYPE_F32 ||
+         (src0->nb[1] % sizeof(float) == 0 && src0->nb[1] >= ggml_py_row_size(src0->type, src0->ne[0])));
+    return tt->to_float != NULL && src1->type == GGML_PY_TYPE_F32 && rows_packed &&
+           ggml_py_is_contiguous(src1);
 #else
     GGML_PY_UNUSED(node);
     return false;
@@ -103,8 +109,8 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
 }
 
 /* The built-in rule, without tune data. ggml's: BLAS (blas-mt) once every
- * dimension is at least 32 and both sources are contiguous, the CPU kernels
- * otherwise. For the weight types with blocked SIMD kernels that rule came too
+ * dimension is at least 32 and the sources are as BLAS reads them, the CPU
+ * kernels otherwise. For the weight types with blocked SIMD kernels that rule came too
  * early: their `cpu` profile beat BLAS up to the M below (measured per type on
  * 2-vCPU AVX2 and AVX-512 VMs: docs/benchmarks.md, "The built-in rule"), and
  * past it `blas-split` (the de-quantization on the pool's threads, the sgemm on
@@ -331,7 +337,9 @@ static void compute_blas(const struct ggml_py_compute_params *params, struct ggm
         for (int64_t i12 = 0; i12 < ne12; i12++) {
             const int64_t i02 = i12 / r2, i03 = i13 / r3, b0 = i03 * ne02 + i02;
             const float *a;
+            blasint lda = (blasint) ne00;     /* de-quantized rows are packed */
             if (f32) {
+                lda = (blasint) (nb01 / sizeof(float));
                 a = (const float *) ((const char *) src0->data + i02 * nb02 + i03 * nb03);
             } else if (split) {
                 a = (const float *) params->wdata + b0 * ne01 * ne00;
@@ -347,7 +355,7 @@ static void compute_blas(const struct ggml_py_compute_params *params, struct ggm
             /* c (M x N) = b (M x K) * a^T (a: N x K); b is contiguous, its rows ne10 apart
              * (nb11 may be anything when M = 1: a dimension of one has no stride) */
             scipy_cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint) ne11, (blasint) ne01,
-                              (blasint) ne00, 1.0f, b, (blasint) ne10, a, (blasint) ne00,
+                              (blasint) ne00, 1.0f, b, (blasint) ne10, a, lda,
                               0.0f, c, (blasint) (nb1 / sizeof(float)));
         }
     }

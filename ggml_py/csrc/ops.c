@@ -21,6 +21,14 @@ int ggml_py_op_profiles(const struct ggml_py_tensor *node,
         return 1;
     }
     if (node->op == GGML_PY_OP_MUL_MAT) return ggml_py_mul_mat_profiles(node, out);
+    if (node->op == GGML_PY_OP_ALL_REDUCE) {
+        /* MPI on the main thread; the workers sleep meanwhile (wait_now) instead of
+         * spinning on cores that the MPI library and the other processes may want */
+        out[0] = make_profile(0, "comm");
+        out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .wait = 1 };
+        return 1;
+    }
+    if (node->op == GGML_PY_OP_ATTENTION) return ggml_py_attention_profiles(node, out);
     out[0] = make_profile(0, "compute");
     out[0].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
     return 1;
@@ -30,6 +38,7 @@ struct ggml_py_task_profile ggml_py_default_profile(const struct ggml_py_tensor 
     struct ggml_py_task_profile profiles[GGML_PY_MAX_PROFILES];
     ggml_py_op_profiles(node, profiles);
     if (node->op == GGML_PY_OP_MUL_MAT) return profiles[ggml_py_mul_mat_default_profile_index(node)];
+    if (node->op == GGML_PY_OP_ATTENTION) return profiles[ggml_py_attention_default_profile_index(node)];
     return profiles[0];
 }
 
@@ -40,6 +49,8 @@ size_t ggml_py_node_work_size(const struct ggml_py_tensor *node, int n_threads) 
         case GGML_PY_OP_SOFT_MAX:
             /* one scratch row per thread, a cache line apart */
             return (size_t) n_threads * (sizeof(float) * node->ne[0] + GGML_PY_CACHE_LINE);
+        case GGML_PY_OP_ATTENTION:
+            return ggml_py_attention_work_size(node, n_threads);
         case GGML_PY_OP_ROPE:
             /* per thread: cos/sin of the current token's angles */
             return (size_t) n_threads * (sizeof(float) * node->ne[0] + GGML_PY_CACHE_LINE);
@@ -76,6 +87,8 @@ void ggml_py_compute_forward(const struct ggml_py_compute_params *params, struct
         case GGML_PY_OP_SET_ROWS: ggml_py_compute_set_rows(params, node); break;
         case GGML_PY_OP_ROPE:     ggml_py_compute_rope(params, node); break;
         case GGML_PY_OP_CONCAT:   ggml_py_compute_concat(params, node); break;
+        case GGML_PY_OP_ATTENTION: ggml_py_compute_attention(params, node); break;
+        case GGML_PY_OP_ALL_REDUCE: ggml_py_compute_all_reduce(params, node); break;
         default: break;           /* views and leaves: nothing to compute */
     }
 }

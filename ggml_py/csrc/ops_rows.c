@@ -1,5 +1,6 @@
 /* ops_rows.c - GET_ROWS, SET_ROWS and CONCAT. Row ids are checked: an id out
  * of range stops the graph with GGML_PY_STATUS_BAD_INDEX. */
+#include "attn.h"
 #include "impl.h"
 
 void ggml_py_compute_get_rows(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
@@ -29,9 +30,34 @@ void ggml_py_compute_get_rows(const struct ggml_py_compute_params *params, struc
     }
 }
 
+/* An I8 destination: each group of op_params[0] values of a row as int8 with one scale,
+ * written into src[3] (F32, one per group: ne0 = groups per row) at the same row. */
+static void set_rows_i8(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1], *scales = dst->src[3];
+    GGML_PY_BINARY_LOCALS(src0, src1, dst);
+    const int64_t group = dst->op_params[0];
+    int64_t ir0, ir1;
+    ggml_py_thread_rows(ne01, params->ith, params->nth, &ir0, &ir1);
+    for (int64_t i01 = ir0; i01 < ir1; i01++) {
+        const int32_t row = *(const int32_t *) ((const char *) src1->data + i01 * nb10);
+        if (row < 0 || row >= ne1) {
+            ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
+            return;
+        }
+        const float *s = (const float *) ((const char *) src0->data + i01 * nb01);   /* packed rows */
+        int8_t *d = (int8_t *) dst->data + row * nb1;
+        float *sc = (float *) ((char *) scales->data + row * scales->nb[1]);
+        for (int64_t i0 = 0; i0 < ne00; i0 += group) ggml_py_quantize_i8_group(s + i0, d + i0, &sc[i0 / group], group);
+    }
+}
+
 /* src[0]: F32 rows to write, src[1]: I32 ids, dst: the destination's view. */
 void ggml_py_compute_set_rows(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    if (dst->type == GGML_PY_TYPE_I8) {
+        set_rows_i8(params, dst);
+        return;
+    }
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_from_float_fn from_float = ggml_py_get_type_traits(dst->type)->from_float;

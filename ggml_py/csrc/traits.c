@@ -9,6 +9,7 @@
 #include "vec.h"
 #include "ggml_py_quants.h"
 #include "mul_mat.h"
+#include "attn.h"
 
 /* Scalar twin and SIMD kernel of a slot that has both. */
 #if defined(GGML_PY_HAVE_AVX2)
@@ -105,5 +106,6 @@ const char *ggml_py_select_kernels(int force_ref) {
     }
     ggml_py_mul_mat_select(simd);
     ggml_py_row_kernels_select(simd);
+    ggml_py_attn_kernels_select(simd);
     return force_ref ? "scalar reference" : SIMD_NAME;
 }

@@ -43,44 +43,13 @@ void ggml_py_vec_dot_f16_avx2(int64_t n, float *s, const void *vx, const void *v
     *s = sum;
 }
 
-/* exp(x) for 8 floats: x = k ln2 + r with |r| <= ln2/2, exp(r) by its Taylor
- * polynomial to r^7 (relative error < 2e-7 there), times 2^k built in the
- * exponent bits. Below -87.3 (2^k would leave the normal range) the result is
- * 0, -inf included; above ln(FLT_MAX) it is +inf, as expf overflows; NaN
- * stays NaN. */
-static inline __m256 exp_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.72283935546875f);
-    const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    const __m256 overflow = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-    x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));   /* NaN: both return their second operand, x */
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);        /* ln2, high part */
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);            /* ln2, low part */
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    /* k = 128 (x near ln(FLT_MAX)) has no exponent bits: 2^127, and p doubled */
-    const __m256 top = _mm256_cmp_ps(k, _mm256_set1_ps(127.5f), _CMP_GT_OQ);
-    k = _mm256_sub_ps(k, _mm256_and_ps(top, _mm256_set1_ps(1.0f)));
-    p = _mm256_add_ps(p, _mm256_and_ps(top, p));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
-    return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), overflow);
-}
-
 double ggml_py_vec_exp_sum_f32_avx2(int64_t n, float *y, const float *x, float max) {
     if (max == -INFINITY) return ggml_py_vec_exp_sum_f32_ref(n, y, x, max);
     const __m256 vmax = _mm256_set1_ps(max);
     __m256 acc = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        const __m256 e = ggml_py_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
         _mm256_storeu_ps(y + i, e);
         acc = _mm256_add_ps(acc, e);
     }
@@ -97,7 +66,7 @@ void ggml_py_vec_swiglu_f32_avx2(int64_t n, float *y, const float *x, const floa
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(x + i);
-        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), v));
+        const __m256 e = ggml_py_exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), v));
         const __m256 silu = _mm256_div_ps(v, _mm256_add_ps(one, e));
         _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(g + i)));
     }

@@ -15,17 +15,22 @@ from collections import OrderedDict
 import numpy as np
 
 from ggml_py.core.graph import aligned_bytes, check_tune, default_threads, shared_pool
-from ggml_py.core.types import Type
+from ggml_py.core.types import Op, Type
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.config import LlamaConfig, context_size
-from ggml_py.model.forward import build_forward_graph, forward_graph_bytes
+from ggml_py.model.forward import build_forward_graph, build_step_graph, forward_graph_bytes
 from ggml_py.model.kv_cache import KVCache
+from ggml_py.model.kv_rows import GRAPH_KV_TYPES
 from ggml_py.model.weights import LlamaWeights
 
 KV_PAD = 256          # the attention window grows in steps of this many slots
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
 MAX_GRAPHS = 64       # ... and at most
 RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
+# how attention is computed (docs/attention.md): "graph" the three nodes mul_mat, soft_max,
+# mul_mat (F16 / F32 caches, the single sequence only); "slim" / "flash" the attention op
+# with that profile; "auto" the attention op, its profile chosen by the planner
+ATTENTION_MODES = ("auto", "graph", "slim", "flash")
 
 
 _live_models = weakref.WeakSet()
@@ -50,9 +55,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_free_locks_after_fork)
 
 
-def default_cache(config, n_ctx, kv_type):
-    """The stock KV cache for a model of `config`: n_ctx slots of kv_type (F16 or F32)."""
-    return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type)
+def default_cache(config, n_ctx, kv_type, kv_type_v=None):
+    """The stock KV cache for a model of `config`: n_ctx slots of kv_type (K) and kv_type_v
+    (V; None: as K), any of kv_rows.KV_TYPES."""
+    return KVCache(config.n_layer, n_ctx, config.n_head_kv, config.head_dim, type=kv_type,
+                   type_v=kv_type_v)
+
+
+def check_attention(mode, where):
+    """mode if it is one of ATTENTION_MODES, else ValueError naming `where`."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"{where}: attention must be one of {', '.join(ATTENTION_MODES)}, "
+                         f"got {mode!r:.40}")
+    return mode
+
+
+def pin_attention(graph, mode):
+    """Pin every ATTENTION node of graph to the profile named mode ('slim' or 'flash');
+    other modes leave them to the planner."""
+    if mode in ("slim", "flash"):
+        for t in graph.nodes:
+            if t.op == Op.ATTENTION:
+                t.profile = next(p for p in t.profiles() if p.name == mode)
+
+
+def pin_row_invariant(graph):
+    """Pin every MUL_MAT of graph to the CPU profile (id 0): row by row dot products
+    (and the panel and tile kernels that give the same bits), never BLAS."""
+    for t in graph.nodes:
+        if t.op == Op.MUL_MAT:
+            t.profile = next(p for p in t.profiles() if p.id == 0)
 
 
 class LlamaModel:
@@ -63,17 +95,31 @@ class LlamaModel:
     """
 
     def __init__(self, path, n_ctx=None, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
-                 packed=True, make_cache=default_cache, use_mmap=True):
-        """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size."""
+                 packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter,
+                 kv_type_v=None, attention="auto"):
+        """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
+        clock: what build_s is timed with (seconds); kv_type_v: V's cache type (None:
+        kv_type); attention: one of ATTENTION_MODES."""
+        self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
-        self.config = LlamaConfig.from_gguf(self.file)
-        self.weights = LlamaWeights.from_gguf(self.file, self.config)
+        self.config, self.weights = self._load(self.file)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
-        self._cache = make_cache(self.config, self.n_ctx, kv_type)
+        if attention == "graph" and not {kv_type, kv_type_v or kv_type} <= set(GRAPH_KV_TYPES):
+            raise ValueError(f"attention='graph' reads F16 and F32 caches, not "
+                             f"{Type(kv_type).name} / {Type(kv_type_v or kv_type).name}: "
+                             f"quantized caches are read by the attention op (slim, flash)")
+        if kv_type_v is None or kv_type_v == kv_type:
+            self._cache = make_cache(self.config, self.n_ctx, kv_type)
+        else:
+            self._cache = make_cache(self.config, self.n_ctx, kv_type, kv_type_v)
         self.n_threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
+        # None, or reduce(partial) -> the whole: what ends each attention and feed-forward
+        # block of a model split over processes (ggml_py/dist: an all-reduce), whose
+        # blocks give this process's share of the sum
+        self.reduce = None
         self._graphs = OrderedDict()
         # enough for a sequence's every window twice (a prompt's batches and the tokens
         # generated after them; a perplexity chunk's batches), so that none is rebuilt,
@@ -87,8 +133,15 @@ class LlamaModel:
         self._work_donor = None      # the graph whose work buffer the next ones share
         self._work_bytes = 0
         self.build_s, self.n_built = 0.0, 0    # time spent building graphs, and how many
+        self.clock = clock
         self._lock = threading.RLock()         # one forward at a time: shared buffers and cache
         _live_models.add(self)
+
+    def _load(self, f):
+        """(config, weights) the graphs are built from: the file's (a process of a split
+        model takes its share of them: ggml_py/dist)."""
+        config = LlamaConfig.from_gguf(f)
+        return config, LlamaWeights.from_gguf(f, config)
 
     @property
     def cache(self):
@@ -103,35 +156,84 @@ class LlamaModel:
             g.graph.plan(self.n_threads, tune=data)
             self._share_work(g.graph)
 
+    def fused(self, T):
+        """Whether a forward of T tokens computes attention with the attention op (one
+        node over each token's slot list) or with the three nodes: the op unless
+        attention="graph" or the cache has only the three-node interface."""
+        if self.attention == "graph":
+            return False
+        cache = self._cache
+        return callable(getattr(cache, "fill_index", None)) and callable(getattr(cache, "store", None))
+
     def graph(self, T, K, n_out):
         """The cached forward graph for (T, K, n_out), built on first use."""
         key = (T, K, n_out)
         g = self._graphs.get(key)
         if g is None:
-            t0 = time.perf_counter()
+            t0 = self.clock()
             if self.packed and T not in self._reserved_for:
                 # size the buffers at once for T tokens over the whole context (as ggml
                 # reserves its compute buffer), so that the windows to come, which need
                 # more, do not grow them and drop the graphs built so far; with room to
                 # spare, as the packing is not monotone in K (a smaller window has needed 6 %
                 # more), though a graph that needs more still gets it
-                need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T)
+                need = forward_graph_bytes(self.config, self.weights, self.cache, T, self.n_ctx, T,
+                                           fused=self.fused(T), reduce=self.reduce)
                 self._intermediates_for(need + need // RESERVE_SPARE)
-                self._masks_for(T * self.n_ctx)
+                if not self.fused(T):
+                    self._masks_for(T * self.n_ctx)
                 self._reserved_for.add(T)
+            fused = self.fused(T)
             g = build_forward_graph(self.config, self.weights, self.cache, T, K, n_out,
                                     self.packed, buffer_for=self._intermediates_for,
-                                    mask_buffer=self._masks_for(T * K) if self.packed else None)
+                                    mask_buffer=self._masks_for(T * K) if self.packed and not fused
+                                    else None, fused=fused, reduce=self.reduce)
+            self._graphs[key] = g
+            pin_attention(g.graph, self.attention)
+            g.graph.plan(self.n_threads, tune=self.tune)
+            self._share_work(g.graph)
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+            self.build_s += self.clock() - t0
+            self.n_built += 1
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    def step_graph(self, cache, R, N, n_out, invariant=True):
+        """The cached graph of a step over the paged `cache` (R tokens, slot lists of
+        N values, logits of n_out rows), built on first use. invariant: every MUL_MAT
+        takes the CPU profile, whose dot products give each row the same bits whatever
+        the other rows (BLAS's do not), so a sequence's logits do not depend on the
+        batch it is in."""
+        key = ("step", id(cache), R, N, n_out, invariant)
+        g = self._graphs.get(key)
+        if g is None:
+            t0 = self.clock()
+            g = build_step_graph(self.config, self.weights, cache, R, N, n_out,
+                                 buffer_for=self._intermediates_for if self.packed else None,
+                                 reduce=self.reduce)
+            if invariant:
+                pin_row_invariant(g.graph)
+            pin_attention(g.graph, self.attention)
             self._graphs[key] = g
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
             while len(self._graphs) > self.max_graphs:
                 self._graphs.popitem(last=False)
-            self.build_s += time.perf_counter() - t0
+            self.build_s += self.clock() - t0
             self.n_built += 1
         else:
             self._graphs.move_to_end(key)
         return g
+
+    def run_step(self, g):
+        """Compute a step graph whose inputs are written (under the forward lock)."""
+        with self._lock:
+            self.file.check_unchanged()    # a ModelLoadError here, not a SIGBUS in compute
+            pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
+            g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
+        return g.logits
 
     def _intermediates_for(self, nbytes):
         """The shared buffer of intermediates, grown to nbytes when smaller."""
@@ -210,7 +312,10 @@ class LlamaModel:
             g.tokens[:] = tokens
             g.positions[:] = positions
             g.slots[:] = slots
-            cache.fill_mask(g.mask, positions)
+            if g.kv_index is not None:
+                cache.fill_index(g.kv_index, positions)
+            else:
+                cache.fill_mask(g.mask, positions)
             pool = shared_pool(self.n_threads) if self.n_threads > 1 else None
             g.graph.compute(n_threads=self.n_threads if pool is None else None, pool=pool)
         except BaseException:

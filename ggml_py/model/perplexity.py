@@ -65,7 +65,6 @@ def perplexity(llm, text, n_ctx=512, n_batch=None, n_chunks=-1, callback=None):
 
 
 def _perplexity(llm, text, n_ctx, n_batch, n_chunks, callback):
-    import time
     n_ctx = checked_int("perplexity: n_ctx", n_ctx, low=4)
     if n_batch is not None:
         n_batch = checked_int("perplexity: n_batch", n_batch, low=1)
@@ -94,7 +93,7 @@ def _perplexity(llm, text, n_ctx, n_batch, n_chunks, callback):
     running = []
     try:
         for i in range(n_chunk):
-            t0 = time.perf_counter()
+            t0 = llm.timings.clock()
             chunk = tokens[i * n_ctx:(i + 1) * n_ctx]
             if add_bos:
                 chunk = [llm.token_bos()] + chunk[1:]
@@ -113,7 +112,7 @@ def _perplexity(llm, text, n_ctx, n_batch, n_chunks, callback):
             count += len(values)
             running.append(math.exp(nll / count))
             if callback is not None:
-                callback(i, n_chunk, running[-1], time.perf_counter() - t0 - built)
+                callback(i, n_chunk, running[-1], llm.timings.clock() - t0 - built)
     finally:
         llm.n_batch = saved_batch
         llm._reset()

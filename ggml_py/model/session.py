@@ -8,6 +8,7 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -19,15 +20,19 @@ import numpy as np
 
 from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
-from ggml_py.model.llama import KV_PAD, LlamaModel, default_cache
+from ggml_py.model.batch import Batch
+from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
+from ggml_py.model.kv_paged import PAGE_SIZE, PagedKVCache
+from ggml_py.model import kv_rows
+from ggml_py.model.llama import KV_PAD, LlamaModel, check_attention, default_cache
 from ggml_py.model.weights import matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import stop_strings, until_stop
 from ggml_py.model.timings import Timings
 from ggml_py.tokenizer.tokenizer import Tokenizer
-from ggml_py.core.types import Type, checked_int
+from ggml_py.core.types import checked_int
 
-KV_TYPES = (Type.F16, Type.F32)
+DEFAULT_SEQ_MAX = 8       # sequences a batch runs at once
 TEXT_TYPES = (str, bytes, bytearray, memoryview)   # what tokenize() takes; anything else is ids
 # exact types whose values numpy holds as integers (bool is not one: True is no token id)
 INT_TYPES = frozenset({int} | {np.dtype(c).type for c in np.typecodes["AllInteger"]})
@@ -122,14 +127,22 @@ class Llama:
     n_ctx: KV cache size in tokens (None: 2048, or the model's training context when that
     is smaller, as the programs' default; 0: the model's training context).
     n_batch: most tokens evaluated in one graph (longer inputs are split).
-    kv_type: 'f16' (default) or 'f32' cache.
+    kv_type: the KV cache type of K: 'f16' (default), 'f32', 'q8_0', 'q4_0' or 'int8' (int8
+    with one scale per token and head); kv_type_v: V's (None: as K). docs/attention.md.
+    attention: 'auto' (default), 'graph' (three nodes, F16/F32 caches; the single sequence
+    only), 'slim' or 'flash' (the attention op with that profile).
     n_threads: 1..256 (None: the physical cores).
     kv_pad: the attention window grows in steps of this many slots.
-    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (None: a KVCache;
-    see ggml_py/model/kv_cache.py for the members the model uses).
+    make_cache: builds the KV cache, make_cache(config, n_ctx, kv_type) (with kv_type_v
+    too when it differs) (None: a KVCache; see ggml_py/model/kv_cache.py for the members
+    the model uses).
+    n_seq_max: most sequences a batch() runs at once (more wait); its pages come from a
+    pool of n_ctx tokens, allocated at the first batch() (docs/batching.md).
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
     file into memory, so that changing the file later does not reach the model (mapped,
     a file changed in place makes the next evaluation raise ModelLoadError).
+    clock: what the timings are read from, a function returning seconds (default
+    time.perf_counter; tests give one they step by hand).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
     ValueError / TypeError naming the argument for a bad one. A context longer than the
     model's training context is allowed with a TrainingContextWarning (a UserWarning),
@@ -137,14 +150,19 @@ class Llama:
     """
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
-                 kv_pad=KV_PAD, make_cache=None, use_mmap=True):
-        t0 = time.perf_counter()
-        kv_type = Type.of(kv_type, "Llama: kv_type")
+                 kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
+                 clock=time.perf_counter, kv_type_v=None, attention="auto"):
+        if not callable(clock):
+            raise TypeError(f"Llama: clock must be callable () -> seconds, got "
+                            f"{type(clock).__name__}")
+        t0 = clock()
+        self._n_seq_max = checked_int("n_seq_max", n_seq_max, low=1)
+        kv_type = kv_rows.kv_type(kv_type, "Llama: kv_type")
+        kv_type_v = kv_type if kv_type_v is None else kv_rows.kv_type(kv_type_v, "Llama: kv_type_v")
+        check_attention(attention, "Llama")
         if make_cache is not None and not callable(make_cache):
             raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
                             f"cache, got {type(make_cache).__name__}")
-        if kv_type not in KV_TYPES:
-            raise ValueError(f"Llama: kv_type must be 'f16' or 'f32', got {kv_type.name}")
         n_ctx = None if n_ctx is None else checked_int("n_ctx", n_ctx, low=0)
         n_batch = checked_int("n_batch", n_batch, low=1)
         kv_pad = checked_int("kv_pad", kv_pad, low=1)
@@ -155,12 +173,18 @@ class Llama:
             model_path = default_model_path()
         self.model_path = model_path.path if isinstance(model_path, GGUFModelFile) else \
             os.fsdecode(model_path)
-        self.model = LlamaModel(model_path if isinstance(model_path, GGUFModelFile) else
-                                self.model_path, n_ctx=n_ctx, kv_type=kv_type,
-                                n_threads=n_threads, kv_pad=kv_pad,
-                                make_cache=make_cache or default_cache, use_mmap=bool(use_mmap))
+        self.model = self._make_model(model_path if isinstance(model_path, GGUFModelFile) else
+                                      self.model_path, n_ctx=n_ctx, kv_type=kv_type,
+                                      n_threads=n_threads, kv_pad=kv_pad,
+                                      make_cache=make_cache or default_cache,
+                                      use_mmap=bool(use_mmap), clock=clock, kv_type_v=kv_type_v,
+                                      attention=attention)
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
+        self._kv_type, self._kv_type_v = kv_type, kv_type_v
+        self._kv_pool = None      # the paged cache of batch(), made at its first use
+        self._sequence_ids = itertools.count()   # ids of batches' sequences: one pool, no two alike
+        self.shift_log = []       # (kept, dropped) of each context shift of the sequence, in order
         self.tokens = []          # the sequence whose K/V rows are in the cache
         self.changes = 0          # counts changes of the sequence: a paused generate checks it
         # (prompt ids, logits of its last token) of generate's last prompt, while the cache
@@ -175,7 +199,13 @@ class Llama:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
                           f"-- possible training context overflow", TrainingContextWarning,
                           stacklevel=2)
-        self.timings = Timings(load_s=time.perf_counter() - t0)   # its start: now, after the load
+        # its start: now, after the load
+        self.timings = Timings(load_s=clock() - t0, clock=clock)
+
+    def _make_model(self, path, **kwargs):
+        """The LlamaModel this Llama runs (a process of a model split over several makes
+        its share instead: ggml_py/dist)."""
+        return LlamaModel(path, **kwargs)
 
     def close(self):
         """Let go of the model: its memory-mapped file, KV cache, graphs and buffers
@@ -188,6 +218,7 @@ class Llama:
             return
         with contextlib.nullcontext() if isinstance(lock, _CutByFork) else self._turn("close"):
             self.model = self._lock = _Closed()
+            self._kv_pool = None
             self.tokens = []
             self._prompt_logits = None
             self.changes += 1
@@ -314,13 +345,13 @@ class Llama:
         """_decode, counted in timings as a prompt's or a generated token's (see Timings):
         the tokens it evaluated, so a refused call counts nothing and one stopped part-way
         (Ctrl-C: the whole batches run are kept) its batches run."""
-        model = self.model
-        t0, build_s, builds, before = time.perf_counter(), model.build_s, model.n_built, self.n_tokens
+        model, clock = self.model, self.timings.clock
+        t0, build_s, builds, before = clock(), model.build_s, model.n_built, self.n_tokens
         try:
             return self._decode(tokens, **kwargs)
         finally:
             if self.n_tokens > before:
-                self.timings.count(self.n_tokens - before, time.perf_counter() - t0,
+                self.timings.count(self.n_tokens - before, clock() - t0,
                                    model.build_s - build_s, model.n_built - builds, prompt)
 
     def _check_vocab(self, tokens):
@@ -379,7 +410,8 @@ class Llama:
 
     def generate(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, seed=None, ignore_eos=False, add_bos=True,
-                 frequency_penalty=0.0, presence_penalty=0.0, stop=None):
+                 frequency_penalty=0.0, presence_penalty=0.0, stop=None, context_shift=False,
+                 keep=0):
         """The text pieces generated after prompt (text, or token ids), an iterator that
         produces them as they are generated; the arguments are checked now.
 
@@ -391,13 +423,15 @@ class Llama:
         temperature <= 0 is greedy; same seed, same text (None or -1: a random one).
         The penalties (repeat, frequency, presence) look back over the last
         repeat_last_n tokens, the prompt's included, as llama-cli's (-1: the whole context).
+        context_shift, keep: see generate_tokens (go on past a full context).
         """
         params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                                 repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
         stops = stop_strings(stop)
-        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos))
+        pieces = self._pieces(self.generate_tokens(prompt, params, max_tokens, ignore_eos, add_bos,
+                                                   context_shift, keep))
         return until_stop(pieces, stops) if stops else pieces
 
     def _pieces(self, tokens):
@@ -412,12 +446,17 @@ class Llama:
             yield rest
 
     def generate_tokens(self, prompt, params=SamplingParams(), max_tokens=16, ignore_eos=False,
-                        add_bos=True):
+                        add_bos=True, context_shift=False, keep=0, yield_eog=False):
         """Generated token ids (see generate), an iterator. A text prompt's control-token
         texts ("<s>") are read as those tokens, as llama-cpp-python's create_completion and
         llama-cli read them (pass ids from tokenize(text) to keep them text). The prompt
         is checked now (ValueError if it is empty or does not fit the context) and evaluated on the
-        first next(), reusing the cached prefix of the prompt."""
+        first next(), reusing the cached prefix of the prompt. context_shift: when the
+        context is full, drop half of the tokens after the first `keep` of the prompt
+        (-1: all of it; a BOS is always kept) and go on, as llama-cli -n -1 does.
+        yield_eog: the end-of-generation token that ends it is produced too, as the
+        last one (not evaluated, nor counted in max_tokens); a chat keeps it in its
+        history."""
         ids = self._input_ids(prompt, add_bos, special=True)   # as llama-cpp-python, llama-cli
         max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
         if not ids:
@@ -428,9 +467,12 @@ class Llama:
         banned = [t for t in range(self.n_vocab()) if self.tokenizer.is_eog(t)] if ignore_eos else ()
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
-        return self._generate(ids, sampler, max_tokens)
+        keep = checked_int("keep", keep, low=-1)
+        n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
+            if context_shift else None
+        return self._generate(ids, sampler, max_tokens, n_kept, yield_eog)
 
-    def _generate(self, ids, sampler, max_tokens):
+    def _generate(self, ids, sampler, max_tokens, n_kept=None, yield_eog=False):
         """Evaluate the prompt ids, then sample, yield and evaluate token by token."""
         with self._turn("generate"):      # one call at a time changes the sequence
             logits = self._prompt_again(ids)
@@ -446,27 +488,62 @@ class Llama:
             mine = self.changes
 
         n = 0
+        clock = self.timings.clock
         while max_tokens < 0 or n < max_tokens:
-            t0 = time.perf_counter()
+            t0 = clock()
             token = sampler.sample(logits)
             sampler.accept(token)
-            self.timings.sample_s += time.perf_counter() - t0
+            self.timings.sample_s += clock() - t0
             self.timings.sample_runs += 1
             if self.tokenizer.is_eog(token):
+                if yield_eog:
+                    yield token
                 return
             yield token
             n += 1
+            if 0 <= max_tokens <= n:
+                return
             # as llama-cli and llama-cpp-python: a token that would take the last slot is the
-            # last one (prompt and generated tokens together are at most n_ctx)
-            if self.n_tokens + 1 >= self.n_ctx() or (0 <= max_tokens <= n):
+            # last one (prompt and generated tokens together are at most n_ctx), unless the
+            # context shifts
+            full = self.n_tokens + 1 >= self.n_ctx()
+            if full and n_kept is None:
                 return
             with self._turn("generate"):
                 if self.changes != mine:
                     raise RuntimeError("generate: this Llama's sequence was changed by another "
                                        "call (eval, generate, perplexity or reset) while the "
                                        "generator was paused; start a new generate")
+                if full:
+                    self._shift_context(n_kept)
                 logits = self._timed_decode([token], prompt=False).copy()
                 mine = self.changes
+
+    def _shift_context(self, n_kept):
+        """Drop half of the cached tokens after the first n_kept (llama.cpp's context
+        shift): their K, V rows go, the later ones move down (keys rotated to match)."""
+        n_discard = discard_count(self.n_tokens, n_kept)
+        rerope = rope_rotation(self.config, None if self.model.weights.rope_freqs is None else
+                               np.asarray(self.model.weights.rope_freqs.data, np.float32))
+        self.model.cache.shift(n_kept, n_discard, rerope)
+        del self.tokens[n_kept:n_kept + n_discard]
+        self._prompt_logits = None
+        self.changes += 1
+        self.timings.context_shifts += 1
+        self.shift_log.append((n_kept, n_discard))
+
+    def shift_context(self, n_kept):
+        """Shift the context now: drop half of the sequence's tokens after its first n_kept
+        (their K, V rows go; the later ones move down, keys rotated to match), to make
+        room for input (a conversation's next message). Returns (n_kept, dropped);
+        ValueError when there is nothing after n_kept to drop."""
+        n_kept = checked_int("n_kept", n_kept, low=0)
+        with self._turn("shift_context"):
+            if self.n_tokens <= n_kept + 1:
+                raise ValueError(f"shift_context: {self.n_tokens} tokens, {n_kept} kept: "
+                                 f"nothing to drop")
+            self._shift_context(n_kept)
+            return self.shift_log[-1]
 
     def _prompt_again(self, ids):
         """The logits of the last prompt's last token when ids is that prompt again and the
@@ -493,6 +570,62 @@ class Llama:
                 break
             n += 1
         return n
+
+    # ---- many sequences -------------------------------------------------------------
+
+    def n_seq_max(self):
+        """Most sequences a batch runs at once."""
+        return self._n_seq_max
+
+    def kv_pool(self):
+        """The paged KV cache batches use (n_ctx tokens in pages), made on first use."""
+        if self._kv_pool is None:
+            c = self.config    # (a closed Llama raises here)
+            self._kv_pool = PagedKVCache(c.n_layer, self.n_ctx(), c.n_head_kv, c.head_dim,
+                                         type=self._kv_type, type_v=self._kv_type_v)
+        return self._kv_pool
+
+    def kv_pages_used(self):
+        """Pages of the batch pool held by sequences (0 before the first batch)."""
+        return 0 if self._kv_pool is None else self._kv_pool.pages_used
+
+    def kv_pages_total(self):
+        """Pages of the batch pool (n_ctx tokens in pages of PAGE_SIZE)."""
+        return -(-self.n_ctx() // PAGE_SIZE)
+
+    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True):
+        """A step scheduler over many sequences (a Batch: add, step, cancel; see
+        ggml_py/model/batch.py). n_ctx_seq: the most tokens one sequence holds (None:
+        the whole pool); past it a sequence drops half of its tokens after the first
+        `keep` and goes on (context_shift), or ends ("length"). invariant: a sequence's
+        logits are bitwise the same whatever else is in the batch (docs/batching.md)."""
+        return Batch(self, self._n_seq_max, self.n_batch, n_ctx_seq=n_ctx_seq, keep=keep,
+                     context_shift=context_shift, invariant=invariant)
+
+    def generate_batch(self, prompts, **kwargs):
+        """The text generated for each prompt (a list of texts or token-id lists), all
+        run together: for each, the text generate(prompt, same arguments) gives
+        (docs/batching.md says when it is bitwise the same); keyword arguments as
+        generate's, and logprobs."""
+        return [s.text for s in self._run_batch(prompts, kwargs)]
+
+    def generate_batch_tokens(self, prompts, **kwargs):
+        """As generate_batch, the generated token ids of each prompt."""
+        return [s.tokens for s in self._run_batch(prompts, kwargs)]
+
+    def _run_batch(self, prompts, kwargs):
+        if isinstance(prompts, TEXT_TYPES) or not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        if not prompts:
+            raise ValueError("generate_batch: the list of prompts is empty")
+        b = self.batch()
+        try:
+            sids = [b.add(p, **kwargs) for p in prompts]
+            while b.running:
+                b.step()
+            return [b.sequence(sid) for sid in sids]
+        finally:
+            b.close()
 
     # ---- perplexity ---------------------------------------------------------------
 

@@ -14,26 +14,54 @@ def stop_strings(stop):
     return tuple(stops)
 
 
+class StopFilter:
+    """Text pieces in, text out up to the earliest place a stop string starts. Text that
+    could be the start of a stop string is held back until later pieces settle it, so
+    the cut does not depend on how the text was split into pieces.
+
+    feed(piece) -> text now final; .stopped is True once a stop string was found (the
+    stop and what follows are dropped, later pieces ignored); flush() -> what was held.
+    """
+
+    def __init__(self, stops):
+        self.stops, self.held, self.stopped = stops, "", False
+
+    def feed(self, piece):
+        """The text of piece (and what was held) now known to come before any stop."""
+        if self.stopped or not self.stops:
+            return "" if self.stopped else piece
+        self.held += piece
+        found, open_at = _first_stop(self.held, self.stops), _first_partial_stop(self.held, self.stops)
+        if found is not None and (open_at is None or found <= open_at):
+            self.stopped = True
+            out, self.held = self.held[:found], ""
+            return out
+        safe = len(self.held) if open_at is None else open_at   # a later stop may still start there
+        out, self.held = self.held[:safe], self.held[safe:]
+        return out
+
+    def flush(self):
+        """The end of the text: what was held back (up to a stop inside it)."""
+        if self.stopped:
+            return ""
+        self.stopped = True
+        out, self.held = self.held, ""
+        return out[:_first_stop(out, self.stops)]
+
+
 def until_stop(pieces, stops):
     """The text of pieces up to the earliest place a stop string starts (the stop and
-    what follows are dropped, and the iteration ends there). Text that could be the
-    start of a stop string is held back until the next pieces settle it, so the cut
-    does not depend on how the text was split into pieces."""
-    held = ""
+    what follows are dropped, and the iteration ends there); see StopFilter."""
+    f = StopFilter(stops)
     for piece in pieces:
-        held += piece
-        found, open_at = _first_stop(held, stops), _first_partial_stop(held, stops)
-        if found is not None and (open_at is None or found <= open_at):
-            if found:
-                yield held[:found]
+        text = f.feed(piece)
+        if text:
+            yield text
+        if f.stopped:
             return
-        safe = len(held) if open_at is None else open_at   # a later stop may still start there
-        if safe:
-            yield held[:safe]
-            held = held[safe:]
-    found = _first_stop(held, stops)
-    if held[:found]:
-        yield held[:found]
+    rest = f.flush()
+    if rest:
+        yield rest
 
 
 def _first_stop(text, stops):

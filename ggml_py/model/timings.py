@@ -12,6 +12,8 @@ class Timings:
     new batch shape (once per shape: llama.cpp has no such one-off cost after its
     warm-up) is kept out of both and counted in build_s. start: when the model was loaded; total time is the wall
     time from then to the print, as llama.cpp's (which excludes the load too).
+    clock: what every time here is read from (seconds; time.perf_counter, or a fake
+    one a test steps by hand); start defaults to its reading when the Timings is made.
     """
     load_s: float = 0.0
     prompt_s: float = 0.0
@@ -22,7 +24,13 @@ class Timings:
     sample_runs: int = 0
     build_s: float = 0.0
     builds: int = 0
-    start: float = field(default_factory=time.perf_counter)
+    context_shifts: int = 0       # times generate dropped old tokens to go on
+    start: float = None
+    clock: object = field(default=time.perf_counter, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.start is None:
+            self.start = self.clock()
 
     def lines(self):
         """llama.cpp-style timing lines, and the graph-build line."""
@@ -32,13 +40,14 @@ class Timings:
             tps = n / seconds if seconds > 0 else 0.0
             return (f"{label} = {ms:10.2f} ms / {n:5d} {unit:<6} ({per:8.2f} ms per token, "
                     f"{tps:8.2f} tokens per second)")
-        total = time.perf_counter() - self.start
+        total = self.clock() - self.start
         return [
             rate("   sampling time", self.sample_s, self.sample_runs, "runs"),
             f"       load time = {1e3 * self.load_s:10.2f} ms",
             rate("prompt eval time", self.prompt_s, self.prompt_tokens, "tokens"),
             rate("       eval time", self.eval_s, self.eval_tokens, "runs"),
             f"graph build time = {1e3 * self.build_s:10.2f} ms / {self.builds:5d} graphs",
+            *([f"  context shifts = {self.context_shifts:10d}"] if self.context_shifts else []),
             f"      total time = {1e3 * total:10.2f} ms / "
             f"{self.prompt_tokens + self.eval_tokens:5d} tokens",
         ]

@@ -3,7 +3,9 @@ config), and the matrix products they make."""
 import os
 from dataclasses import dataclass
 
+import numpy as np
 
+from ggml_py.core.types import row_bytes
 from ggml_py.files.gguf_reader import USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.model.config import LlamaConfig
 from ggml_py.tune.bench import weight_type
@@ -78,6 +80,49 @@ class LlamaWeights:
                           f"uses {n_file - len(unused)} of the file's {n_file}; not used: {names}")
         return cls(token_embd=token_embd, layers=tuple(layers), output_norm=output_norm,
                    output=output, rope_freqs=rope_freqs)
+
+
+@dataclass(frozen=True)
+class ColumnSlice:
+    """Columns start .. start + n of a weight matrix `whole` (N, K), read in place: the
+    graph takes a view of those columns in the whole matrix's rows (one process's share
+    of a matrix split by its input columns: ggml_py/dist). start and n are multiples of
+    the type's block size."""
+    whole: object     # the Weight (N, K)
+    start: int
+    n: int
+
+    @property
+    def name(self):
+        """The whole matrix's name."""
+        return self.whole.name
+
+    @property
+    def type(self):
+        """The whole matrix's type."""
+        return self.whole.type
+
+    @property
+    def shape(self):
+        """(N, n)."""
+        return (self.whole.shape[0], self.n)
+
+    @property
+    def offset(self):
+        """Bytes from a row's start to its first column of the slice."""
+        return row_bytes(self.type, self.start)
+
+    @property
+    def data(self):
+        """The slice's bytes in every row: a strided view of the whole matrix's data."""
+        if self.whole.data.dtype == np.uint8:     # raw blocks: (N, bytes per row)
+            return self.whole.data[:, self.offset:self.offset + row_bytes(self.type, self.n)]
+        return self.whole.data[:, self.start:self.start + self.n]
+
+    @property
+    def nbytes(self):
+        """Bytes of the slice (its share of the whole's)."""
+        return self.shape[0] * row_bytes(self.type, self.n)
 
 
 # the weights each layer multiplies by (mul_mat's left operand), besides the output matrix

@@ -12,9 +12,17 @@ A tune file is JSON, self-contained and versioned (see docs/tune.md):
                                "times_us": {"1": {"init": [...], "compute": [...]}, ...}}]}]}
 
 Times are the fastest of the passes, in microseconds, one per M of m_values.
+
+An optional "attention" list holds the attention op's profiles per shape (tune/attention.py):
+
+    "attention": [{"head_dim": 64, "n_head": 32, "n_head_kv": 4, "type_k": "F16", "type_v": "F16",
+                   "tokens": [1, 16, 256], "lengths": [256, 1024, 4096],
+                   "times_us": {"slim": {"2": [[...one per length...], ...one per token count]},
+                                "flash": {...}}}]
 """
 import errno
 import json
+import math
 import os
 import platform
 import stat
@@ -122,6 +130,73 @@ class ShapeTimes:
         """(N, K, type), what TuneData.shape finds this matrix by."""
         return (self.n, self.k, self.type)
 
+    def estimate(self, p, m_values, m, n_threads):
+        """Profile p's (a ProfileTimes of this shape) estimated µs at M=m on n_threads
+        benched threads, or None. With one thread the profiles that run blas's code are
+        benched as blas (SAME_AS_BLAS_ON_ONE_THREAD), so blas's time stands for theirs."""
+        t = p.estimate(m_values, m, n_threads)
+        if t is None and n_threads == 1 and p.profile.name in SAME_AS_BLAS_ON_ONE_THREAD:
+            blas = next((q for q in self.profiles if q.profile.name == "blas"), None)
+            t = None if blas is None else blas.estimate(m_values, m, 1)
+        return t
+
+
+class Estimates(list):
+    """[(estimated µs, TaskProfile)], fastest first; `between` is None when the thread
+    count was benched, else the two benched counts its times were interpolated between."""
+    between = None
+
+
+def thread_neighbours(thread_counts, n_threads):
+    """(lo, hi): the benched thread counts either side of n_threads, or None when
+    n_threads is benched itself or lies outside them (nothing to interpolate between)."""
+    below = [t for t in thread_counts if t < n_threads]
+    above = [t for t in thread_counts if t > n_threads]
+    if n_threads in thread_counts or not below or not above:
+        return None
+    return max(below), min(above)
+
+
+def between_threads(lo, t_lo, hi, t_hi, n_threads):
+    """A time at n_threads from the times at lo and hi threads (lo < n_threads < hi),
+    on a straight line in 1 / n_threads: a stage split over the threads takes
+    serial / n + constant (a single-thread stage, the constant alone), which such a
+    line runs through exactly."""
+    w = (1 / n_threads - 1 / hi) / (1 / lo - 1 / hi)     # 1 at lo, 0 at hi
+    return w * t_lo + (1 - w) * t_hi
+
+
+ATTENTION_PROFILES = ("slim", "flash")
+
+
+@dataclass(frozen=True)
+class AttentionTimes:
+    """The attention op's profiles benched for one shape: times_us[profile][n_threads] is a
+    list over `tokens` (query rows of the node) of lists over `lengths` (the longest list)."""
+    head_dim: int
+    n_head: int
+    n_head_kv: int
+    type_k: Type
+    type_v: Type
+    tokens: list
+    lengths: list
+    times_us: dict = field(default_factory=dict)
+
+    @property
+    def key(self):
+        """(head size, heads, KV heads, K type, V type)."""
+        return (self.head_dim, self.n_head, self.n_head_kv, self.type_k, self.type_v)
+
+    def estimate(self, profile, T, K, n_threads):
+        """Estimated µs of `profile` for T query tokens over lists of K: the benched token
+        count nearest T (by ratio), linear in K between the benched lengths; None where the
+        profile or n_threads was not benched."""
+        per = self.times_us.get(profile, {}).get(n_threads)
+        if per is None:
+            return None
+        i = min(range(len(self.tokens)), key=lambda j: abs(math.log(self.tokens[j] / max(T, 1))))
+        return interpolate(self.lengths, per[i], K)
+
 
 @dataclass
 class TuneData:
@@ -131,26 +206,57 @@ class TuneData:
     thread_counts: list
     shapes: list = field(default_factory=list)        # ShapeTimes
     system: dict = field(default_factory=current_system)
+    attention: list = field(default_factory=list)     # AttentionTimes
+
+    def attention_estimates(self, head_dim, n_head, n_head_kv, type_k, type_v, T, K, n_threads):
+        """[(estimated µs, profile name)] of the attention op for this shape, fastest first;
+        empty when the shape or the thread count was not benched."""
+        key = (head_dim, n_head, n_head_kv, Type.of(type_k, "attention_estimates"),
+               Type.of(type_v, "attention_estimates"))
+        shape = next((a for a in self.attention if a.key == key), None)
+        if shape is None:
+            return []
+        found = [(shape.estimate(p, T, K, n_threads), p) for p in shape.times_us]
+        return sorted((e, p) for e, p in found if e is not None)
 
     def shape(self, n, k, type):
         """The ShapeTimes of (N, K, type), or None (a scan: a file has at most MAX_SHAPES)."""
         key = (n, k, Type.of(type, "TuneData.shape"))
         return next((s for s in self.shapes if s.key == key), None)
 
-    def estimates(self, n, k, type, m, n_threads):
-        """[(estimated µs, TaskProfile)] for every benched profile, fastest first.
+    def covers(self, n_threads):
+        """Whether estimates serve n_threads: benched, or between two benched counts."""
+        return n_threads in self.thread_counts or \
+            thread_neighbours(self.thread_counts, n_threads) is not None
 
-        Empty when the shape or the thread count was not benched.
+    def estimates(self, n, k, type, m, n_threads):
+        """Estimates [(estimated µs, TaskProfile)] for every benched profile, fastest first.
+
+        A thread count that was not benched but lies between two that were gets
+        each profile's time interpolated between theirs (between_threads; the
+        list's `between` names the two); a profile needs times at both.
+        Empty when the shape was not benched, or the thread count is outside the
+        benched ones.
         """
+        found = Estimates()
         shape = self.shape(n, k, type)
         if shape is None:
-            return []
-        found = []
+            return found
+        between = thread_neighbours(self.thread_counts, n_threads)
         for p in shape.profiles:
-            t = p.estimate(self.m_values, m, n_threads)
+            if between is None:
+                t = p.estimate(self.m_values, m, n_threads)
+            else:
+                lo, hi = between
+                t_lo = shape.estimate(p, self.m_values, m, lo)
+                t_hi = shape.estimate(p, self.m_values, m, hi)
+                t = None if t_lo is None or t_hi is None else \
+                    between_threads(lo, t_lo, hi, t_hi, n_threads)
             if t is not None:
                 found.append((t, p.profile))
-        return sorted(found, key=lambda e: e[0])
+        found.sort(key=lambda e: e[0])
+        found.between = between
+        return found
 
     # ---- file I/O ---------------------------------------------------------------
 
@@ -168,6 +274,13 @@ class TuneData:
                                  for t, per in p.times_us.items()},
                 } for p in s.profiles],
             } for s in self.shapes],
+            **({"attention": [{
+                "head_dim": a.head_dim, "n_head": a.n_head, "n_head_kv": a.n_head_kv,
+                "type_k": Type(a.type_k).name, "type_v": Type(a.type_v).name,
+                "tokens": list(a.tokens), "lengths": list(a.lengths),
+                "times_us": {p: {str(t): [[round(v, 3) for v in row] for row in per]
+                                 for t, per in by_t.items()} for p, by_t in a.times_us.items()},
+            } for a in self.attention]} if self.attention else {}),
         }
 
     def save(self, path):
@@ -214,7 +327,8 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
     check_system: the file must come from this CPU, build and ggml_py version,
     and its profiles must be this build's MUL_MAT profiles.
     shapes: when given, (N, K, type) triples the file must all cover.
-    n_threads: when given, a thread count the file must have been benched at.
+    n_threads: when given, a thread count the file must serve: benched at, or between
+    two benched counts (TuneData.estimates interpolates).
     """
     if n_threads is not None:
         n_threads = check_thread_count(n_threads, "load")
@@ -244,9 +358,10 @@ def load(path, model=None, check_system=True, shapes=None, n_threads=None):
         n, k, t = missing[0]
         raise TuneFileError(f"{path}: has no times for {len(missing)} of the model's matrix shapes "
                             f"(e.g. N={n} K={k} {Type(t).name}); bench again with ggml-tune")
-    if n_threads is not None and n_threads not in data.thread_counts:
+    if n_threads is not None and not data.covers(n_threads):
         raise TuneFileError(f"{path}: benched at {threads_text(data.thread_counts)}, not at "
-                            f"{n_threads}; bench again with ggml-tune --n-threads {n_threads}")
+                            f"{n_threads} nor on both sides of it; bench again with ggml-tune "
+                            f"--n-threads {n_threads}")
     return data
 
 
@@ -368,7 +483,44 @@ def _from_json(obj, path, model, check_system):
             check.fail(f"{_describe(shape)} appears twice")
         seen.add(shape.key)
         data.shapes.append(shape)
+    for a in check.of_type(obj.get("attention", []), list, "attention"):
+        times = _attention_from_json(check.of_type(a, dict, "an attention shape"), check, data)
+        if any(b.key == times.key for b in data.attention):
+            check.fail(f"attention shape {times.key[:3]} {times.type_k.name}/{times.type_v.name} "
+                       f"appears twice")
+        data.attention.append(times)
     return data
+
+
+def _attention_from_json(a, check, data):
+    """AttentionTimes of one attention shape's JSON: known profiles and types, a time per
+    (token count, length), thread counts the file lists."""
+    types = []
+    for key in ("type_k", "type_v"):
+        name = check.of_type(a[key], str, key)
+        if name not in Type.__members__:
+            check.fail(f"unknown KV type {name!r:.20}")
+        types.append(Type[name])
+    tokens = check.ascending(a["tokens"], "attention tokens", MAX_M)
+    lengths = check.ascending(a["lengths"], "attention lengths", MAX_M)
+    if len(lengths) < 2:
+        check.fail("attention lengths must hold two or more lengths (estimates interpolate)")
+    times = {}
+    for profile, by_t in check.of_type(a["times_us"], dict, "attention times_us").items():
+        if profile not in ATTENTION_PROFILES:
+            check.fail(f"unknown attention profile {profile!r:.20}")
+        times[profile] = {}
+        for t, rows in check.of_type(by_t, dict, f"attention {profile} times").items():
+            n_threads = check.thread_key(t, data.thread_counts, f"attention {profile}")
+            rows = check.of_type(rows, list, f"attention {profile} times")
+            if len(rows) != len(tokens):
+                check.fail(f"attention {profile}: need one list of times per token count")
+            times[profile][n_threads] = [check.times(r, len(lengths), f"attention {profile}")
+                                         for r in rows]
+    return AttentionTimes(check.integer(a["head_dim"], "head_dim", 1),
+                          check.integer(a["n_head"], "n_head", 1),
+                          check.integer(a["n_head_kv"], "n_head_kv", 1), types[0], types[1],
+                          tokens, lengths, times)
 
 
 def _describe(shape):

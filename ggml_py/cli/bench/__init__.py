@@ -16,6 +16,8 @@ SUBCOMMANDS = {
     "mulmat": ("ggml_py.cli.bench.mulmat", "MUL_MAT per type, shape, batch size, profile and thread count"),
     "pool": ("ggml_py.cli.bench.pool", "per-node dispatch overhead and idle cost of the worker pool"),
     "model": ("ggml_py.cli.bench.model", "llama-bench-style prompt (pp) and generation (tg) tokens/s"),
+    "batch": ("ggml_py.cli.bench.batch", "many sequences per step: aggregate decode tokens/s per batch size"),
+    "attn": ("ggml_py.cli.bench.attn", "time per attention layer against context length, per profile and KV type"),
 }
 
 

@@ -1,0 +1,414 @@
+/* attn_avx2.c - AVX2 attention kernels: the operations of attn_ref.c's twins on
+ * eight lanes, tiled so that a key row is read once for four query rows and a value row
+ * once for four rows of scores.
+ *
+ * scores: 4 rows x 2 keys (8 accumulators), then 1 row x 8 keys for the last rows; the
+ *         eight accumulators are summed by one transposing reduction whose lane i is
+ *         tree8 of accumulator i (attn.h), so a (row, key) score has the same bits in
+ *         either tile. Quantized keys: the integer dot of each 32-value block (VNNI where
+ *         the build targets it), K values in registers, never a float copy of a row.
+ * pv:     4 rows x 16 elements (8 accumulators) over a block of keys; each value row is
+ *         de-quantized in registers (int8 -> int32 -> float, times its scale) and fed to
+ *         the fused multiply-adds, keys in ascending order for every element. */
+#include "attn.h"
+#include "impl.h"
+#include "simd.h"
+
+#if defined(GGML_PY_HAVE_AVX2)
+
+#include "quants_avx2.h"
+
+/* lane i = tree8(v[i]) */
+static inline __m256 reduce8(const __m256 v[8]) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* lane i = the sum of v[i]'s int32 lanes (exact) */
+static inline __m256i reduce8_i32(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* Rows come from a slot list (pages anywhere in the pool): the hardware prefetchers
+ * cannot guess them, so each kernel asks for the rows it reads PREFETCH keys ahead. */
+#define PREFETCH 8
+
+static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, int64_t end) {
+    if (j >= end) return;
+    const char *row = ggml_py_attn_row(x, j);
+    for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
+}
+
+/* ---- exp and the softmax numerators ------------------------------------------------- */
+
+float ggml_py_attn_exp_sum_avx2(int64_t n, float *x, float max) {
+    const __m256 vmax = _mm256_set1_ps(max);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = ggml_py_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmax));
+        _mm256_storeu_ps(x + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float sum = ggml_py_attn_tree8(lanes);
+    for (; j < n; j++) {
+        x[j] = ggml_py_attn_exp_ref(x[j] - max);
+        sum = sum + x[j];
+    }
+    return sum;
+}
+
+/* ---- float keys (F32, F16) -------------------------------------------------------- */
+
+static inline __m256 load8_f32(const char *row, int64_t d) { return _mm256_loadu_ps((const float *) row + d); }
+static inline __m256 load8_f16(const char *row, int64_t d) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const ggml_py_fp16_t *) row + d)));
+}
+static inline float at_f32(const char *row, int64_t d) { float v; memcpy(&v, row + 4 * d, 4); return v; }
+static inline float at_f16(const char *row, int64_t d) {
+    ggml_py_fp16_t h;
+    memcpy(&h, row + 2 * d, 2);
+    return ggml_py_fp16_to_fp32(h);
+}
+
+/* S of the (row, key) pairs of the 8 accumulators: lane i is pair (qr[i], kr[i]); the
+ * D % 8 last elements one by one; pairs with a NULL row are not stored */
+#define FLOAT_FINISH(AT)                                                                       \
+    do {                                                                                       \
+        float s8[8];                                                                           \
+        _mm256_storeu_ps(s8, reduce8(acc));                                                    \
+        for (int i = 0; i < 8; i++) {                                                          \
+            if (out[i] == NULL) continue;                                                      \
+            float s = s8[i];                                                                   \
+            for (int64_t d = D8; d < D; d++) s = fmaf(qr[i][d], AT(kr[i], d), s);              \
+            *out[i] = s * scale;                                                               \
+        }                                                                                      \
+    } while (0)
+
+/* the same without a tail (D % 8 == 0): 4 rows x 2 keys, two adjacent scores a row */
+static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t lds, int two) {
+    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+    const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
+    if (two) {
+        _mm_storel_pi((__m64 *) S, lo);
+        _mm_storeh_pi((__m64 *) (S + lds), lo);
+        _mm_storel_pi((__m64 *) (S + 2 * lds), hi);
+        _mm_storeh_pi((__m64 *) (S + 3 * lds), hi);
+    } else {
+        float s8[8];
+        _mm256_storeu_ps(s8, s);
+        for (int i = 0; i < 4; i++) S[i * lds] = s8[2 * i];
+    }
+}
+
+/* 1 row x 8 keys, n8 of them stored */
+static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8) {
+    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+    if (n8 == 8) {
+        _mm256_storeu_ps(S, s);
+    } else {
+        float s8[8];
+        _mm256_storeu_ps(s8, s);
+        for (int i = 0; i < n8; i++) S[i] = s8[i];
+    }
+}
+
+#define FLOAT_SCORES_AVX2(t, LOAD8, AT)                                                         \
+void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
+                                    const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
+                                    float *S, int64_t lds, float scale) {                        \
+    const int64_t D8 = D & ~(int64_t) 7;                                                        \
+    int64_t r = 0;                                                                              \
+    for (; r + 4 <= nr; r += 4) {                                                               \
+        const float *q4[4];                                                                     \
+        for (int i = 0; i < 4; i++) q4[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
+        for (int64_t j = 0; j < nk; j += 2) {                                                   \
+            const int two = j + 1 < nk;                                                         \
+            const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
+            const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
+            __m256 acc[8];                                                                      \
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
+            for (int64_t d = 0; d < D8; d += 8) {                                               \
+                const __m256 kv0 = LOAD8(k0, d), kv1 = LOAD8(k1, d);                            \
+                for (int i = 0; i < 4; i++) {                                                   \
+                    const __m256 qv = _mm256_loadu_ps(q4[i] + d);                               \
+                    acc[2 * i] = _mm256_fmadd_ps(qv, kv0, acc[2 * i]);                          \
+                    acc[2 * i + 1] = _mm256_fmadd_ps(qv, kv1, acc[2 * i + 1]);                  \
+                }                                                                               \
+            }                                                                                   \
+            if (D8 == D) {                                                                      \
+                store_4x2(acc, scale, S + r * lds + j, lds, two);                               \
+                continue;                                                                       \
+            }                                                                                   \
+            const float *qr[8];                                                                 \
+            const char *kr[8];                                                                  \
+            float *out[8];                                                                      \
+            for (int i = 0; i < 4; i++) {                                                       \
+                qr[2 * i] = qr[2 * i + 1] = q4[i];                                              \
+                kr[2 * i] = k0;                                                                 \
+                kr[2 * i + 1] = k1;                                                             \
+                out[2 * i] = S + (r + i) * lds + j;                                             \
+                out[2 * i + 1] = two ? S + (r + i) * lds + j + 1 : NULL;                        \
+            }                                                                                   \
+            FLOAT_FINISH(AT);                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    for (; r < nr; r++) {                                                                       \
+        const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
+        for (int64_t j = 0; j < nk; j += 8) {                                                   \
+            const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
+            const float *qr[8];                                                                 \
+            const char *kr[8];                                                                  \
+            float *out[8];                                                                      \
+            for (int i = 0; i < 8; i++) {                                                       \
+                qr[i] = q1;                                                                     \
+                kr[i] = ggml_py_attn_row(k, j0 + j + (i < n8 ? i : 0));                         \
+                out[i] = i < n8 ? S + r * lds + j + i : NULL;                                   \
+            }                                                                                   \
+            __m256 acc[8];                                                                      \
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
+            for (int64_t d = 0; d < D8; d += 8) {                                               \
+                const __m256 qv = _mm256_loadu_ps(q1 + d);                                      \
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, LOAD8(kr[i], d), acc[i]); \
+            }                                                                                   \
+            if (D8 == D) store_1x8(acc, scale, S + r * lds + j, n8);                            \
+            else FLOAT_FINISH(AT);                                                              \
+        }                                                                                       \
+    }                                                                                           \
+}
+FLOAT_SCORES_AVX2(f32, load8_f32, at_f32)
+FLOAT_SCORES_AVX2(f16, load8_f16, at_f16)
+
+/* ---- Q8_0 / Q4_0 keys against Q8_0 queries ----------------------------------------------- */
+
+static inline __m256i key_bytes_q8_0(const char *row, int64_t b, __m256 *d) {
+    const ggml_py_block_q8_0 *kb = (const ggml_py_block_q8_0 *) row + b;
+    *d = _mm256_set1_ps(ggml_py_fp16_to_fp32(kb->d));
+    return _mm256_loadu_si256((const __m256i *) kb->qs);
+}
+
+static inline __m256i key_bytes_q4_0(const char *row, int64_t b, __m256 *d) {
+    const ggml_py_block_q4_0 *kb = (const ggml_py_block_q4_0 *) row + b;
+    *d = _mm256_set1_ps(ggml_py_fp16_to_fp32(kb->d));
+    return _mm256_sub_epi8(ggml_py_nibbles32(kb->qs), _mm256_set1_epi8(8));
+}
+
+/* 4 rows x 2 keys and 1 row x 8 keys of quantized keys (blocks of 32) against Q8_0
+ * queries: lane l of a pair accumulates fma(dk * dq, integer dot of elements 4l..4l+3) */
+#define QUANT_SCORES_AVX2(t, KEY_BYTES)                                                         \
+void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
+                                    const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
+                                    float *S, int64_t lds, float scale) {                        \
+    const int64_t nb = D / 32;                                                                  \
+    int64_t r = 0;                                                                              \
+    for (; r + 4 <= nr; r += 4) {                                                               \
+        const ggml_py_block_q8_0 *q4[4];                                                        \
+        for (int i = 0; i < 4; i++) q4[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
+        for (int64_t j = 0; j < nk; j += 2) {                                                   \
+            const int two = j + 1 < nk;                                                         \
+            const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
+            const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
+            __m256 acc[8];                                                                      \
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
+            for (int64_t b = 0; b < nb; b++) {                                                  \
+                __m256 dk0, dk1;                                                                \
+                const __m256i kq0 = KEY_BYTES(k0, b, &dk0), kq1 = KEY_BYTES(k1, b, &dk1);       \
+                for (int i = 0; i < 4; i++) {                                                   \
+                    const __m256i qq = _mm256_loadu_si256((const __m256i *) q4[i][b].qs);       \
+                    const __m256i aq = _mm256_sign_epi8(qq, qq);                                \
+                    const __m256 dq = _mm256_set1_ps(ggml_py_fp16_to_fp32(q4[i][b].d));         \
+                    acc[2 * i] = _mm256_fmadd_ps(_mm256_mul_ps(dk0, dq), _mm256_cvtepi32_ps(    \
+                        ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq0, qq))), acc[2 * i]);          \
+                    acc[2 * i + 1] = _mm256_fmadd_ps(_mm256_mul_ps(dk1, dq), _mm256_cvtepi32_ps( \
+                        ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq1, qq))), acc[2 * i + 1]);      \
+                }                                                                               \
+            }                                                                                   \
+            store_4x2(acc, scale, S + r * lds + j, lds, two);                                   \
+        }                                                                                       \
+    }                                                                                           \
+    for (; r < nr; r++) {                                                                       \
+        const ggml_py_block_q8_0 *q1 = (const void *) ((const char *) q + r * q_stride);       \
+        for (int64_t j = 0; j < nk; j += 8) {                                                   \
+            const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
+            const char *kr[8];                                                                  \
+            for (int i = 0; i < 8; i++) kr[i] = ggml_py_attn_row(k, j0 + j + (i < n8 ? i : 0)); \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
+            __m256 acc[8];                                                                      \
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
+            for (int64_t b = 0; b < nb; b++) {                                                  \
+                const __m256i qq = _mm256_loadu_si256((const __m256i *) q1[b].qs);              \
+                const __m256i aq = _mm256_sign_epi8(qq, qq);                                    \
+                const __m256 dq = _mm256_set1_ps(ggml_py_fp16_to_fp32(q1[b].d));                \
+                for (int i = 0; i < 8; i++) {                                                   \
+                    __m256 dk;                                                                  \
+                    const __m256i kq = KEY_BYTES(kr[i], b, &dk);                                \
+                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dk, dq), _mm256_cvtepi32_ps(         \
+                        ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq, qq))), acc[i]);               \
+                }                                                                               \
+            }                                                                                   \
+            store_1x8(acc, scale, S + r * lds + j, n8);                                         \
+        }                                                                                       \
+    }                                                                                           \
+}
+QUANT_SCORES_AVX2(q8_0, key_bytes_q8_0)
+QUANT_SCORES_AVX2(q4_0, key_bytes_q4_0)
+
+/* ---- I8 keys (one scale per row and head) against int8 queries: exact integer sums --- */
+
+static inline int32_t tail_i8(const int8_t *qs, const int8_t *ks, int64_t d0, int64_t D) {
+    int32_t s = 0;
+    for (int64_t d = d0; d < D; d++) s += (int32_t) qs[d] * ks[d];
+    return s;
+}
+
+void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,
+                                 const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,
+                                 float *S, int64_t lds, float scale) {
+    const int64_t D32 = D & ~(int64_t) 31;
+    for (int64_t r = 0; r < nr; r += 4) {
+        const int n4 = (int) GGML_PY_MIN(4, nr - r);
+        const int8_t *q4[4];
+        float dq[4];
+        for (int i = 0; i < 4; i++) {
+            const char *qr = (const char *) q + (r + (i < n4 ? i : 0)) * q_stride;
+            memcpy(&dq[i], qr, sizeof(float));
+            q4[i] = (const int8_t *) qr + 32;
+        }
+        /* 4 rows x 2 keys; fewer rows reuse the first (their sums are not stored) */
+        for (int64_t j = 0; j < nk; j += 2) {
+            const int two = j + 1 < nk;
+            const int8_t *k0 = (const int8_t *) ggml_py_attn_row(k, j0 + j);
+            const int8_t *k1 = two ? (const int8_t *) ggml_py_attn_row(k, j0 + j + 1) : k0;
+            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
+            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
+            __m256i acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+            for (int64_t d = 0; d < D32; d += 32) {
+                const __m256i kq0 = _mm256_loadu_si256((const __m256i *) (k0 + d));
+                const __m256i kq1 = _mm256_loadu_si256((const __m256i *) (k1 + d));
+                for (int i = 0; i < 4; i++) {
+                    const __m256i qq = _mm256_loadu_si256((const __m256i *) (q4[i] + d));
+                    const __m256i aq = _mm256_sign_epi8(qq, qq);
+                    acc[2 * i] = ggml_py_dot_u8s8_acc(acc[2 * i], aq, _mm256_sign_epi8(kq0, qq));
+                    acc[2 * i + 1] = ggml_py_dot_u8s8_acc(acc[2 * i + 1], aq, _mm256_sign_epi8(kq1, qq));
+                }
+            }
+            int32_t s8[8];
+            _mm256_storeu_si256((__m256i *) s8, reduce8_i32(acc));
+            const float dk0 = ggml_py_attn_row_scale(k, j0 + j);
+            const float dk1 = two ? ggml_py_attn_row_scale(k, j0 + j + 1) : dk0;
+            for (int i = 0; i < n4; i++) {
+                const int32_t i0 = s8[2 * i] + tail_i8(q4[i], k0, D32, D);
+                S[(r + i) * lds + j] = (float) i0 * (dq[i] * dk0) * scale;
+                if (two) {
+                    const int32_t i1 = s8[2 * i + 1] + tail_i8(q4[i], k1, D32, D);
+                    S[(r + i) * lds + j + 1] = (float) i1 * (dq[i] * dk1) * scale;
+                }
+            }
+        }
+    }
+}
+
+/* ---- scores times V: values de-quantized in registers ------------------------------ */
+
+#define PV_KEYS 64   /* keys per pass: their value rows stay in L1 for every tile */
+
+/* 8 values of a row from element d (d % 8 == 0), as floats: q * scale for the quantized
+ * types (the exact product de-quantization makes) */
+static inline __m256 deq8_f32(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return load8_f32(vr, d); }
+static inline __m256 deq8_f16(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return load8_f16(vr, d); }
+static inline __m256 deq8_q8_0(const char *vr, int64_t d, float sv) {
+    GGML_PY_UNUSED(sv);
+    const ggml_py_block_q8_0 *b = (const ggml_py_block_q8_0 *) vr + d / 32;
+    const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (b->qs + d % 32)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(ggml_py_fp16_to_fp32(b->d)));
+}
+static inline __m256 deq8_q4_0(const char *vr, int64_t d, float sv) {
+    GGML_PY_UNUSED(sv);
+    const ggml_py_block_q4_0 *b = (const ggml_py_block_q4_0 *) vr + d / 32;
+    const int e = (int) (d % 32);
+    __m256i qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) (b->qs + e % 16)));
+    qi = e < 16 ? _mm256_and_si256(qi, _mm256_set1_epi32(0xF)) : _mm256_srli_epi32(qi, 4);
+    qi = _mm256_sub_epi32(qi, _mm256_set1_epi32(8));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(ggml_py_fp16_to_fp32(b->d)));
+}
+static inline __m256 deq8_i8(const char *vr, int64_t d, float sv) {
+    const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (vr + d)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(sv));
+}
+
+static inline float value_f32(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return at_f32(vr, d); }
+static inline float value_f16(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return at_f16(vr, d); }
+static inline float value_i8(const char *vr, int64_t d, float sv) { return (float) ((const int8_t *) vr)[d] * sv; }
+/* (Q8_0 and Q4_0 rows are whole blocks of 32: no element is left for these) */
+static inline float value_q8_0(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); GGML_PY_UNUSED(sv); return 0.0f; }
+static inline float value_q4_0(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); GGML_PY_UNUSED(sv); return 0.0f; }
+
+#define NO_SCALE(v, j) 0.0f
+#define ROW_SCALE(v, j) ggml_py_attn_row_scale(v, j)
+
+/* NR rows (1 or 4) of acc from element d, W vectors wide (1 or 2), keys jb..je */
+#define PV_TILE(DEQ8, SCALE, NR, W)                                                             \
+    do {                                                                                        \
+        __m256 a[NR][W];                                                                        \
+        for (int i = 0; i < NR; i++)                                                            \
+            for (int w = 0; w < W; w++) a[i][w] = _mm256_loadu_ps(acc + (r + i) * D + d + 8 * w); \
+        for (int64_t j = jb; j < je; j++) {                                                     \
+            const char *vr = ggml_py_attn_row(v, j0 + j);                                       \
+            const float sv = SCALE(v, j0 + j);                                                  \
+            __m256 x[W];                                                                        \
+            for (int w = 0; w < W; w++) x[w] = DEQ8(vr, d + 8 * w, sv);                         \
+            for (int i = 0; i < NR; i++) {                                                      \
+                const __m256 p = _mm256_broadcast_ss(P + (r + i) * ldp + j);                    \
+                for (int w = 0; w < W; w++) a[i][w] = _mm256_fmadd_ps(p, x[w], a[i][w]);        \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < NR; i++)                                                            \
+            for (int w = 0; w < W; w++) _mm256_storeu_ps(acc + (r + i) * D + d + 8 * w, a[i][w]); \
+    } while (0)
+
+/* rows r .. r+NR-1 over every element: 16 at a time, then 8, then one by one */
+#define PV_ROWS(DEQ8, VALUE, SCALE, NR)                                                         \
+    do {                                                                                        \
+        int64_t d = 0;                                                                          \
+        for (; d + 16 <= D; d += 16) PV_TILE(DEQ8, SCALE, NR, 2);                               \
+        for (; d + 8 <= D; d += 8) PV_TILE(DEQ8, SCALE, NR, 1);                                 \
+        for (; d < D; d++)                                                                      \
+            for (int i = 0; i < NR; i++) {                                                      \
+                float *a = acc + (r + i) * D + d;                                               \
+                for (int64_t j = jb; j < je; j++)                                               \
+                    *a = fmaf(P[(r + i) * ldp + j], VALUE(ggml_py_attn_row(v, j0 + j), d, SCALE(v, j0 + j)), *a); \
+            }                                                                                   \
+    } while (0)
+
+#define PV_AVX2(t, SCALE)                                                                       \
+void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,            \
+                                const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk,      \
+                                float *acc) {                                                   \
+    for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {                                              \
+        const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
+        if (jb == 0)                                                                            \
+            for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j, j0 + nk);                  \
+        for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j, j0 + nk);           \
+        int64_t r = 0;                                                                          \
+        for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, SCALE, 4);                     \
+        for (; r < nr; r++) PV_ROWS(deq8_##t, value_##t, SCALE, 1);                             \
+    }                                                                                           \
+}
+PV_AVX2(f32, NO_SCALE)
+PV_AVX2(f16, NO_SCALE)
+PV_AVX2(q8_0, NO_SCALE)
+PV_AVX2(q4_0, NO_SCALE)
+PV_AVX2(i8, ROW_SCALE)
+
+#endif

@@ -1,0 +1,260 @@
+/* ops_attention.c - ATTENTION: softmax(scale * q k^T) v over a list of cache slots per token.
+ *
+ * q:        F32 (ne0 = D, ne1 = H, ne2 = T), rows of D contiguous
+ * k, v:     the cache pools, (ne0 = Hkv*D, ne1 = slots): F32, F16, Q8_0, Q4_0, I8 (int8
+ *           per head, its scales in src[4] (k) and src[5] (v): F32 (ne0 = Hkv, ne1 = slots)),
+ *           or any type with a vec_dot (k) and a to_float (v); query head h reads kv head
+ *           h / (H / Hkv)
+ * kv_index: I32, 2*T + N values: for token t the pair (start, count) at [2t, 2t+1] names
+ *           the slots it attends to, index[start .. start+count), which lie in the N
+ *           values after the pairs (tokens of one sequence share one list, in position order)
+ * dst:      F32 (ne0 = D, ne1 = H, ne2 = T); a token with no slots gets zeros
+ *
+ * A work item is a kv head and a block of up to ROWS / G tokens: its rows are the G query
+ * heads of that kv head for each token, and tokens with the same list (one sequence) share
+ * every K and V row read. The profiles (enum ggml_py_attention_profile) differ in how the
+ * scores of an item's rows are held:
+ *   slim   the whole score row-block (rows x the longest list) in the thread's buffer:
+ *          scores, softmax in place, times V; no correction (SlimAttention)
+ *   flash  tiles of KEYS keys: scores of the tile, a running max and sum per row, the
+ *          accumulated output rescaled when the max grows (online softmax)
+ * Each item is computed by one thread start to end, and each row's numbers by operations
+ * that do not depend on the other rows of the item (attn.h): a token's result depends on its
+ * own query row and slots only - not on the other tokens of the batch, the thread count or
+ * which thread ran it (batches are bitwise invariant under both profiles).
+ */
+#include "attn.h"
+#include "impl.h"
+
+#define ROWS 32   /* query rows per work item (heads x tokens), G when G is larger */
+#define KEYS 64   /* keys per tile: flash's tile, and slim's passes over the keys */
+
+struct attn_shape {
+    int64_t D, H, T, Hkv, G;
+    int64_t tokens;      /* tokens per work item */
+    int64_t rows;        /* rows per work item: G * tokens */
+    int64_t n_slots;     /* slots in the pools */
+    int64_t longest;     /* the longest list a token can have */
+};
+
+static struct attn_shape shape_of(const struct ggml_py_tensor *node) {
+    const struct ggml_py_tensor *q = node->src[0], *k = node->src[1], *index = node->src[3];
+    struct attn_shape s;
+    s.D = q->ne[0], s.H = q->ne[1], s.T = q->ne[2];
+    s.Hkv = k->ne[0] / s.D, s.G = s.H / s.Hkv;
+    s.tokens = GGML_PY_MAX(1, ROWS / s.G);
+    s.rows = s.G * s.tokens;
+    s.n_slots = k->ne[1];
+    s.longest = GGML_PY_MAX(0, GGML_PY_MIN(s.n_slots, index->ne[0] - 2 * s.T));
+    return s;
+}
+
+/* Per-thread scratch: the prepared query rows, the scores (slim: rows x longest; flash:
+ * rows x KEYS), the output accumulators, and flash's running max and sum. */
+struct attn_scratch {
+    char *q;
+    float *S, *acc, *max, *sum;
+    int64_t lds;
+};
+
+static size_t scratch_bytes(const struct attn_shape *s, int profile, int64_t *lds) {
+    *lds = profile == GGML_PY_ATTENTION_FLASH ? KEYS : (s->longest + 7) / 8 * 8;
+    return (size_t) s->rows * (ggml_py_attn_q_bytes(s->D) +
+                               sizeof(float) * ((size_t) *lds + (size_t) s->D + 2));
+}
+
+static struct attn_scratch scratch_of(const struct ggml_py_compute_params *params,
+                                      const struct attn_shape *s, int profile) {
+    struct attn_scratch w;
+    const size_t per_thread = (scratch_bytes(s, profile, &w.lds) + GGML_PY_CACHE_LINE - 1)
+                              / GGML_PY_CACHE_LINE * GGML_PY_CACHE_LINE + GGML_PY_CACHE_LINE;
+    char *base = (char *) params->wdata + params->ith * per_thread;
+    w.q = base;
+    w.S = (float *) (base + s->rows * ggml_py_attn_q_bytes(s->D));
+    w.acc = w.S + s->rows * w.lds;
+    w.max = w.acc + s->rows * s->D;
+    w.sum = w.max + s->rows;
+    return w;
+}
+
+size_t ggml_py_attention_work_size(const struct ggml_py_tensor *node, int n_threads) {
+    const struct attn_shape s = shape_of(node);
+    int64_t lds;
+    const size_t per_thread = (scratch_bytes(&s, node->profile.id, &lds) + GGML_PY_CACHE_LINE - 1)
+                              / GGML_PY_CACHE_LINE * GGML_PY_CACHE_LINE + GGML_PY_CACHE_LINE;
+    return (size_t) n_threads * per_thread;
+}
+
+/* A token's slot list lies after the (start, count) pairs and holds valid slots
+ * (the index is data written per step: a bad one is reported, never followed). */
+static bool index_ok(int32_t start, int32_t count, int64_t first, int64_t n_index,
+                     const int32_t *index, int64_t n_slots) {
+    if (count < 0 || count > n_slots || start < first || start + (int64_t) count > n_index) return false;
+    for (int32_t j = 0; j < count; j++)
+        if (index[start + j] < 0 || index[start + j] >= n_slots) return false;
+    return true;
+}
+
+/* The rows of kv head g of a pool (and its scales) over one list. */
+static struct ggml_py_attn_rows rows_of(const struct ggml_py_tensor *pool, const struct ggml_py_tensor *scales,
+                                        int64_t g, int64_t D, const int32_t *slots) {
+    struct ggml_py_attn_rows x;
+    x.base = (const char *) pool->data + g * ggml_py_row_size(pool->type, D);
+    x.stride = pool->nb[1];
+    x.scale = scales ? (const char *) scales->data + g * sizeof(float) : NULL;
+    x.scale_stride = scales ? scales->nb[1] : 0;
+    x.slots = slots;
+    x.type = pool->type;
+    x.row_bytes = (int32_t) ggml_py_row_size(pool->type, D);
+    return x;
+}
+
+/* One run of tokens with the same list: nr rows, row r's list length count[r / G]. */
+struct attn_run {
+    int64_t nr, longest;
+    const int32_t *count;          /* per token of the run: index[2t + 1] */
+    struct ggml_py_attn_rows k, v;
+};
+
+static inline int64_t count_of(const struct attn_run *run, int64_t G, int64_t r) {
+    return run->count[2 * (r / G)];
+}
+
+/* slim: every score of the run's rows, softmax in place, times V (into w->acc) */
+static void run_slim(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
+                     const struct ggml_py_attn_kernels *kern, float scale) {
+    const ggml_py_attn_exp_sum_fn exp_sum = ggml_py_attn_exp_sum();
+    const size_t qb = ggml_py_attn_q_bytes(s->D);
+    for (int64_t j0 = 0; j0 < run->longest; j0 += KEYS) {
+        kern->scores(s->D, run->nr, w->q, qb, &run->k, j0, GGML_PY_MIN(KEYS, run->longest - j0),
+                     w->S + j0, w->lds, scale);
+    }
+    for (int64_t r = 0; r < run->nr; r++) {
+        float *sr = w->S + r * w->lds;
+        const int64_t count = count_of(run, s->G, r);
+        float max = -INFINITY;
+        for (int64_t j = 0; j < count; j++) max = sr[j] > max ? sr[j] : max;
+        if (count > 0) {
+            const float inv = 1.0f / exp_sum(count, sr, max);
+            for (int64_t j = 0; j < count; j++) sr[j] *= inv;
+        }
+        for (int64_t j = count; j < run->longest; j++) sr[j] = 0.0f;   /* not this row's keys */
+    }
+    memset(w->acc, 0, sizeof(float) * run->nr * s->D);
+    kern->pv(s->D, run->nr, w->S, w->lds, &run->v, 0, run->longest, w->acc);
+}
+
+/* flash: tiles of KEYS keys with a running max and sum per row (into w->acc) */
+static void run_flash(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
+                      const struct ggml_py_attn_kernels *kern, float scale) {
+    const ggml_py_attn_exp_sum_fn exp_sum = ggml_py_attn_exp_sum();
+    const size_t qb = ggml_py_attn_q_bytes(s->D);
+    const int64_t D = s->D;
+    for (int64_t r = 0; r < run->nr; r++) w->max[r] = -INFINITY, w->sum[r] = 0.0f;
+    memset(w->acc, 0, sizeof(float) * run->nr * D);
+    for (int64_t j0 = 0; j0 < run->longest; j0 += KEYS) {
+        const int64_t n = GGML_PY_MIN(KEYS, run->longest - j0);
+        kern->scores(D, run->nr, w->q, qb, &run->k, j0, n, w->S, w->lds, scale);
+        for (int64_t r = 0; r < run->nr; r++) {
+            float *sr = w->S + r * w->lds;
+            const int64_t valid = GGML_PY_MAX(0, GGML_PY_MIN(n, count_of(run, s->G, r) - j0));
+            float max = w->max[r];
+            for (int64_t j = 0; j < valid; j++) max = sr[j] > max ? sr[j] : max;
+            if (valid > 0) {
+                /* exp(old max - new max): 0 for the first tile (-inf), 1 when it holds */
+                const float corr = ggml_py_attn_exp_ref(w->max[r] - max);
+                const float e = exp_sum(valid, sr, max);
+                if (corr != 1.0f) {
+                    float *a = w->acc + r * D;
+                    for (int64_t d = 0; d < D; d++) a[d] = a[d] * corr;
+                }
+                w->sum[r] = w->sum[r] * corr + e;
+                w->max[r] = max;
+            }
+            for (int64_t j = valid; j < n; j++) sr[j] = 0.0f;
+        }
+        kern->pv(D, run->nr, w->S, w->lds, &run->v, j0, n, w->acc);
+    }
+    for (int64_t r = 0; r < run->nr; r++) {
+        if (w->sum[r] > 0.0f) {
+            const float inv = 1.0f / w->sum[r];
+            float *a = w->acc + r * D;
+            for (int64_t d = 0; d < D; d++) a[d] = a[d] * inv;
+        }
+    }
+}
+
+void ggml_py_compute_attention(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
+    if (params->stage != GGML_PY_STAGE_COMPUTE) return;
+    const struct ggml_py_tensor *q = dst->src[0], *k = dst->src[1], *v = dst->src[2];
+    const int32_t *index = (const int32_t *) dst->src[3]->data;
+    const int64_t n_index = dst->src[3]->ne[0];
+    const struct attn_shape s = shape_of(dst);
+    const int64_t D = s.D, G = s.G, T = s.T;
+    const float scale = ggml_py_get_op_param_f32(dst, 0);
+    const int profile = dst->profile.id;
+    const struct attn_scratch w = scratch_of(params, &s, profile);
+    struct ggml_py_attn_kernels kern;
+    ggml_py_attn_kernels_for(k->type, v->type, &kern);
+    const size_t qb = ggml_py_attn_q_bytes(D);
+
+    const int64_t n_blocks = (T + s.tokens - 1) / s.tokens;
+    struct ggml_py_items taken = { 0, 0 };
+    /* items of one kv head are consecutive: a thread's chunk reads the same K and V rows */
+    for (int64_t item; (item = ggml_py_next_item(params, s.Hkv * n_blocks, &taken)) >= 0;) {
+        const int64_t g = item / n_blocks, blk = item % n_blocks;
+        const int64_t t_end = GGML_PY_MIN(T, (blk + 1) * s.tokens);
+        bool ok = true;
+        for (int64_t t = blk * s.tokens; t < t_end; t++)
+            ok = ok && index_ok(index[2 * t], index[2 * t + 1], 2 * T, n_index, index, s.n_slots);
+        if (!ok) {
+            ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
+            continue;
+        }
+        /* runs of tokens with the same list */
+        for (int64_t t0 = blk * s.tokens, t1; t0 < t_end; t0 = t1) {
+            int64_t longest = index[2 * t0 + 1];
+            for (t1 = t0 + 1; t1 < t_end && index[2 * t1] == index[2 * t0]; t1++)
+                longest = GGML_PY_MAX(longest, index[2 * t1 + 1]);
+            const int32_t *slots = index + index[2 * t0];
+            struct attn_run run = {
+                .nr = (t1 - t0) * G, .longest = longest, .count = index + 2 * t0 + 1,
+                .k = rows_of(k, dst->src[4], g, D, slots), .v = rows_of(v, dst->src[5], g, D, slots),
+            };
+            for (int64_t r = 0; r < run.nr; r++) {
+                const float *qr = (const float *) ((const char *) q->data + (g * G + r % G) * q->nb[1] +
+                                                   (t0 + r / G) * q->nb[2]);
+                kern.q_prep(k->type, D, qr, w.q + r * qb);
+            }
+            if (profile == GGML_PY_ATTENTION_FLASH) run_flash(&run, &s, &w, &kern, scale);
+            else run_slim(&run, &s, &w, &kern, scale);
+            for (int64_t r = 0; r < run.nr; r++) {
+                float *out = (float *) ((char *) dst->data + (g * G + r % G) * dst->nb[1] + (t0 + r / G) * dst->nb[2]);
+                memcpy(out, w.acc + r * D, sizeof(float) * D);
+            }
+        }
+    }
+}
+
+/* slim while its score buffer stays small, flash past that (docs/attention.md) */
+#define SLIM_MAX_SCORE_BYTES (1 << 20)
+
+int ggml_py_attention_profiles(const struct ggml_py_tensor *node,
+                               struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]) {
+    GGML_PY_UNUSED(node);
+    const char *names[2] = { "slim", "flash" };
+    const int ids[2] = { GGML_PY_ATTENTION_SLIM, GGML_PY_ATTENTION_FLASH };
+    for (int i = 0; i < 2; i++) {
+        memset(&out[i], 0, sizeof(out[i]));
+        out[i].id = ids[i];
+        strncpy(out[i].name, names[i], sizeof(out[i].name) - 1);
+        out[i].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
+    }
+    return 2;
+}
+
+int ggml_py_attention_default_profile_index(const struct ggml_py_tensor *node) {
+    if (node->src[0] == NULL || node->src[1] == NULL || node->src[3] == NULL) return 0;
+    const struct attn_shape s = shape_of(node);
+    return (size_t) s.rows * (size_t) s.longest * sizeof(float) > SLIM_MAX_SCORE_BYTES ? 1 : 0;
+}

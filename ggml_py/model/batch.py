@@ -1,0 +1,307 @@
+"""Many sequences at once: a step scheduler over the paged KV cache.
+
+    b = llm.batch()
+    a = b.add("ROMEO.", max_tokens=32, temperature=0)
+    c = b.add("JULIET.", max_tokens=32, seed=1)
+    while b.running:
+        for sid, piece in b.step():
+            print(sid, piece)
+
+Each step is one forward pass over the tokens of every running sequence, put one
+after another in R rows without padding: one token for a sequence that is generating,
+a chunk of its prompt for one that is reading (both mix in a step). Every token carries
+its own position; the attention op reads each token's own sequence's slots only (the
+slot lists in kv_index), so a sequence's logits do not depend on the others - with
+`invariant` (the default) bitwise, as every product takes profiles whose rows do not
+depend on the other rows (llama.pin_row_invariant).
+
+Sequences wait when n_seq_max are running or the pool has no room for their prompt.
+When the pool fills during a step the youngest running sequence is preempted: its
+pages go back and it waits to be read again (prompt and generated tokens), which gives
+the same tokens as if it had gone on (its sampler goes on where it was).
+"""
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ggml_py.core.types import checked_int
+from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
+from ggml_py.model.kv_paged import KVPoolFull
+from ggml_py.model.sampling import Sampler, SamplingParams
+from ggml_py.model.stops import StopFilter, stop_strings
+
+KV_INDEX_BUCKET = 256    # slot lists are padded to a multiple of this: fewer graph shapes
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One sequence of a Batch: what it was asked and what it has produced."""
+    id: int
+    prompt_tokens: list
+    max_tokens: int                  # -1: until end-of-generation or the context is full
+    logprobs_n: int | None           # None: no log-probabilities kept
+    tokens: list = field(default_factory=list)     # generated ids
+    text: str = ""                   # generated text (up to a stop string)
+    finish_reason: str | None = None  # "stop", "length", "cancelled"
+    logprobs: list = field(default_factory=list)   # (id, logprob, [(id, logprob)] top-n)
+    # the scheduler's state
+    ids: list = field(default_factory=list)        # every token to be in the cache, in order
+    n_cached: int = 0                # ids[:n_cached] are in the cache
+    n_kept: int = 0                  # context shifts keep this many first tokens
+    sampler: Sampler = None
+    decoder: object = None
+    stop: StopFilter = None
+
+    @property
+    def done(self):
+        """True once the sequence has finished (finish_reason says why)."""
+        return self.finish_reason is not None
+
+
+class Batch:
+    """The step scheduler of a Llama (made by llm.batch()): add, step, cancel."""
+
+    def __init__(self, llm, n_seq_max, n_batch, n_ctx_seq=None, keep=0, context_shift=True,
+                 invariant=True):
+        self.llm, self.model, self.tokenizer = llm, llm.model, llm.tokenizer
+        self.cache = llm.kv_pool()
+        self.n_seq_max, self.n_batch = n_seq_max, n_batch
+        self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx_seq if n_ctx_seq is not None
+                                     else self.cache.n_slots, low=2, high=self.cache.n_slots)
+        self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
+        self.context_shift, self.invariant = bool(context_shift), bool(invariant)
+        self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
+        self._running, self._waiting = [], deque()     # Sequences, in the order they started
+        self._all = {}
+        self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
+
+    # ---- the interface ------------------------------------------------------------
+
+    @property
+    def running(self):
+        """Sequences added and not finished (running and waiting)."""
+        return len(self._running) + len(self._waiting)
+
+    @property
+    def waiting(self):
+        """Sequences waiting for room (n_seq_max running, or no pages for their prompt)."""
+        return len(self._waiting)
+
+    def add(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+            repeat_penalty=1.0, repeat_last_n=64, seed=None, stop=None, add_bos=True,
+            ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0, logprobs=None):
+        """Queue a sequence: prompt (text, or token ids) and its own sampling settings
+        (as Llama.generate's). Returns its id. ValueError for an empty prompt or one
+        that does not fit a sequence's context (both counts named)."""
+        ids = self.llm._input_ids(prompt, add_bos, special=True)   # as generate reads it
+        if not ids:
+            raise ValueError("the prompt is empty")
+        self.llm._check_vocab(ids)
+        if len(ids) >= self.n_ctx_seq:
+            raise ValueError(f"the prompt has {len(ids)} tokens, a sequence's context "
+                             f"{self.n_ctx_seq}")
+        max_tokens = -1 if max_tokens is None else checked_int("max_tokens", max_tokens)
+        if logprobs is not None:
+            logprobs = checked_int("logprobs", logprobs, low=0, high=self.model.config.n_vocab)
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                                repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+                                frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, seed=seed)
+        banned = sorted(self.tokenizer.eog_ids) if ignore_eos else ()
+        # (at most half the context: a shift must have tokens to drop)
+        n_kept = min(kept_count(ids, self.keep, self.tokenizer.bos_id), self.n_ctx_seq // 2)
+        s = Sequence(next(self.llm._sequence_ids), list(ids), max_tokens, logprobs, ids=list(ids),
+                     n_kept=n_kept, sampler=Sampler(params, banned=banned),
+                     decoder=self.tokenizer.decoder(strip_leading_space=False),
+                     stop=StopFilter(stop_strings(stop)))
+        s.sampler.accept_all(ids)
+        self._all[s.id] = s
+        self._waiting.append(s)
+        return s.id
+
+    def sequence(self, sid):
+        """The Sequence of id sid (KeyError for one never added or forgotten)."""
+        return self._all[sid]
+
+    def forget(self, sid):
+        """Drop a finished sequence's record (ValueError while it runs)."""
+        if not self._all[sid].done:
+            raise ValueError(f"sequence {sid} is still running: cancel it first")
+        del self._all[sid]
+
+    def cancel(self, sid):
+        """Stop sequence sid now (finish_reason "cancelled"); its pages return to the pool."""
+        s = self._all[sid]
+        if not s.done:
+            self._finish(s, "cancelled")
+
+    def close(self):
+        """Cancel every sequence: all pages return to the pool."""
+        for s in list(self._running) + list(self._waiting):
+            self._finish(s, "cancelled")
+
+    def step(self):
+        """One forward step for every running sequence: a list of (sid, piece) - the
+        text each generating sequence added (may be ""); a sequence that finished this
+        step appears once more with its last text. [] when nothing runs."""
+        with self.llm._turn("step"):     # the graphs' buffers are the Llama's
+            self._admit()
+            plan = self._plan()
+            if not plan:
+                return []
+            events = {}
+            for s, logits_row in self._run(plan):
+                self._sample(s, logits_row, events)
+        return list(events.items())
+
+    # ---- scheduling ---------------------------------------------------------------
+
+    def _admit(self):
+        """Start waiting sequences, oldest first, while there is room for their prompt."""
+        while self._waiting and len(self._running) < self.n_seq_max:
+            s = self._waiting[0]
+            n = len(s.ids) - s.n_cached
+            if self.cache.pages_needed(s.id, n) > self.cache.pages_free:
+                break
+            self._waiting.popleft()
+            self._running.append(s)
+
+    def _plan(self):
+        """[(sequence, n tokens to feed)]: one token for each generating sequence, then
+        prompt chunks, at most n_batch tokens in all; pages reserved for them."""
+        plan, budget = [], self.n_batch
+        generating = [s for s in self._running if len(s.ids) - s.n_cached == 1]
+        reading = [s for s in self._running if len(s.ids) - s.n_cached > 1]
+        for s in generating + reading:
+            if budget == 0:
+                break
+            if s not in self._running:        # preempted while planning this step
+                continue
+            if s.n_cached + 1 > self.n_ctx_seq and not self._shift(s):
+                continue
+            n = min(len(s.ids) - s.n_cached, budget)
+            if not self._reserve(s, n, plan):
+                continue
+            plan.append((s, n))
+            budget -= n
+        return plan
+
+    def _reserve(self, s, n, plan):
+        """Pages for n more tokens of s, preempting the youngest other sequences not in
+        this step's plan when the pool is full; False when s itself had to wait."""
+        while True:
+            try:
+                self.cache.reserve(s.id, n)
+                return True
+            except KVPoolFull:
+                planned = {p.id for p, _ in plan}
+                victims = [v for v in reversed(self._running) if v is not s and v.id not in planned]
+                victim = victims[0] if victims else s
+                self._preempt(victim)
+                if victim is s:
+                    return False
+
+    def _preempt(self, s):
+        """Give back s's pages; it waits (first in line) to be read again."""
+        self.cache.free(s.id)
+        s.n_cached = 0
+        self._running.remove(s)
+        self._waiting.appendleft(s)
+
+    def _shift(self, s):
+        """Make room in s's own context: drop half of its tokens after the kept ones
+        (llama.cpp's context shift); False (and s finished) when it may not shift."""
+        if not self.context_shift:
+            self._finish(s, "length")
+            return False
+        n_discard = discard_count(s.n_cached, s.n_kept)
+        self.cache.shift(s.id, s.n_kept, n_discard, self._rerope)
+        del s.ids[s.n_kept:s.n_kept + n_discard]
+        s.n_cached -= n_discard
+        return True
+
+    def _run(self, plan):
+        """Write the step's inputs, run its graph: [(sequence, its logits row)] for the
+        sequences whose last token was fed."""
+        R = sum(n for _, n in plan)
+        lists = [self.cache.slots(s.id, 0, s.n_cached + n) for s, n in plan]
+        N = sum(len(x) for x in lists)
+        wanted = [i for i, (s, n) in enumerate(plan) if s.n_cached + n == len(s.ids)]
+        n_out = max(1, len(wanted))
+        g = self.model.step_graph(self.cache, R, -(-N // KV_INDEX_BUCKET) * KV_INDEX_BUCKET,
+                                  n_out, self.invariant)
+        row, start = 0, 2 * R
+        out_rows = []
+        for (s, n), slots in zip(plan, lists):
+            rows = slice(row, row + n)
+            g.tokens[rows] = s.ids[s.n_cached:s.n_cached + n]
+            g.positions[rows] = np.arange(s.n_cached, s.n_cached + n)
+            g.slots[rows] = slots[s.n_cached:]
+            g.kv_index[start:start + len(slots)] = slots
+            pairs = g.kv_index[2 * row:2 * (row + n)].reshape(n, 2)
+            pairs[:, 0] = start
+            pairs[:, 1] = np.arange(s.n_cached + 1, s.n_cached + n + 1)   # causal
+            start += len(slots)
+            row += n
+            out_rows.append(row - 1)
+        g.out_rows[:] = [out_rows[i] for i in wanted] if wanted else [R - 1]
+        logits = self.model.run_step(g)
+        for s, n in plan:
+            self.cache.advance(s.id, n)
+            s.n_cached += n
+        self.n_steps += 1
+        self.step_rows.append(R)
+        return [(plan[i][0], logits[j]) for j, i in enumerate(wanted)]
+
+    # ---- sampling -----------------------------------------------------------------
+
+    def _sample(self, s, logits, events):
+        """Choose s's next token from its logits row; record its text and whether it ends."""
+        token = s.sampler.sample(logits)
+        s.sampler.accept(token)
+        if s.logprobs_n is not None:
+            s.logprobs.append(_logprobs(logits, token, s.logprobs_n))
+        if self.tokenizer.is_eog(token):
+            events[s.id] = s.stop.feed(s.decoder.flush()) + s.stop.flush()
+            s.text += events[s.id]
+            self._finish(s, "stop")
+            return
+        s.tokens.append(token)
+        s.ids.append(token)
+        text = s.stop.feed(s.decoder.feed(token))
+        if s.stop.stopped:
+            s.text += text
+            events[s.id] = text
+            self._finish(s, "stop")
+            return
+        full = s.max_tokens >= 0 and len(s.tokens) >= s.max_tokens
+        # as generate: a token that would take the last slot is the last one, unless the
+        # sequence shifts its context to go on
+        no_room = s.n_cached + 1 >= self.n_ctx_seq and not self.context_shift
+        if full or no_room:
+            text += s.stop.feed(s.decoder.flush()) + s.stop.flush()
+            self._finish(s, "length")
+        s.text += text
+        events[s.id] = text
+
+    def _finish(self, s, reason):
+        s.finish_reason = reason
+        self.cache.free(s.id)
+        if s in self._running:
+            self._running.remove(s)
+        elif s in self._waiting:
+            self._waiting.remove(s)
+
+
+def _logprobs(logits, token, n):
+    """(token, its log-probability, the top n as [(id, logprob)]) of a logits row."""
+    x = np.asarray(logits, np.float64)
+    lse = x.max() + np.log(np.exp(x - x.max()).sum())
+    top = np.argsort(-x, kind="stable")[:n]
+    return int(token), float(x[token] - lse), [(int(i), float(x[i] - lse)) for i in top]
+
+
+def _array(weight):
+    """A weight's values as a numpy array (None stays None)."""
+    return None if weight is None else np.asarray(weight.data, np.float32)
