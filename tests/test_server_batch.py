@@ -97,7 +97,6 @@ def test_a_client_that_closes_its_stream_is_cancelled_and_its_pages_return(gated
             seen += line.startswith("data: ")
             if seen == 3:
                 break
-        wait_until(lambda: metrics(live.url)["ggml_server_kv_pages_used"] > 0, "pages in use")
     # closed mid-stream: the sequence (which may run 400 tokens) is cancelled instead
     cancelled_and_freed(live, gate, 1)
     assert live.scheduler.admitted == 0
