@@ -162,15 +162,10 @@ cdef class ThreadPool:
         return self.pool == NULL
 
     def stats(self):
-        """Counters since creation: {'sleeps': worker sleeps, 'wakeups': broadcasts,
-        'stolen': workers' shares the main thread ran because they came late,
-        'solo_spells': times the main thread went on alone after a worker lost its
-        core, 'solo_stages': parallel stages it ran alone then}."""
+        """Counters since creation: {'sleeps': worker sleeps, 'wakeups': broadcasts}."""
         if self.pool == NULL:
             raise ValueError("ThreadPool is closed")
-        return {"sleeps": self.pool.n_sleeps, "wakeups": self.pool.n_wakeups,
-                "stolen": self.pool.n_stolen, "solo_spells": self.pool.n_solo_spells,
-                "solo_stages": self.pool.n_solo_stages}
+        return {"sleeps": self.pool.n_sleeps, "wakeups": self.pool.n_wakeups}
 
     def __repr__(self):
         return f"ThreadPool(n_threads={self.n_threads}, policy={self.policy!r}, spin_us={self.spin_us})"
