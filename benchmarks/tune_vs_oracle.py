@@ -10,7 +10,7 @@ profile's fastest round (the machine at its fastest), and by its median round
 Profiles that run the same code at a thread count (blas-split and blas-mt are
 blas at one thread) are timed once. The profile chosen from a tune file
 (benched here first with ggml-tune's sampling, unless --tune-file is given) and
-the one ggml's fallback rule picks are then compared with it:
+the one the built-in rule (no tune file) picks are then compared with it:
 
     python benchmarks/tune_vs_oracle.py --model-shape 1.1B --type Q4_0 --threads 1,2
 
@@ -195,7 +195,7 @@ def main(argv=None):
 
 def compare(data, times, graphs, print_table):
     """Summary line of the profiles `data` picks against the oracle `times`
-    ({case: {profile: ms}}) and ggml's fallback rule; print_table: print a
+    ({case: {profile: ms}}) and the built-in rule; print_table: print a
     row per case too."""
     tuned_ratios, fallback_ratios, misses = [], [], []
     for (n, k, m, t), ms_of in times.items():

@@ -162,10 +162,15 @@ cdef class ThreadPool:
         return self.pool == NULL
 
     def stats(self):
-        """Counters since creation: {'sleeps': worker sleeps, 'wakeups': broadcasts}."""
+        """Counters since creation: {'sleeps': worker sleeps, 'wakeups': broadcasts,
+        'stolen': workers' shares the main thread ran because they came late,
+        'solo_spells': times the main thread went on alone after a worker lost its
+        core, 'solo_stages': parallel stages it ran alone then}."""
         if self.pool == NULL:
             raise ValueError("ThreadPool is closed")
-        return {"sleeps": self.pool.n_sleeps, "wakeups": self.pool.n_wakeups}
+        return {"sleeps": self.pool.n_sleeps, "wakeups": self.pool.n_wakeups,
+                "stolen": self.pool.n_stolen, "solo_spells": self.pool.n_solo_spells,
+                "solo_stages": self.pool.n_solo_stages}
 
     def __repr__(self):
         return f"ThreadPool(n_threads={self.n_threads}, policy={self.policy!r}, spin_us={self.spin_us})"

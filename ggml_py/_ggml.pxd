@@ -121,6 +121,9 @@ cdef extern from "ggml_py_pool.h" nogil:
         int64_t spin_ns
         long long n_sleeps
         long long n_wakeups
+        int64_t n_solo_stages
+        int64_t n_solo_spells
+        int64_t n_stolen
         ggml_py_worker workers[256]
 
     int ggml_py_pool_init(ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns)

@@ -216,7 +216,7 @@ bool    ggml_py_is_contiguous(const struct ggml_py_tensor *t);
 int ggml_py_op_profiles(const struct ggml_py_tensor *node,
                         struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]);
 
-/* The profile a node gets when nothing else decides (ggml's rules). */
+/* The profile a node gets when nothing else decides (the built-in rule). */
 struct ggml_py_task_profile ggml_py_default_profile(const struct ggml_py_tensor *node);
 
 /* Work-buffer bytes this node needs under its current profile and n_threads. */

@@ -9,6 +9,21 @@
  * waking use a Dekker-style pair (n_sleeping / generation, both seq_cst) so a
  * wake-up can never be lost. The main thread waits for the workers' shares the
  * same way: it spins, then sleeps on `done` (main_sleeping / n_pending).
+ *
+ * The shares of a stage (ith = 0 .. nth-1) are claimed, not assigned: main runs
+ * share 0, and every thread, main included once its own is done, takes the next
+ * unclaimed share from `claim` (the generation and the next share in one word,
+ * so a late worker cannot take a share of a later stage). A worker the machine
+ * has descheduled thus never holds a barrier it has not joined: main (or another
+ * worker) runs its share. Which thread runs a share never changes its bits.
+ *
+ * Under spin-then-sleep the pool also watches for workers that come late — a
+ * spinning worker that saw a stage tens of µs after it was published, or a
+ * stage whose main thread ran a long share and then a worker's too: another
+ * program holds their cores. Seen twice within LATE_WINDOW_NS, main runs the
+ * stages alone for solo_ns (the workers asleep), then tries them again.
+ * Sleepers wait on a futex where Linux has one (no lock a descheduled worker
+ * could hold against main), else on condition variables.
  */
 #ifndef GGML_PY_POOL_H
 #define GGML_PY_POOL_H
@@ -48,20 +63,34 @@ struct ggml_py_pool {
     /* the published task: written by main before `generation` is bumped */
     ggml_py_task_fn task_fn;
     void   *task_arg;
-    int32_t task_sleep_after;     /* wait_on_task_done                        */
-    int32_t stopping;
+    atomic_int task_sleep_after;  /* wait_on_task_done (read by late workers too) */
+    atomic_int stopping;
+
+    int64_t late_ns;              /* a spinning worker this late lost its core */
+    int64_t solo_ns;              /* how long main then runs alone            */
+
+    /* lateness (spin-then-sleep): main's own state and statistics */
+    int64_t solo_until_ns;        /* run stages on main alone until then      */
+    int64_t last_late_ns;         /* when main last saw a worker late         */
+    int64_t n_solo_stages;        /* statistics: stages run alone             */
+    int64_t n_solo_spells;        /* statistics: times the pool went solo     */
+    int64_t n_stolen;             /* statistics: workers' shares main ran     */
 
     _Alignas(GGML_PY_CACHE_LINE) atomic_int generation;
-    _Alignas(GGML_PY_CACHE_LINE) atomic_int n_pending;   /* workers still busy */
+    _Alignas(GGML_PY_CACHE_LINE) _Atomic uint64_t claim;  /* generation << 32 | next share */
+    atomic_llong t_publish_ns;    /* when the stage was published             */
+    atomic_int n_late;            /* late workers seen since main last looked  */
+    _Alignas(GGML_PY_CACHE_LINE) atomic_int n_pending;   /* shares still running */
     _Alignas(GGML_PY_CACHE_LINE) atomic_int wait_now;    /* sleep at once      */
     _Alignas(GGML_PY_CACHE_LINE) atomic_int n_sleeping;
-    atomic_int main_sleeping;     /* main waits on `done` for the last worker */
+    atomic_int main_sleeping;     /* main sleeps until the last share is done */
     atomic_llong n_sleeps;        /* statistics: times a worker went to sleep */
-    atomic_llong n_wakeups;       /* statistics: broadcasts sent by main      */
+    atomic_llong n_wakeups;       /* statistics: wake-ups sent by main        */
+
 
     pthread_mutex_t mutex;
-    pthread_cond_t  cond;         /* workers sleep here between tasks         */
-    pthread_cond_t  done;         /* main sleeps here until the last share ends */
+    pthread_cond_t  cond;         /* without futexes: workers sleep here between tasks */
+    pthread_cond_t  done;         /* without futexes: main sleeps here until the last share ends */
 
     struct ggml_py_worker workers[GGML_PY_MAX_THREADS];
 };

@@ -16,6 +16,7 @@ from ggml_py.model.kv_cache import KVCache
 from ggml_py.model.config import LlamaConfig
 from ggml_py.model.llama import LlamaModel
 from ggml_py.tools.random_model import RandomLlamaSpec, random_weights, write_random_llama
+from ggml_py.core.profiles import task_profiles
 from ggml_py.core.types import Op, Type
 
 RNG = np.random.default_rng(1234)
@@ -78,21 +79,36 @@ def test_f16_model_within_f16_rounding(references):
     assert np.abs(logits - expected).max() <= 2e-3 * np.abs(expected).max()
 
 
+class GgmlRule:
+    """Schedule data (what the planner asks `estimates` of) for ggml's rule: blas-mt from
+    32 rows, the CPU kernels below."""
+
+    def estimates(self, n, k, type, m, n_threads):
+        name = "blas-mt" if m >= 32 else "cpu"
+        return [(1.0, p) for p in task_profiles(Op.MUL_MAT, type) if p.name == name]
+
+
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
 def test_quantized_models_within_activation_quantization(kind, references):
     # The reference uses the stored (de-quantized) weights, so only the kernels'
-    # own error shows: none for the BLAS path (prefill: f32 sgemm), and the
-    # rounding of activations to Q8_0 / Q8_K for the dot products (decode).
+    # own error shows: none for the BLAS path (f32 sgemm), and the rounding of
+    # activations to Q8_0 / Q8_K for the dot products (decode, and a 48-token
+    # prefill by the built-in rule).
     model = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2)
     expected = references[kind].forward(TOKENS)
     scale = np.abs(expected).max()
+    model.set_tune(GgmlRule())
     prefill = forward_all(model, TOKENS, batch=48)
     assert [n.profile.name for n in model.graph(48, 64, 48).graph.nodes
             if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["blas-mt"]
     assert np.abs(prefill - expected).max() <= 1e-5 * scale
-    decode = forward_all(model, TOKENS, batch=1)
-    assert np.abs(decode - expected).max() <= 3e-2 * scale
-    assert (decode.argmax(1) == expected.argmax(1)).mean() >= 0.9
+    model.set_tune(None)
+    for batch in (48, 1):
+        got = forward_all(model, TOKENS, batch=batch)
+        assert np.abs(got - expected).max() <= 3e-2 * scale
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.9
+    assert [n.profile.name for n in model.graph(48, 64, 48).graph.nodes
+            if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["cpu"]
 
 
 @pytest.mark.parametrize("batch", [1, 5, 16])

@@ -765,8 +765,9 @@ def test_generate_reuses_only_the_prompts_common_prefix():
 
 
 def test_the_same_prompt_again_starts_from_the_same_logits(monkeypatch):
-    # a 40-token prompt runs as one batch (BLAS from 32 tokens); its last token alone would
-    # run with Q8_0-rounded activations: other logits, and another text for the same seed
+    # a 40-token prompt runs as one batch (F32 weights: BLAS from 32 tokens); its last token
+    # alone would run the CPU dot products, summed in another order: other logits, and
+    # another text for the same seed
     prompt = [1] + [int(t) for t in np.random.default_rng(0).integers(3, N_VOCAB, 39)]
     seen = []
     sample = Sampler.sample
@@ -778,7 +779,7 @@ def test_the_same_prompt_again_starts_from_the_same_logits(monkeypatch):
         text = list(llm.generate(prompt, max_tokens=8, temperature=0.8, seed=3, ignore_eos=True))
         return seen[0], text
 
-    llm = gg.Llama(model_path("q8_0"), n_ctx=128, n_threads=1)
+    llm = gg.Llama(model_path("f32"), n_ctx=128, n_threads=1)
     logits, text = first_logits_and_text(llm)
     for grow in ([], [5, 6]):        # called again, or after the sequence grew past the prompt
         llm.eval(grow) if grow else None

@@ -206,17 +206,26 @@ def test_work_chunks_cover_every_output_once(profile):
     assert nmse(out, ref) <= NMSE_MAX
 
 
-def test_default_profile_follows_ggml_rule():
-    ctx = gg.Context(mem_size=16 << 20)
-    w = ctx.from_numpy(np.ones((64, 64), np.float32), type=gg.Q4_0)
+def test_default_profile_follows_the_built_in_rule():
+    ctx = gg.Context(mem_size=64 << 20)
+    simd = gg.kernels() != "scalar reference"     # the measured rule is for the SIMD kernels
+
+    def default(type, m, n=64, k=64):
+        w = ctx.from_numpy(np.ones((n, k), np.float32), type=type)
+        return gg.mul_mat(w, ctx.new_tensor(gg.F32, (m, k))).profile.name
+
+    # ggml's rule: BLAS (blas-mt) once M, N and K are all 32 or more
+    for type in (gg.F32, gg.F16, gg.Q2_K) + (() if simd else (gg.Q4_0, gg.Q8_0, gg.Q4_K)):
+        assert (default(type, 31, k=256), default(type, 32, k=256)) == ("cpu", "blas-mt")
+    if simd:   # `cpu` up to the M where BLAS overtook it, then blas-split
+        assert default(gg.Q4_0, 512) == "cpu"
+        for type, m in ((gg.Q8_0, 256), (gg.Q6_K, 256), (gg.Q4_K, 128), (gg.Q5_K, 128)):
+            k = 256     # a whole K-quant block
+            assert (default(type, m - 1, k=k), default(type, m, k=k)) == ("cpu", "blas-split")
     wf = ctx.from_numpy(np.ones((64, 64), np.float32))
-    assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (31, 64))).profile.name == "cpu"
-    assert gg.mul_mat(w, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas-mt"
-    assert gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profile.name == "blas-mt"
     assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
-    small = ctx.from_numpy(np.ones((16, 64), np.float32), type=gg.Q8_0)
-    assert gg.mul_mat(small, ctx.new_tensor(gg.F32, (64, 64))).profile.name == "cpu"
-    # K too: 16 columns (F32, as no 32-element block fits), then 32
+    # N or K under 32: the CPU kernels at any M
+    assert default(gg.Q8_0, 512, n=16) == "cpu"
     for k, name in ((16, "cpu"), (32, "blas-mt")):
         short = ctx.from_numpy(np.ones((64, k), np.float32))
         assert gg.mul_mat(short, ctx.new_tensor(gg.F32, (64, k))).profile.name == name

@@ -21,6 +21,12 @@ DEFAULT_LOOKAHEAD = 4          # stages scanned for upcoming parallel work
 MAX_LOOKAHEAD = 1 << 20        # far past any graph; keeps the C int in range
 ABORT_INTERVAL_MS = 20.0       # how often the executor checks for Ctrl-C
 WORK_ALIGN = 64
+# A parallel stage costs a dispatch and a barrier: tenths of a µs with spinning
+# workers, tens of µs to wake sleeping ones, milliseconds when another program
+# holds a worker's core. A stage smaller than this runs on the main thread alone
+# (docs/runtime.md, "Small nodes on one thread", has the measurements):
+MIN_PARALLEL_MACS = 1 << 18        # MUL_MAT's products: N·K·M multiply-adds (~10 µs)
+MIN_PARALLEL_ELEMENTS = 1 << 13    # any other stage: elements, over at least two rows
 MAX_THREADS = _core.MAX_THREADS   # the most threads a pool or a compute may have
 
 _pools = {}
@@ -191,17 +197,17 @@ class Stats(tuple):
 
 
 def choose_mul_mat_profile(node, n_threads, tune):
-    """Set a MUL_MAT node's profile from tune data, else ggml's rule.
+    """Set a MUL_MAT node's profile from tune data, else the built-in rule.
 
     Returns (reason, estimated µs or None): "tuned" from times benched at n_threads,
     "estimated" from times interpolated between two benched thread counts (the
-    estimates' `between`), "fallback" for ggml's rule. Only the node's own profiles
+    estimates' `between`), "fallback" for the built-in rule. Only the node's own profiles
     are candidates, so non-contiguous operands stay on the CPU profile.
     """
     a, b = node.src[0], node.src[1]
     n, k, m = a._ne[1], a._ne[0], b._ne[1]
     # tune data times one product of M rows; a batched one (one sgemm per batch,
-    # de-quantized per batch) is not that product, so ggml's rule decides it
+    # de-quantized per batch) is not that product, so the built-in rule decides it
     if tune is not None and b._ne[2] * b._ne[3] == 1:
         own = node.profiles()
         estimates = tune.estimates(n, k, a.type, m, n_threads)
@@ -236,6 +242,48 @@ def choose_attention_profile(node, n_threads, tune):
                 return "tuned", estimate
     node._plan_profile(node.default_profile())
     return "fallback", None
+
+
+def _elements(tensor):
+    return int(np.prod(tensor.shape, dtype=np.int64))
+
+
+def stage_is_worth_threads(node, stage):
+    """Whether a parallel stage of node has work enough for more than one thread.
+
+    The kernels split a stage by rows (MUL_MAT's products by groups of weight rows),
+    so one row is one thread's work whatever its length."""
+    if node.op == Op.MUL_MAT and node.profile.name == "cpu":
+        a, b = node.src[0], node.src[1]
+        if stage == "init":      # the activations converted to the weight's dot type
+            return b._ne[1] * b._ne[2] * b._ne[3] >= 2 and _elements(b) >= MIN_PARALLEL_ELEMENTS
+        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= MIN_PARALLEL_MACS
+    if node.op == Op.MUL_MAT:    # the BLAS profiles de-quantize the whole weight
+        return _elements(node.src[0]) >= MIN_PARALLEL_ELEMENTS
+    if node.op == Op.ATTENTION:  # items: a kv head and a block of tokens; per token and
+        q, k, index = node.src[0], node.src[1], node.src[3]   # head, its list's K and V rows
+        T, H, D = q.shape
+        longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+        return (k.shape[1] // D >= 2 or T >= 2) and 2 * T * H * longest * D >= MIN_PARALLEL_MACS
+    # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
+    # else the larger of the result's and the first source's
+    if node.op == Op.GET_ROWS:
+        work = _elements(node)
+    elif node.op == Op.SET_ROWS:
+        work = _elements(node.src[0])
+    else:
+        work = max(_elements(node), _elements(node.src[0]) if node.src[0] is not None else 0)
+    row = max(1, node._ne[0])
+    return work >= MIN_PARALLEL_ELEMENTS and work >= 2 * row
+
+
+def one_thread_where_small(node):
+    """Node's profile with its small parallel stages on the main thread alone."""
+    profile = node.profile
+    for stage, flags in zip(STAGES, profile.stages):
+        if flags.valid and flags.parallel and not stage_is_worth_threads(node, stage):
+            profile = profile.with_stage(stage, parallel=False)
+    return profile
 
 
 def topological_order(outputs):
@@ -324,9 +372,11 @@ class Graph:
         was benched at this thread count, the profile with the smallest
         estimated time at the node's M is chosen ("tuned"); at a thread count
         between two benched ones, from times interpolated between theirs
-        ("estimated"); other nodes get ggml's rule ("fallback"); ATTENTION nodes
-        likewise by their shape (choose_attention_profile). Profiles set by hand
-        are kept ("user").
+        ("estimated"); other nodes get the built-in rule ("fallback":
+        node.default_profile()); ATTENTION nodes likewise by their shape
+        (choose_attention_profile). Profiles set by hand are kept ("user").
+        With more than one thread, a parallel stage too small to gain from
+        threads runs on the main thread alone (stage_is_worth_threads).
         n_threads: 1..256, None for default_threads().
         """
         n_threads = thread_count(n_threads, "plan")
@@ -338,6 +388,10 @@ class Graph:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
             elif t.op == Op.ATTENTION and not t.profile_pinned:
                 reason, estimate = choose_attention_profile(t, n_threads, tune)
+            elif not t.profile_pinned:
+                t._plan_profile(t.default_profile())
+            if n_threads > 1 and not t.profile_pinned:
+                t._plan_profile(one_thread_where_small(t))
             rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
                                 t._work_size(n_threads), reason, estimate))
         return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))

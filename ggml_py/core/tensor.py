@@ -89,7 +89,8 @@ class Tensor(_core.TensorBase):
         self._set_profile_raw(*profile._to_raw())
 
     def default_profile(self):
-        """The profile the fallback rule picks for this node (ggml's rules)."""
+        """The profile the built-in rule picks for this node (MUL_MAT: the `cpu` kernels
+        up to a measured M per weight type, else ggml's rule; docs/tune.md)."""
         return TaskProfile._from_raw(self._default_profile_raw())
 
     def profiles(self):

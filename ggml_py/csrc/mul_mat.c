@@ -108,13 +108,31 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
     return n;
 }
 
-/* ggml's rule: BLAS once every dimension is at least 32 (and the sources are as BLAS
- * reads them), the CPU kernels otherwise. The BLAS profile is blas-mt, as in
- * ggml: OpenBLAS on the compute's threads (the de-quantization spread over them). */
+/* The built-in rule, without tune data. ggml's: BLAS (blas-mt) once every
+ * dimension is at least 32 and the sources are as BLAS reads them, the CPU
+ * kernels otherwise. For the weight types with blocked SIMD kernels that rule came too
+ * early: their `cpu` profile beat BLAS up to the M below (measured per type on
+ * 2-vCPU AVX2 and AVX-512 VMs: docs/benchmarks.md, "The built-in rule"), and
+ * past it `blas-split` (the de-quantization on the pool's threads, the sgemm on
+ * one) beat `blas-mt`, whose OpenBLAS threads lose most on a busy machine. */
+static int64_t cpu_below_m(int type) {
+    if (!tile_for_type || !tile_for_type(type, TILE_M)) return 0;   /* scalar twins: ggml's */
+    switch (type) {
+        case GGML_PY_TYPE_Q4_0: return INT64_MAX;   /* the panels: `cpu` at every M */
+        case GGML_PY_TYPE_Q8_0:
+        case GGML_PY_TYPE_Q6_K: return 256;
+        case GGML_PY_TYPE_Q4_K:
+        case GGML_PY_TYPE_Q5_K: return 128;
+        default:                return 0;           /* not measured (F16, Q2_K, Q3_K): ggml's */
+    }
+}
+
 int ggml_py_mul_mat_default_profile_index(const struct ggml_py_tensor *node) {
     const struct ggml_py_tensor *src0 = node->src[0], *src1 = node->src[1];
-    if (!blas_usable(node)) return 0;
-    if (src0->ne[0] >= 32 && src0->ne[1] >= 32 && src1->ne[1] >= 32) return src0_is_f32(node) ? 2 : 3;
+    if (!blas_usable(node) || src0->ne[0] < 32 || src0->ne[1] < 32) return 0;
+    const int64_t m_cpu = cpu_below_m(src0->type);
+    if (m_cpu > 0) return src1->ne[1] < m_cpu ? 0 : 2;   /* cpu, blas-split */
+    if (src1->ne[1] >= 32) return src0_is_f32(node) ? 2 : 3;
     return 0;
 }
 

@@ -1,10 +1,17 @@
-/* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done. */
+/* pool.c - spin-then-sleep worker pool with wait_now and wait_on_task_done,
+ * shares claimed by whichever thread comes first, and spells on the main thread
+ * alone while other programs hold the workers' cores (ggml_py_pool.h). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE   /* sched_getaffinity, CPU_COUNT */
 #endif
 #include "ggml_py_pool.h"
 
 #include <sched.h>
+#include <stdlib.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,7 +27,7 @@ static inline void cpu_relax(void) { }
  * the machine has cores (then the thread it waits for may need this core):
  * otherwise sched_yield would hand the core to any runnable task, low-priority
  * ones included, for a whole time slice. A thread that has spun its budget
- * sleeps instead (workers on `cond`, the main thread on `done`). */
+ * sleeps instead. */
 #define YIELD_EVERY 256
 
 static inline void spin_once(const struct ggml_py_pool *pool, uint32_t iter) {
@@ -47,6 +54,46 @@ static long usable_cpus(void) {
     return sysconf(_SC_NPROCESSORS_ONLN);
 }
 
+/* A spinning worker sees a new stage within about a microsecond; one that saw
+ * it this late had lost its core to another program. */
+#define LATE_NS  50000
+/* A worker woken from its sleep is late when it has not come this long after. */
+#define LATE_WOKEN_NS 500000
+/* Main then runs the stages alone for this long (the workers asleep), and then
+ * tries the workers again. */
+#define SOLO_NS  50000000
+/* ... once lateness is seen twice this close together (a lone hiccup is not a
+ * busy machine) */
+#define LATE_WINDOW_NS 20000000
+
+/* Sleeping threads wait on a futex where there is one: a sleeper holds no lock,
+ * so a worker that loses its core just after waking cannot block the main
+ * thread's next wake-up (with a mutex, main waits for it to run again). */
+#if defined(__linux__)
+#define HAVE_FUTEX 1
+static void futex_wait(atomic_int *addr, int val) {
+    syscall(SYS_futex, (int *) addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+static void futex_wake(atomic_int *addr, int n) {
+    syscall(SYS_futex, (int *) addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+#else
+#define HAVE_FUTEX 0
+static void futex_wait(atomic_int *addr, int val) { (void) addr; (void) val; }
+static void futex_wake(atomic_int *addr, int n) { (void) addr; (void) n; }
+#endif
+
+static int use_futex(const struct ggml_py_pool *pool) {
+    (void) pool;
+    return HAVE_FUTEX;
+}
+
+/* Lateness is judged under spin-then-sleep only: `spin` promises workers that
+ * never sleep, and under `sleep` every worker comes late by design. */
+static int adaptive(const struct ggml_py_pool *pool) {
+    return pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP;
+}
+
 int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int64_t spin_ns) {
     if (n_threads < 1 || n_threads > GGML_PY_MAX_THREADS) return -1;
     if (policy < GGML_PY_WAIT_SPIN_THEN_SLEEP || policy > GGML_PY_WAIT_SLEEP) return -1;
@@ -62,6 +109,13 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
     atomic_init(&pool->main_sleeping, 0);
     atomic_init(&pool->n_sleeps, 0);
     atomic_init(&pool->n_wakeups, 0);
+    atomic_init(&pool->claim, 0);
+    atomic_init(&pool->t_publish_ns, 0);
+    atomic_init(&pool->n_late, 0);
+    atomic_init(&pool->task_sleep_after, 0);
+    atomic_init(&pool->stopping, 0);
+    pool->late_ns = LATE_NS;
+    pool->solo_ns = SOLO_NS;
     if (pthread_mutex_init(&pool->mutex, NULL) != 0) return -1;
     if (pthread_cond_init(&pool->cond, NULL) != 0) {
         pthread_mutex_destroy(&pool->mutex);
@@ -81,8 +135,19 @@ int ggml_py_pool_init(struct ggml_py_pool *pool, int n_threads, int policy, int6
 
 /* Sleep until `generation` moves past `seen`. The increment of n_sleeping and the
  * re-read of generation are seq_cst, mirrored in publish(): either main sees
- * this sleeper and broadcasts under the mutex, or we see the new generation. */
+ * this sleeper and wakes it (a futex wake, or a broadcast under the mutex), or
+ * we see the new generation. The futex wait itself re-checks the value. */
 static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
+    if (use_futex(pool)) {
+        atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+        atomic_fetch_add_explicit(&pool->n_sleeps, 1, memory_order_relaxed);
+        int gen;
+        while ((gen = atomic_load_explicit(&pool->generation, memory_order_seq_cst)) == seen) {
+            futex_wait(&pool->generation, seen);
+        }
+        atomic_fetch_sub_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
+        return gen;
+    }
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add_explicit(&pool->n_sleeping, 1, memory_order_seq_cst);
     atomic_fetch_add_explicit(&pool->n_sleeps, 1, memory_order_relaxed);
@@ -95,13 +160,18 @@ static int sleep_until_new_generation(struct ggml_py_pool *pool, int seen) {
     return gen;
 }
 
-/* Wait for the next generation: spin (bounded by policy), then sleep. */
-static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
+/* Wait for the next generation: spin (bounded by policy), then sleep.
+ * *spun: whether it came while spinning. */
+static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin, int *spun) {
+    *spun = 0;
     if (!skip_spin && pool->policy != GGML_PY_WAIT_SLEEP) {
         const int64_t t_start = ggml_py_time_ns();
         for (uint32_t iter = 1;; iter++) {
             int gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
-            if (gen != seen) return gen;
+            if (gen != seen) {
+                *spun = 1;
+                return gen;
+            }
             if (atomic_load_explicit(&pool->wait_now, memory_order_relaxed)) break;
             spin_once(pool, iter);
             if (pool->policy == GGML_PY_WAIT_SPIN_THEN_SLEEP && (iter & 255) == 0 &&
@@ -113,27 +183,60 @@ static int wait_for_task(struct ggml_py_pool *pool, int seen, int skip_spin) {
     return sleep_until_new_generation(pool, seen);
 }
 
+/* One share done: the last one wakes main if it gave up spinning. */
+static void share_done(struct ggml_py_pool *pool) {
+    if (atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_seq_cst) == 1 &&
+        atomic_load_explicit(&pool->main_sleeping, memory_order_seq_cst)) {
+        if (use_futex(pool)) {
+            futex_wake(&pool->n_pending, 1);
+            return;
+        }
+        pthread_mutex_lock(&pool->mutex);
+        pthread_cond_signal(&pool->done);
+        pthread_mutex_unlock(&pool->mutex);
+    }
+}
+
+/* Run unclaimed shares of stage `gen` until none is left; returns how many.
+ * The task is read only after a claim succeeds: until that share is done main
+ * cannot finish the stage, so it cannot be publishing the next one. */
+static int run_claimed_shares(struct ggml_py_pool *pool, int gen) {
+    const uint32_t nth = (uint32_t) pool->n_threads;
+    int ran = 0;
+    uint64_t c = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t) (c >> 32) != (uint32_t) gen || (uint32_t) c >= nth) return ran;
+        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &c, c + 1, memory_order_acq_rel,
+                                                   memory_order_acquire)) {
+            continue;
+        }
+        pool->task_fn(pool->task_arg, (int) (uint32_t) c, (int) nth);
+        share_done(pool);
+        ran++;
+        c = atomic_load_explicit(&pool->claim, memory_order_acquire);
+    }
+}
+
 void *ggml_py_pool_worker_main(void *arg) {
     struct ggml_py_worker *worker = arg;
     struct ggml_py_pool *pool = worker->pool;
     int seen = 0;  /* generation starts at 0; a task published before we run is still new */
     int skip_spin = 0;
     for (;;) {
-        seen = wait_for_task(pool, seen, skip_spin);
+        int spun;
+        seen = wait_for_task(pool, seen, skip_spin, &spun);
         /* the acquire (or seq_cst) load of generation makes these visible */
-        if (pool->stopping) break;
-        ggml_py_task_fn fn = pool->task_fn;
-        void *task_arg     = pool->task_arg;
-        /* the look-ahead's advice; the spin-only policy ignores it */
-        skip_spin          = pool->task_sleep_after && pool->policy != GGML_PY_WAIT_SPIN;
-        fn(task_arg, worker->ith, pool->n_threads);
-        if (atomic_fetch_sub_explicit(&pool->n_pending, 1, memory_order_seq_cst) == 1 &&
-            atomic_load_explicit(&pool->main_sleeping, memory_order_seq_cst)) {
-            /* the last share is done and main gave up spinning: wake it */
-            pthread_mutex_lock(&pool->mutex);
-            pthread_cond_signal(&pool->done);
-            pthread_mutex_unlock(&pool->mutex);
+        if (atomic_load_explicit(&pool->stopping, memory_order_relaxed)) break;
+        /* a spinning worker sees a stage within a microsecond: one that saw it
+         * this late had lost its core to another program */
+        if (spun && adaptive(pool) &&
+            ggml_py_time_ns() - atomic_load_explicit(&pool->t_publish_ns, memory_order_relaxed) > pool->late_ns) {
+            atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
         }
+        /* the look-ahead's advice; the spin-only policy ignores it */
+        skip_spin = atomic_load_explicit(&pool->task_sleep_after, memory_order_relaxed) &&
+                    pool->policy != GGML_PY_WAIT_SPIN;
+        run_claimed_shares(pool, seen);
     }
     return NULL;
 }
@@ -155,6 +258,15 @@ static void wait_for_workers(struct ggml_py_pool *pool, int woke_sleepers) {
             }
         }
     }
+    if (use_futex(pool)) {
+        atomic_store_explicit(&pool->main_sleeping, 1, memory_order_seq_cst);
+        int pending;
+        while ((pending = atomic_load_explicit(&pool->n_pending, memory_order_seq_cst)) != 0) {
+            futex_wait(&pool->n_pending, pending);
+        }
+        atomic_store_explicit(&pool->main_sleeping, 0, memory_order_relaxed);
+        return;
+    }
     pthread_mutex_lock(&pool->mutex);
     atomic_store_explicit(&pool->main_sleeping, 1, memory_order_seq_cst);
     while (atomic_load_explicit(&pool->n_pending, memory_order_seq_cst) != 0) {
@@ -169,6 +281,11 @@ static int publish(struct ggml_py_pool *pool) {
     atomic_store_explicit(&pool->wait_now, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&pool->generation, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&pool->n_sleeping, memory_order_seq_cst) > 0) {
+        if (use_futex(pool)) {
+            futex_wake(&pool->generation, INT32_MAX);
+            atomic_fetch_add_explicit(&pool->n_wakeups, 1, memory_order_relaxed);
+            return 1;
+        }
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->cond);
         pthread_mutex_unlock(&pool->mutex);
@@ -184,12 +301,44 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
         fn(arg, 0, 1);
         return;
     }
+    const int64_t now = ggml_py_time_ns();
+    if (adaptive(pool) && atomic_load_explicit(&pool->n_late, memory_order_relaxed) > 0) {
+        atomic_store_explicit(&pool->n_late, 0, memory_order_relaxed);
+        if (now - pool->last_late_ns < LATE_WINDOW_NS) {
+            /* late twice in a short while: another program holds the workers'
+             * cores. Go on alone for a spell, the workers asleep, then try them
+             * again. */
+            if (now >= pool->solo_until_ns) pool->n_solo_spells++;
+            pool->solo_until_ns = now + pool->solo_ns;
+            ggml_py_pool_wait_now(pool);
+        }
+        pool->last_late_ns = now;
+    }
+    if (now < pool->solo_until_ns) {
+        /* every share on main, in order: the same bits as any split */
+        for (int ith = 0; ith < nth; ith++) fn(arg, ith, nth);
+        pool->n_solo_stages++;
+        return;
+    }
     pool->task_fn          = fn;
     pool->task_arg         = arg;
-    pool->task_sleep_after = sleep_after;
+    atomic_store_explicit(&pool->task_sleep_after, sleep_after, memory_order_relaxed);
     atomic_store_explicit(&pool->n_pending, nth - 1, memory_order_relaxed);
+    atomic_store_explicit(&pool->t_publish_ns, now, memory_order_relaxed);
+    const int gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    /* share 0 is main's; the release orders the task and n_pending before it */
+    atomic_store_explicit(&pool->claim, ((uint64_t) (uint32_t) gen << 32) | 1u, memory_order_release);
     const int woke_sleepers = publish(pool);
     fn(arg, 0, nth);
+    /* the shares no worker has claimed yet: main runs them, so that a worker
+     * that lost its core holds no barrier it has not joined */
+    const int stolen = run_claimed_shares(pool, gen);
+    pool->n_stolen += stolen;
+    /* a worker that did not come while main ran a long share of its own was late */
+    if (stolen && adaptive(pool) &&
+        ggml_py_time_ns() - now > (woke_sleepers ? LATE_WOKEN_NS : pool->late_ns)) {
+        atomic_fetch_add_explicit(&pool->n_late, 1, memory_order_relaxed);
+    }
     /* the workers' decrements (seq_cst, so release) make their writes visible */
     wait_for_workers(pool, woke_sleepers);
 }
@@ -199,7 +348,10 @@ void ggml_py_pool_wait_now(struct ggml_py_pool *pool) {
 }
 
 void ggml_py_pool_stop(struct ggml_py_pool *pool) {
-    pool->stopping = 1;
+    atomic_store_explicit(&pool->stopping, 1, memory_order_relaxed);
+    const int gen = atomic_load_explicit(&pool->generation, memory_order_relaxed) + 1;
+    atomic_store_explicit(&pool->claim, ((uint64_t) (uint32_t) gen << 32) | (uint32_t) pool->n_threads,
+                          memory_order_release);
     publish(pool);
 }
 

@@ -3,7 +3,9 @@
  * Builds a small graph (mul_mat -> add -> soft_max -> rms_norm), then computes
  * it many times on pools of 2..4 threads under every waiting policy, with
  * random parallel/wait flags on every stage and random look-ahead, checking
- * each result bit for bit against a single-thread run.
+ * each result bit for bit against a single-thread run. Then a pool whose worker
+ * thread starts only at the end: every compute must finish without it (main
+ * runs the shares it never claims) with the same bits.
  *
  *   cc -std=gnu11 -O1 -g -fsanitize=thread -Iinclude -Iggml_py/csrc \
  *      tests/c/pool_stress.c ggml_py/csrc/*.c -lm -lpthread -o pool_stress
@@ -113,6 +115,38 @@ int main(int argc, char **argv) {
         }
     }
     for (int i = 0; i < 4; i++) stop_pool(&pools[i]);
+
+    /* a worker that never comes: its thread is started only after the computes */
+    struct ggml_py_pool *late;
+    if (posix_memalign((void **) &late, 64, sizeof(*late)) != 0) return 2;
+    if (ggml_py_pool_init(late, 2, GGML_PY_WAIT_SPIN_THEN_SLEEP, 20000) != 0) return 2;
+    for (int i = 0; i < N_NODES; i++) {
+        for (int s = 0; s < GGML_PY_N_STAGES; s++) {
+            nodes[i].profile.stages[s].parallel = 1;
+            nodes[i].profile.stages[s].wait = 0;
+        }
+    }
+    for (int it = 0; it < 200; it++) {
+        /* the second half: any stolen share counts as lateness, so main runs alone */
+        if (it == 100) late->late_ns = 0;
+        memset(out, 0, sizeof(out));
+        if (ggml_py_graph_compute(&graph, &plan, late) != GGML_PY_STATUS_OK) return 3;
+        if (memcmp(out, expected, sizeof(out)) != 0) {
+            fprintf(stderr, "late worker, iteration %d: result differs from the single-thread run\n", it);
+            return 1;
+        }
+    }
+    if (late->n_stolen == 0 || late->n_solo_stages == 0) {
+        fprintf(stderr, "late worker: main ran %lld of its shares and %lld stages alone\n",
+                (long long) late->n_stolen, (long long) late->n_solo_stages);
+        return 1;
+    }
+    pthread_t thread;
+    ggml_py_pool_stop(late);
+    pthread_create(&thread, NULL, ggml_py_pool_worker_main, &late->workers[1]);
+    pthread_join(thread, NULL);
+    ggml_py_pool_destroy(late);
+    free(late);
     printf("pool_stress: %d computes OK\n", iterations);
     return 0;
 }
