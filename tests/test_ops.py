@@ -1133,23 +1133,27 @@ def test_plan_rows_and_work_sizes(ctx, rng):
 
 
 def test_plan_runs_small_stages_on_one_thread(rng):
-    # a decode step: one activation row, so only the big product is worth a second thread
+    # a decode step: one activation row, so only the products are worth a second thread
     ctx = gg.Context(mem_size=16 << 20)
     x = ctx.from_numpy(rand(rng, (1, 256)))
     h = gg.rms_norm(x, eps=1e-6)                                   # one row: one thread
     small = gg.mul_mat(ctx.from_numpy(rand(rng, (64, 256))), h)    # 16 K multiply-adds
-    big = gg.mul_mat(ctx.from_numpy(rand(rng, (1024, 256))), h)    # 256 K
-    wide = gg.add(ctx.from_numpy(rand(rng, (64, 256))), ctx.from_numpy(rand(rng, (256,))))  # 64 rows
-    graph = gg.build_forward(small, big, wide)
+    big = gg.mul_mat(ctx.from_numpy(rand(rng, (4096, 256))), h)    # 1 M: worth waking workers
+    mid = gg.mul_mat(ctx.from_numpy(rand(rng, (1024, 256))), h)    # 256 K: worth it once awake
+    wide = gg.add(ctx.from_numpy(rand(rng, (64, 256))), ctx.from_numpy(rand(rng, (256,))))
+    graph = gg.build_forward(small, big, mid, wide)
     rows = {id(node): row for node, row in zip(graph.nodes, graph.plan(2).rows)}
-    norm, sm, bg, wd = (rows[id(t)].profile for t in (h, small, big, wide))
+    norm, sm, bg, md, wd = (rows[id(t)].profile for t in (h, small, big, mid, wide))
     assert not norm.compute.parallel
     assert not sm.init.parallel and not sm.compute.parallel
     assert not bg.init.parallel and bg.compute.parallel            # one row to convert
-    assert wd.compute.parallel
-    want = compute(small), compute(big), compute(wide)             # 1 and 2 threads, same bits
+    assert md.compute.parallel and wd.compute.parallel             # right after big's
+    want = [compute(t) for t in (small, big, mid, wide)]           # 1 and 2 threads, same bits
     graph.compute(n_threads=2)
-    assert all(same_bits(t.numpy(), w) for t, w in zip((small, big, wide), want))
+    assert all(same_bits(t.numpy(), w) for t, w in zip((small, big, mid, wide), want))
+    # the same product first in its graph: the workers asleep, too small to wake them
+    alone = gg.mul_mat(ctx.from_numpy(rand(rng, (1024, 256))), x)
+    assert not gg.build_forward(alone).plan(2).rows[-1].profile.compute.parallel
     # one thread: the flags are back to each node's own
     graph.plan(1)
     assert all(t.profile == t.default_profile() for t in graph.nodes)

@@ -28,7 +28,8 @@ def test_pool_stress_under_thread_sanitizer(tmp_path):
     sources = sorted(glob.glob(str(ROOT / "ggml_py" / "csrc" / "**" / "*.c"), recursive=True))
     exe = tmp_path / "pool_stress"
     subprocess.run([CC, "-std=gnu11", "-O1", "-g", "-fsanitize=thread", "-march=native",
-                    f"-I{ROOT / 'include'}", f"-I{ROOT / 'ggml_py' / 'csrc'}", f"-I{ROOT / 'ggml_py' / 'csrc' / 'quants'}",
+                    f"-I{ROOT / 'include'}", f"-I{ROOT / 'ggml_py' / 'csrc'}",
+                    f"-I{ROOT / 'ggml_py' / 'csrc' / 'quants'}",
                     str(ROOT / "tests" / "c" / "pool_stress.c"), *sources,
                     "-lm", "-lpthread", "-o", str(exe)], check=True)
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66")

@@ -27,6 +27,9 @@ WORK_ALIGN = 64
 # (docs/runtime.md, "Small nodes on one thread", has the measurements):
 MIN_PARALLEL_MACS = 1 << 18        # MUL_MAT's products: N·K·M multiply-adds (~10 µs)
 MIN_PARALLEL_ELEMENTS = 1 << 13    # any other stage: elements, over at least two rows
+# ... times this where the workers are asleep when the stage starts (no parallel stage
+# within the look-ahead before it): waking them costs a system call and tens of µs
+WAKE_FACTOR = 4
 MAX_THREADS = _core.MAX_THREADS   # the most threads a pool or a compute may have
 
 _pools = {}
@@ -248,23 +251,25 @@ def _elements(tensor):
     return int(np.prod(tensor.shape, dtype=np.int64))
 
 
-def stage_is_worth_threads(node, stage):
-    """Whether a parallel stage of node has work enough for more than one thread.
+def stage_is_worth_threads(node, stage, factor=1):
+    """Whether a parallel stage of node has work enough for more than one thread
+    (factor times the minimum: WAKE_FACTOR where the workers must be woken).
 
     The kernels split a stage by rows (MUL_MAT's products by groups of weight rows),
     so one row is one thread's work whatever its length."""
+    macs, elements = factor * MIN_PARALLEL_MACS, factor * MIN_PARALLEL_ELEMENTS
     if node.op == Op.MUL_MAT and node.profile.name == "cpu":
         a, b = node.src[0], node.src[1]
         if stage == "init":      # the activations converted to the weight's dot type
-            return b._ne[1] * b._ne[2] * b._ne[3] >= 2 and _elements(b) >= MIN_PARALLEL_ELEMENTS
-        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= MIN_PARALLEL_MACS
+            return b._ne[1] * b._ne[2] * b._ne[3] >= 2 and _elements(b) >= elements
+        return a._ne[1] * a._ne[0] * b._ne[1] * b._ne[2] * b._ne[3] >= macs
     if node.op == Op.MUL_MAT:    # the BLAS profiles de-quantize the whole weight
-        return _elements(node.src[0]) >= MIN_PARALLEL_ELEMENTS
+        return _elements(node.src[0]) >= elements
     if node.op == Op.ATTENTION:  # items: a kv head and a block of tokens; per token and
         q, k, index = node.src[0], node.src[1], node.src[3]   # head, its list's K and V rows
         T, H, D = q.shape
         longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
-        return (k.shape[1] // D >= 2 or T >= 2) and 2 * T * H * longest * D >= MIN_PARALLEL_MACS
+        return (k.shape[1] // D >= 2 or T >= 2) and 2 * T * H * longest * D >= macs
     # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
     # else the larger of the result's and the first source's
     if node.op == Op.GET_ROWS:
@@ -274,16 +279,36 @@ def stage_is_worth_threads(node, stage):
     else:
         work = max(_elements(node), _elements(node.src[0]) if node.src[0] is not None else 0)
     row = max(1, node._ne[0])
-    return work >= MIN_PARALLEL_ELEMENTS and work >= 2 * row
+    return work >= elements and work >= 2 * row
 
 
-def one_thread_where_small(node):
-    """Node's profile with its small parallel stages on the main thread alone."""
-    profile = node.profile
-    for stage, flags in zip(STAGES, profile.stages):
-        if flags.valid and flags.parallel and not stage_is_worth_threads(node, stage):
-            profile = profile.with_stage(stage, parallel=False)
-    return profile
+def one_thread_where_small(nodes, lookahead):
+    """Put the small parallel stages of the nodes (in compute order) on the main thread.
+
+    A stage with no parallel stage among the `lookahead` stages before it starts with
+    the workers asleep (the executor's look-ahead sent them to sleep, or a `wait`
+    stage did, or the compute has just begun), and must be WAKE_FACTOR times larger.
+    Profiles set by hand are left as they are, and count as they run."""
+    since = None        # valid stages since the last parallel one; None: workers asleep
+    for node in nodes:
+        profile = node.profile
+        for stage, flags in zip(STAGES, profile.stages):
+            if not flags.valid:
+                continue
+            parallel = flags.parallel
+            if parallel and not node.profile_pinned:
+                asleep = since is None or (lookahead > 0 and since >= lookahead)
+                if not stage_is_worth_threads(node, stage, WAKE_FACTOR if asleep else 1):
+                    profile = profile.with_stage(stage, parallel=False)
+                    parallel = False
+            if parallel:
+                since = 0
+            elif flags.wait or since is None:
+                since = None
+            else:
+                since += 1
+        if not node.profile_pinned:
+            node._plan_profile(profile)
 
 
 def topological_order(outputs):
@@ -382,7 +407,7 @@ class Graph:
         n_threads = thread_count(n_threads, "plan")
         check_tune(tune, "plan")
         rows = []
-        for i, t in enumerate(self.nodes):
+        for t in self.nodes:
             reason, estimate = ("user" if t.profile_pinned else "default"), None
             if t.op == Op.MUL_MAT and not t.profile_pinned:
                 reason, estimate = choose_mul_mat_profile(t, n_threads, tune)
@@ -390,10 +415,11 @@ class Graph:
                 reason, estimate = choose_attention_profile(t, n_threads, tune)
             elif not t.profile_pinned:
                 t._plan_profile(t.default_profile())
-            if n_threads > 1 and not t.profile_pinned:
-                t._plan_profile(one_thread_where_small(t))
-            rows.append(PlanRow(i, t.op, t.name, t.shape, t.type, t.profile,
-                                t._work_size(n_threads), reason, estimate))
+            rows.append((t, reason, estimate))
+        if n_threads > 1:
+            one_thread_where_small(self.nodes, self.lookahead)
+        rows = [PlanRow(i, t.op, t.name, t.shape, t.type, t.profile, t._work_size(n_threads),
+                        reason, estimate) for i, (t, reason, estimate) in enumerate(rows)]
         return Plan(n_threads, self._cgraph.work_size(n_threads), tuple(rows))
 
     def _work_buffer(self, n_threads, page_in=False):

@@ -60,8 +60,11 @@ static long usable_cpus(void) {
 /* A worker woken from its sleep is late when it has not come this long after. */
 #define LATE_WOKEN_NS 500000
 /* Main then runs the stages alone for this long (the workers asleep), and then
- * tries the workers again. */
+ * tries the workers again; twice as long each time they are late again within
+ * SOLO_NS of a spell's end (the load goes on: the tries cost less), up to
+ * SOLO_MAX_NS. */
 #define SOLO_NS  50000000
+#define SOLO_MAX_NS 1600000000
 /* ... once lateness is seen twice this close together (a lone hiccup is not a
  * busy machine) */
 #define LATE_WINDOW_NS 20000000
@@ -308,8 +311,13 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
             /* late twice in a short while: another program holds the workers'
              * cores. Go on alone for a spell, the workers asleep, then try them
              * again. */
-            if (now >= pool->solo_until_ns) pool->n_solo_spells++;
-            pool->solo_until_ns = now + pool->solo_ns;
+            if (now >= pool->solo_until_ns) {
+                pool->n_solo_spells++;
+                const int again = pool->solo_until_ns > 0 && now - pool->solo_until_ns < pool->solo_ns;
+                pool->spell_ns = !again ? pool->solo_ns
+                               : 2 * pool->spell_ns < SOLO_MAX_NS ? 2 * pool->spell_ns : SOLO_MAX_NS;
+                pool->solo_until_ns = now + pool->spell_ns;
+            }
             ggml_py_pool_wait_now(pool);
         }
         pool->last_late_ns = now;

@@ -7,7 +7,7 @@
  * thread starts only at the end: every compute must finish without it (main
  * runs the shares it never claims) with the same bits.
  *
- *   cc -std=gnu11 -O1 -g -fsanitize=thread -Iinclude -Iggml_py/csrc \
+ *   cc -std=gnu11 -O1 -g -fsanitize=thread -Iinclude -Iggml_py/csrc -Iggml_py/csrc/quants \
  *      tests/c/pool_stress.c ggml_py/csrc/*.c -lm -lpthread -o pool_stress
  *   ./pool_stress [iterations]
  */
