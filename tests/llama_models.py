@@ -14,6 +14,8 @@ import tempfile
 import gguf
 import numpy as np
 
+from ggml_py.core.profiles import task_profiles
+from ggml_py.core.types import Op
 from ggml_py.tools.random_model import RandomLlamaSpec, spm_vocab_from_gguf, write_random_llama
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -141,3 +143,12 @@ def edited_model(name, kind="f32", keys=None, tensors=None, **layout):
 
 
 TEXT = open(os.path.join(DATA, "ggml-vocab-llama-spm.gguf.inp"), encoding="utf-8").read()
+
+
+class GgmlRule:
+    """Schedule data (what the planner asks `estimates` of) for ggml's rule: blas-mt from
+    32 rows, the CPU kernels below."""
+
+    def estimates(self, n, k, type, m, n_threads):
+        name = "blas-mt" if m >= 32 else "cpu"
+        return [(1.0, p) for p in task_profiles(Op.MUL_MAT, type) if p.name == name]

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from llama_models import (BIASES, SPECS, V, biased_model_path, edited_model, gguf_bytes,
+from llama_models import (BIASES, GgmlRule, SPECS, V, biased_model_path, edited_model, gguf_bytes,
                           gguf_parts, model_path, scratch_path, vocab)
 from llama_reference import ReferenceLlama
 
@@ -16,7 +16,6 @@ from ggml_py.model.kv_cache import KVCache
 from ggml_py.model.config import LlamaConfig
 from ggml_py.model.llama import LlamaModel
 from ggml_py.tools.random_model import RandomLlamaSpec, random_weights, write_random_llama
-from ggml_py.core.profiles import task_profiles
 from ggml_py.core.types import Op, Type
 
 RNG = np.random.default_rng(1234)
@@ -77,15 +76,6 @@ def test_f16_model_within_f16_rounding(references):
     logits = forward_all(model, TOKENS, batch=48)
     expected = references["f16"].forward(TOKENS, kv_dtype=np.float16)
     assert np.abs(logits - expected).max() <= 2e-3 * np.abs(expected).max()
-
-
-class GgmlRule:
-    """Schedule data (what the planner asks `estimates` of) for ggml's rule: blas-mt from
-    32 rows, the CPU kernels below."""
-
-    def estimates(self, n, k, type, m, n_threads):
-        name = "blas-mt" if m >= 32 else "cpu"
-        return [(1.0, p) for p in task_profiles(Op.MUL_MAT, type) if p.name == name]
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_k"])
