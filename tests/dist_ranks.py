@@ -4,10 +4,10 @@ print nothing); an assertion that fails on any rank ends the job with its traceb
 
     allreduce            gg.all_reduce against numpy's sum of every rank's data
     model PATH|bundled   a split model against one process: greedy text (generate, a
-                         batch, a context shift in both), logits, perplexity, tune data
+                         batch, a context shift in both), logits (of a prompt, and of
+                         the same tokens fed through a context shift), perplexity, tune data
 """
 import json
-import os
 import sys
 
 import numpy as np
@@ -17,14 +17,6 @@ import ggml_py as gg
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
-
-
-def attention_for(path):
-    """The attention the checks run: the op's choice, except for the tiny random Q4_0
-    model, whose shifted text under the attention op differs between one process and
-    two ranks in the last tokens (its random weights amplify the all-reduce's rounding;
-    issue 34's note), and which is checked on the three-node graph."""
-    return "graph" if path and "q4_0" in os.path.basename(path) else "auto"
 
 
 def data(shape, rank, seed):
@@ -66,8 +58,7 @@ def check_all_reduce():
 
 def run_model(path):
     """Rank 0's results of every check with this Llama (the other ranks serve)."""
-    llm = gg.Llama(path, n_ctx=256, n_threads=1, n_seq_max=3, comm=COMM,
-                   attention=attention_for(path))
+    llm = gg.Llama(path, n_ctx=256, n_threads=1, n_seq_max=3, comm=COMM)
     model = llm.model
     if llm.rank > 0:
         llm.serve()
@@ -92,7 +83,9 @@ def model_checks(llm, path):
         b.step()
     out["batch"] = [b.sequence(s).text for s in sids]
     ids = llm.tokenize(prompts[1])
+    llm.reset()      # the prompt's own (not after the texts above, which may differ)
     out["logits"] = llm.eval(ids).tolist()
+    out["shift_logits"] = shift_logits(llm, prompts)
     text = "\n".join(prompts * 12)
     out["ppl"] = llm.perplexity(text, n_ctx=32, n_chunks=3).ppl
     # tune data of the ranks' shapes (checked by set_tune) goes to every rank; the text
@@ -105,16 +98,40 @@ def model_checks(llm, path):
     return out
 
 
+def shift_logits(llm, prompts, n_before=4, n_after=12):
+    """Logits of the same tokens (not the model's own choices, so that one process and
+    the ranks are compared on equal inputs however their texts go) fed one at a time up
+    to a full context and past it: the last n_before rows before the context shift
+    (keep 2), then n_after after it. Where the ranks did not make the shift as rank 0
+    does (each rotating its own heads' K rows), the rows after it differ by far more
+    than rounding."""
+    ids = llm.tokenize("\n".join(prompts * 100))[:llm.n_ctx() + n_after]
+    n_fill = llm.n_ctx() - 1 - n_before
+    assert len(ids) >= n_fill + n_before + n_after
+    llm.reset()
+    llm.eval(ids[:n_fill])
+    shifts, rows = len(llm.shift_log), []
+    for token in ids[n_fill:n_fill + n_before + n_after]:
+        if llm.n_tokens + 1 >= llm.n_ctx():      # generate's rule
+            llm.shift_context(2)
+        rows.append(llm.eval([token])[0].tolist())
+    assert len(llm.shift_log) == shifts + 1 and llm.shift_log[-1][0] == 2
+    llm.reset()
+    return rows
+
+
 def check_model(path):
     path = None if path == "bundled" else path
     split = run_model(path)
     if split is None:
         return
-    alone = model_checks(gg.Llama(path, n_ctx=256, n_threads=1, n_seq_max=3,
-                                  attention=attention_for(path)), path)
-    a, b = np.asarray(split.pop("logits")), np.asarray(alone.pop("logits"))
-    print(json.dumps({"split": split, "alone": alone, "logits_diff": float(np.abs(a - b).max()),
-                      "logits_max": float(np.abs(b).max())}))
+    alone = model_checks(gg.Llama(path, n_ctx=256, n_threads=1, n_seq_max=3), path)
+    out = {"split": split, "alone": alone}
+    for key in ("logits", "shift_logits"):
+        a, b = np.asarray(split.pop(key)), np.asarray(alone.pop(key))
+        out[key + "_diff"] = np.abs(a - b).max(axis=-1).tolist()    # per row
+        out[key + "_max"] = float(np.abs(b).max())
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

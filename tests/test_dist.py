@@ -205,20 +205,33 @@ def test_all_reduce_against_numpy():
                                                 ("q4_0", 2e-2, 2e-3), ("q4_k", 2e-2, 1e-4)])
 def test_two_ranks_give_what_one_process_gives(kind, rtol, ppl_rtol):
     """The bundled Q8_0 model and tiny GQA models (4 query heads, 2 KV heads; F32, Q4_0,
-    Q4_K): the same
-    greedy and seeded text, the same text in a batch and across context shifts, logits
-    within rounding (quantized activations round differently: rtol of the largest
-    logit), perplexity within 0.01 % (the tiny Q4_0 model's ranks have K and V
-    products of 16 rows, below BLAS's 32, which one process's 32 rows take: another
-    profile, whose rounding its random weights amplify), and tune data taken by every
-    rank."""
+    Q4_K), on the attention op: the same greedy and seeded text, the same text in a
+    batch and across context shifts, logits within rounding (quantized activations
+    round differently: rtol of the largest logit) - of a prompt, and of the same tokens
+    fed through a context shift, before and after it - perplexity within 0.01 % (the
+    tiny Q4_0 model's ranks have K and V products of 16 rows, below BLAS's 32, which one
+    process's 32 rows take: another profile, whose rounding its random weights amplify),
+    and tune data taken by every rank.
+
+    The tiny Q4_0 model's text across a context shift (300 tokens) is not compared: now
+    and then a last-bit difference of the all-reduce's sums moves one Q8_0 rounding of
+    an activation, the K row written then stays in the cache, and its random weights
+    make near ties of greedy choices (of 15 prompts, the logits of 3 moved on the op and
+    of 4 on the three-node attention, and the text of one on each). The logits of the
+    same tokens show what the shift does: the same before and after it within rounding
+    (a rank that did not rotate its K rows as rank 0 does moves them after it by a fifth
+    to a quarter of the largest logit, on every model here)."""
     path = {"bundled": "bundled", "q4_k": q4_k_path()}.get(kind) or model_path(kind)
     out = ranks("model", path)
     split, alone = out["split"], out["alone"]
-    for key in ("greedy", "sampled", "shifted", "batch"):
+    texts = ("greedy", "sampled", "batch") + (("shifted",) if kind != "q4_0" else ())
+    for key in texts:
         assert split[key] == alone[key], key
     assert split["tuned"] == 8 and split["tuned_ranks"] == [True, True]
-    assert out["logits_diff"] <= rtol * out["logits_max"]
+    assert max(out["logits_diff"]) <= rtol * out["logits_max"]
+    before, after = out["shift_logits_diff"][:4], out["shift_logits_diff"][4:]
+    assert max(before) <= rtol * out["shift_logits_max"], before
+    assert max(after) <= rtol * out["shift_logits_max"], after
     assert abs(split["ppl"] - alone["ppl"]) <= ppl_rtol * alone["ppl"]
 
 
