@@ -134,5 +134,41 @@ def check_model(path):
     print(json.dumps(out))
 
 
+def batch_texts(llm):
+    """Greedy texts of a batch of two prompts, and the V type of the pool they used."""
+    b = llm.batch()
+    sids = [b.add(p, max_tokens=24, temperature=0, ignore_eos=True) for p in ("ROMEO.", "KING")]
+    while b.running:
+        b.step()
+    return [b.sequence(s).text for s in sids], llm.kv_pool().type_v.name
+
+
+def check_kv_types():
+    """A batch on a pool whose V type is not K's: every rank's pool stores V as asked,
+    and the texts are one process's."""
+    import ggml_py.dist.llama as dist_llama
+    made = []                                 # the V type of each pool this rank makes
+
+    class Recorded(dist_llama.PagedKVCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self.type_v.name)
+
+    dist_llama.PagedKVCache = Recorded
+    kw = dict(n_ctx=128, n_threads=1, n_seq_max=2, kv_type="f16", kv_type_v="q8_0")
+    llm = gg.Llama(None, comm=COMM, **kw)
+    if llm.rank > 0:
+        llm.serve()
+        COMM.gather(made)
+        return
+    split, _ = batch_texts(llm)
+    llm.close()
+    made_by_rank = COMM.gather(made)
+    alone, alone_type = batch_texts(gg.Llama(None, **kw))
+    print(json.dumps({"split": split, "alone": alone, "made": made_by_rank,
+                      "alone_type": alone_type}))
+
+
 if __name__ == "__main__":
-    {"allreduce": check_all_reduce, "model": lambda: check_model(sys.argv[2])}[sys.argv[1]]()
+    {"allreduce": check_all_reduce, "model": lambda: check_model(sys.argv[2]),
+     "kv_types": check_kv_types}[sys.argv[1]]()

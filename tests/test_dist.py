@@ -236,6 +236,13 @@ def test_two_ranks_give_what_one_process_gives(kind, rtol, ppl_rtol):
 
 
 @needs_mpi
+def test_a_v_cache_type_other_than_k_reaches_every_rank():
+    out = ranks("kv_types")
+    assert out["made"] == [["Q8_0"], ["Q8_0"]] and out["alone_type"] == "Q8_0"
+    assert out["split"] == out["alone"]
+
+
+@needs_mpi
 def test_main_prints_what_one_process_prints():
     args = ["-m", default_model_path(), "-p", "ROMEO.", "-n", "32", "--temp", "0", "-s", "1"]
     one = subprocess.run([sys.executable, "-m", "ggml_py.cli.main", *args, "-t", "1"],

@@ -87,7 +87,7 @@ class Llama(_Llama):
         except Exception as exc:   # noqa: BLE001 - every rank must hear of it (they wait)
             error = exc
         self._agree(error, None if error is not None else
-                    (self.n_ctx(), self._kv_type.name, n_batch, n_seq_max,
+                    (self.n_ctx(), self._kv_type.name, self._kv_type_v.name, n_batch, n_seq_max,
                      self.model.file.n_params))
         model = self.model
         self._serving = False
@@ -186,7 +186,7 @@ class Llama(_Llama):
         if self._kv_pool is None:
             c = self.model.config       # this rank's KV heads
             pool = PagedKVCache(c.n_layer, self.n_ctx(), c.n_head_kv, c.head_dim,
-                                type=self._kv_type)
+                                type=self._kv_type, type_v=self._kv_type_v)
             self._kv_pool = MirroredPool(pool, self.model.channel) if self.rank == 0 else pool
         return self._kv_pool
 
