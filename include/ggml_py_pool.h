@@ -20,9 +20,11 @@
  * Under spin-then-sleep the pool also watches for workers that come late — a
  * spinning worker that saw a stage tens of µs after it was published, or a
  * stage whose main thread ran a long share and then a worker's too: another
- * program holds their cores. Seen twice within LATE_WINDOW_NS, main runs the
- * stages alone for solo_ns (the workers asleep), then tries them again; the spell
- * doubles, up to 32 times, while they come late again at once.
+ * program holds their cores. Seen in one stage of LATE_SHARE or more of a window
+ * of LATE_WINDOW stages, main runs the stages alone for solo_ns (the workers
+ * asleep), then tries them again; the spell doubles, up to 32 times, while they
+ * come late again at once. A rare late stage (a background job taking a core
+ * for a moment) costs only that stage.
  * Sleepers wait on a futex where Linux has one (no lock a descheduled worker
  * could hold against main), else on condition variables.
  */
@@ -73,7 +75,8 @@ struct ggml_py_pool {
     /* lateness (spin-then-sleep): main's own state and statistics */
     int64_t solo_until_ns;        /* run stages on main alone until then      */
     int64_t spell_ns;             /* the last spell's length (doubles while late) */
-    int64_t last_late_ns;         /* when main last saw a worker late         */
+    int32_t window_stages;        /* stages of the current lateness window    */
+    int32_t window_late;          /* ... in which a worker came late          */
     int64_t n_solo_stages;        /* statistics: stages run alone             */
     int64_t n_solo_spells;        /* statistics: times the pool went solo     */
     int64_t n_stolen;             /* statistics: workers' shares main ran     */

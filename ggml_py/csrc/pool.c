@@ -65,9 +65,13 @@ static long usable_cpus(void) {
  * SOLO_MAX_NS. */
 #define SOLO_NS  50000000
 #define SOLO_MAX_NS 1600000000
-/* ... once lateness is seen twice this close together (a lone hiccup is not a
- * busy machine) */
-#define LATE_WINDOW_NS 20000000
+/* ... once workers came late in one stage of LATE_SHARE or more of the last
+ * LATE_WINDOW stages. A program as busy as ours takes a worker's core a third of
+ * the time or more, and most stages then see it; a job in the background (a
+ * niced build, a server's event loop) now and then, and going solo for it would
+ * halve every stage of the spell to spare a few. */
+#define LATE_WINDOW 64
+#define LATE_SHARE 8
 
 /* Sleeping threads wait on a futex where there is one: a sleeper holds no lock,
  * so a worker that loses its core just after waking cannot block the main
@@ -305,22 +309,21 @@ void ggml_py_pool_run(struct ggml_py_pool *pool, ggml_py_task_fn fn, void *arg, 
         return;
     }
     const int64_t now = ggml_py_time_ns();
-    if (adaptive(pool) && atomic_load_explicit(&pool->n_late, memory_order_relaxed) > 0) {
-        atomic_store_explicit(&pool->n_late, 0, memory_order_relaxed);
-        if (now - pool->last_late_ns < LATE_WINDOW_NS) {
-            /* late twice in a short while: another program holds the workers'
-             * cores. Go on alone for a spell, the workers asleep, then try them
-             * again. */
-            if (now >= pool->solo_until_ns) {
+    if (adaptive(pool) && now >= pool->solo_until_ns) {
+        pool->window_late += atomic_exchange_explicit(&pool->n_late, 0, memory_order_relaxed) > 0;
+        if (++pool->window_stages == LATE_WINDOW) {
+            if (pool->window_late * LATE_SHARE >= LATE_WINDOW) {
+                /* another program holds the workers' cores: go on alone for a
+                 * spell, the workers asleep, then try them again */
                 pool->n_solo_spells++;
                 const int again = pool->solo_until_ns > 0 && now - pool->solo_until_ns < pool->solo_ns;
                 pool->spell_ns = !again ? pool->solo_ns
                                : 2 * pool->spell_ns < SOLO_MAX_NS ? 2 * pool->spell_ns : SOLO_MAX_NS;
                 pool->solo_until_ns = now + pool->spell_ns;
+                ggml_py_pool_wait_now(pool);
             }
-            ggml_py_pool_wait_now(pool);
+            pool->window_stages = pool->window_late = 0;
         }
-        pool->last_late_ns = now;
     }
     if (now < pool->solo_until_ns) {
         /* every share on main, in order: the same bits as any split */
