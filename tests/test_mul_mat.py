@@ -176,9 +176,9 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
         np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
 
 
-PANEL_TYPES = [gg.Q4_0, gg.Q4_K, gg.Q5_K]
+PANEL_TYPES = [gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]
 # blocks per row: several of a panel's chunks (Q4_0: 64 blocks, K-quants: 8 super-blocks)
-PANEL_BLOCKS = {gg.Q4_0: 130, gg.Q4_K: 17, gg.Q5_K: 17}
+PANEL_BLOCKS = {gg.Q4_0: 130, gg.Q4_K: 17, gg.Q5_K: 17, gg.Q6_K: 17}
 
 
 @pytest.mark.parametrize("t", PANEL_TYPES, ids=lambda t: t.name)

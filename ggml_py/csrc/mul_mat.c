@@ -268,7 +268,7 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernels run at M = 1 too (F16's tile sums in another order than
  * vec_dot_f16, and a row's result must not depend on the batch it comes in). A
- * panel kernel (Q4_0, Q4_K and Q5_K from M = 8) takes group r as rows 8r .. 8r + 7
+ * panel kernel (Q4_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
  * and all of the item's src1 rows: it interleaves the rows once per item, and they
  * are written side by side. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {

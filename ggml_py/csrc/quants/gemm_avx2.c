@@ -583,12 +583,115 @@ static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
     gemm_k4_panel(1, n, nr0, nr1, x, bx, y, by, d, ldd);
 }
 
+/* ---- Q6_K panels ----
+ *
+ * As Q4_K's, with sixteen sub-blocks of 16 values and int8 scales: values < 64
+ * leave room in int16 for two groups' products only, so each half sub-block takes
+ * its own madd with the scales; the values' offset of 32 is taken off per
+ * super-block through the activations' bsums, as vec_dot_q6_K does. */
+
+/* w[64 b + 8 v + g] lane r = row r's values 32v + 4g .. 32v + 4g + 3 of super-block
+ * b; sc[16 b + s] int16 lanes 2r, 2r + 1 = its scale of sub-block s; sp[8 b + k]
+ * lanes 2r, 2r + 1 = its scales 2k and 2k + 1; dx[8 b + r] its d. */
+struct q6_panel {
+    __m256i w[64 * K_PANEL_CHUNK], sc[16 * K_PANEL_CHUNK], sp[8 * K_PANEL_CHUNK];
+    float dx[8 * K_PANEL_CHUNK];
+};
+
+static void q6_K_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, struct q6_panel *p) {
+    int16_t *sc = (int16_t *) p->sc, *sp = (int16_t *) p->sp;
+    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
+        for (int b = 0; b < nbc; b++) {
+            __m256i *w = p->w + 64 * b + r;   /* values 32v .. 32v + 31 at w[8 v] */
+            const ggml_py_block_q6_K *xb = (const ggml_py_block_q6_K *) (x + r * bx) + b0 + b;
+            if (r < nr0) {
+                for (int c = 0; c < 2; c++) {
+                    __m256i q[4];
+                    ggml_py_q6_K_half(xb->ql + 64 * c, xb->qh + 32 * c, q);
+                    for (int g = 0; g < 4; g++) w[8 * (4 * c + g)] = q[g];
+                }
+            } else {
+                for (int v = 0; v < 8; v++) w[8 * v] = _mm256_setzero_si256();
+            }
+            for (int s = 0; s < 16; s++) {
+                const int16_t scale = r < nr0 ? xb->scales[s] : 0;
+                sc[16 * (16 * b + s) + 2 * r] = sc[16 * (16 * b + s) + 2 * r + 1] = scale;
+                sp[16 * (8 * b + s / 2) + 2 * r + s % 2] = scale;
+            }
+            p->dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb->d) : 0.0f;
+        }
+    }
+    transpose8x8_i32(p->w, 8 * nbc);
+}
+
+INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const char *y, size_t by, __m256 *acc) {
+    __m256 a[PANEL_COLS];
+    for (int c = 0; c < nc; c++) a[c] = acc[c];
+    for (int b = 0; b < nbc; b++) {
+        __m256i isum[PANEL_COLS];
+        for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 32; h++) {   /* half sub-blocks of 8 values: two groups */
+            const __m256i sc = _mm256_load_si256(p->sc + 16 * b + h / 2);
+            const __m256i w0 = _mm256_load_si256(p->w + 64 * b + 2 * h);
+            const __m256i w1 = _mm256_load_si256(p->w + 64 * b + 2 * h + 1);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 8 * h;
+                int32_t y0, y1;
+                memcpy(&y0, qs, 4);
+                memcpy(&y1, qs + 4, 4);
+                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(y0)),
+                                                     _mm256_maddubs_epi16(w1, _mm256_set1_epi32(y1)));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, sc));
+            }
+        }
+        const __m256 dxv = _mm256_load_ps(p->dx + 8 * b);
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
+            /* 32 * sum of scale j * bsums[j]: the offset, as ggml_py_k_offset */
+            __m256i off = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                int32_t pair;
+                memcpy(&pair, yb->bsums + 2 * k, 4);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(p->sp + 8 * b + k), _mm256_set1_epi32(pair)));
+            }
+            const __m256i is = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
+            /* vec_dot_q6_K's float step, eight rows at once */
+            const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(yb->d));
+            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is)));
+        }
+    }
+    for (int c = 0; c < nc; c++) acc[c] = a[c];
+}
+
+static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    const int64_t nb = n / GGML_PY_QK_K;
+    _Alignas(32) struct q6_panel p;
+    __m256 acc[GGML_PY_PANEL_COLS];
+    for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
+        const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
+        q6_K_interleave(nr0, x, bx, b0, nbc, &p);
+        const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
+        int c = 0;
+        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) q6_K_panel_chunk(PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
+        if (c < nr1) q6_K_panel_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c);
+    }
+    for (int c = 0; c < nr1; c++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[c]);
+        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
+    }
+}
+
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
     if (m < GGML_PY_PANEL_MIN_M) return NULL;
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0_panel;
         case GGML_PY_TYPE_Q4_K: return gemm_q4_K_panel;
         case GGML_PY_TYPE_Q5_K: return gemm_q5_K_panel;
+        case GGML_PY_TYPE_Q6_K: return gemm_q6_K_panel;
         default:                return NULL;
     }
 }
