@@ -225,11 +225,10 @@ def test_default_profile_follows_the_built_in_rule():
     # ggml's rule: BLAS (blas-mt) once M, N and K are all 32 or more
     for type in (gg.F32, gg.F16, gg.Q2_K) + (() if simd else (gg.Q4_0, gg.Q8_0, gg.Q4_K)):
         assert (default(type, 31, k=256), default(type, 32, k=256)) == ("cpu", "blas-mt")
-    if simd:   # `cpu` up to the M where BLAS overtook it, then blas-split
-        assert default(gg.Q4_0, 512) == "cpu"
-        for type, m in ((gg.Q8_0, 256), (gg.Q6_K, 256), (gg.Q4_K, 128), (gg.Q5_K, 128)):
-            k = 256     # a whole K-quant block
-            assert (default(type, m - 1, k=k), default(type, m, k=k)) == ("cpu", "blas-split")
+    if simd:   # `cpu` up to the M where BLAS overtook it (never for the panel types), then blas-split
+        for type in (gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K):
+            assert default(type, 4096, k=256) == "cpu"
+        assert (default(gg.Q8_0, 255), default(gg.Q8_0, 256)) == ("cpu", "blas-split")
     wf = ctx.from_numpy(np.ones((64, 64), np.float32))
     assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
     # N or K under 32: the CPU kernels at any M

@@ -118,11 +118,11 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
 static int64_t cpu_below_m(int type) {
     if (!tile_for_type || !tile_for_type(type, TILE_M)) return 0;   /* scalar twins: ggml's */
     switch (type) {
-        case GGML_PY_TYPE_Q4_0: return INT64_MAX;   /* the panels: `cpu` at every M */
-        case GGML_PY_TYPE_Q8_0:
-        case GGML_PY_TYPE_Q6_K: return 256;
+        case GGML_PY_TYPE_Q4_0:
         case GGML_PY_TYPE_Q4_K:
-        case GGML_PY_TYPE_Q5_K: return 128;
+        case GGML_PY_TYPE_Q5_K:
+        case GGML_PY_TYPE_Q6_K: return INT64_MAX;   /* the panels: `cpu` at every M */
+        case GGML_PY_TYPE_Q8_0: return 256;
         default:                return 0;           /* not measured (F16, Q2_K, Q3_K): ggml's */
     }
 }
