@@ -146,14 +146,15 @@ K_QUANT_HALVES = {gg.Q2_K: slice(80, 84), gg.Q3_K: slice(108, 110), gg.Q4_K: sli
 
 
 @pytest.mark.parametrize("t", K_QUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("m", [1, 2, 5])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 33])
 def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
-    """The K-quants' tiles (four far-apart rows, M = 1 included) unpack scales and mins
-    with vector words and shuffles and take the float step of four rows at once. On random
-    block bytes (every scale and min bit pattern; d and dmin kept finite) every output
-    equals the scalar twin's vec_dot bit for bit."""
+    """The K-quants' tiles (four far-apart rows, M = 1 included) and panels (eight
+    neighbouring rows, from M = 8 where the type has them) unpack scales and mins with
+    vector words and shuffles and take the float step of four or eight rows at once. On
+    random block bytes (every scale and min bit pattern; d and dmin kept finite) every
+    output equals the scalar twin's vec_dot bit for bit."""
     from ggml_py.core import quants as Q
-    n, n_blocks = 7, 3
+    n, n_blocks = 13, 3
     k, block = 256 * n_blocks, gg.type_traits(t)["type_size"]
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (n, n_blocks, block), dtype=np.uint8)
@@ -175,16 +176,23 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
         np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
 
 
+PANEL_TYPES = [gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]
+# blocks per row: several of a panel's chunks (Q4_0: 64 blocks, K-quants: 8 super-blocks)
+PANEL_BLOCKS = {gg.Q4_0: 130, gg.Q4_K: 17, gg.Q5_K: 17, gg.Q6_K: 17}
+
+
+@pytest.mark.parametrize("t", PANEL_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 17])
-def test_q4_0_panels_equal_vec_dot(n):
-    """From M = 8 the CPU profile runs Q4_0 in panels: eight neighbouring weight rows
-    (fewer at the end) unpacked and interleaved 64 blocks at a time, against up to 32
-    src1 rows, four at a time, with each src1 row's block sums from the INIT stage.
-    Over rows of several such chunks (130 blocks: 64 + 64 + 2), every output equals
+def test_panels_equal_vec_dot(t, n):
+    """From M = 8 the CPU profile runs these types in panels: eight neighbouring weight
+    rows (fewer at the end) unpacked and interleaved a chunk of blocks at a time, against
+    up to 32 src1 rows, four at a time (Q4_0 with each src1 row's block sums from the INIT
+    stage). Over rows of several such chunks (the last one short), every output equals
     vec_dot bit for bit, at any M from the threshold on and any thread count."""
     rng = np.random.default_rng(n)
-    w = rng.standard_normal((1, n, 32 * 130)).astype(np.float32)
-    assert_cpu_equals_vec_dot(gg.Q4_0, w, 1, (8, 9, 33, 67), rng)
+    k = gg.type_traits(t)["blck_size"] * PANEL_BLOCKS[t]
+    w = rng.standard_normal((1, n, k)).astype(np.float32)
+    assert_cpu_equals_vec_dot(t, w, 1, (8, 9, 33, 130), rng)
 
 
 @pytest.mark.parametrize("profile", ["cpu", "blas-split", "blas-mt"])
@@ -217,11 +225,10 @@ def test_default_profile_follows_the_built_in_rule():
     # ggml's rule: BLAS (blas-mt) once M, N and K are all 32 or more
     for type in (gg.F32, gg.F16, gg.Q2_K) + (() if simd else (gg.Q4_0, gg.Q8_0, gg.Q4_K)):
         assert (default(type, 31, k=256), default(type, 32, k=256)) == ("cpu", "blas-mt")
-    if simd:   # `cpu` up to the M where BLAS overtook it, then blas-split
-        assert default(gg.Q4_0, 512) == "cpu"
-        for type, m in ((gg.Q8_0, 256), (gg.Q6_K, 256), (gg.Q4_K, 128), (gg.Q5_K, 128)):
-            k = 256     # a whole K-quant block
-            assert (default(type, m - 1, k=k), default(type, m, k=k)) == ("cpu", "blas-split")
+    if simd:   # `cpu` up to the M where BLAS overtook it (never for the panel types), then blas-split
+        for type in (gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K):
+            assert default(type, 4096, k=256) == "cpu"
+        assert (default(gg.Q8_0, 255), default(gg.Q8_0, 256)) == ("cpu", "blas-split")
     wf = ctx.from_numpy(np.ones((64, 64), np.float32))
     assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
     # N or K under 32: the CPU kernels at any M

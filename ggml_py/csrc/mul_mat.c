@@ -118,11 +118,11 @@ int ggml_py_mul_mat_profiles(const struct ggml_py_tensor *node,
 static int64_t cpu_below_m(int type) {
     if (!tile_for_type || !tile_for_type(type, TILE_M)) return 0;   /* scalar twins: ggml's */
     switch (type) {
-        case GGML_PY_TYPE_Q4_0: return INT64_MAX;   /* the panels: `cpu` at every M */
-        case GGML_PY_TYPE_Q8_0:
-        case GGML_PY_TYPE_Q6_K: return 256;
+        case GGML_PY_TYPE_Q4_0:
         case GGML_PY_TYPE_Q4_K:
-        case GGML_PY_TYPE_Q5_K: return 128;
+        case GGML_PY_TYPE_Q5_K:
+        case GGML_PY_TYPE_Q6_K: return INT64_MAX;   /* the panels: `cpu` at every M */
+        case GGML_PY_TYPE_Q8_0: return 256;
         default:                return 0;           /* not measured (F16, Q2_K, Q3_K): ggml's */
     }
 }
@@ -150,6 +150,12 @@ static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
     return panel_for_type(node->src[0]->type, node->src[1]->ne[1]);
 }
 
+/* Whether the panel kernel reads the block sums of the converted src1 rows
+ * (Q4_0's: its values' offset of 8 is taken off through them). */
+static bool panel_takes_sums(const struct ggml_py_tensor *node) {
+    return node->src[0]->type == GGML_PY_TYPE_Q4_0 && panel_for(node) != NULL;
+}
+
 /* The CPU profile's work buffer: src1's rows in the vec_dot type, then (for a
  * panel kernel) their block sums, from the next cache line on. */
 static size_t src1_rows(const struct ggml_py_tensor *node) {
@@ -175,7 +181,7 @@ size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_thread
     switch (node->profile.id) {
         case GGML_PY_MUL_MAT_CPU:
             if (!src1_needs_conversion(node)) return 0;
-            if (!panel_for(node)) return converted_rows_size(node);
+            if (!panel_takes_sums(node)) return converted_rows_size(node);
             return block_sums_offset(node) + sizeof(int32_t) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) * src1_rows(node);
         case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
             return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
@@ -197,7 +203,7 @@ static void convert_src1(const struct ggml_py_compute_params *params, const stru
     const int vec_dot_type = ggml_py_get_type_traits(dst->src[0]->type)->vec_dot_type;
     const ggml_py_from_float_fn from_float = ggml_py_get_type_traits(vec_dot_type)->from_float;
     const size_t row_size = ggml_py_row_size(vec_dot_type, ne10);
-    int32_t *sums = panel_for(dst) ? block_sums_at(params, dst) : NULL;
+    int32_t *sums = panel_takes_sums(dst) ? block_sums_at(params, dst) : NULL;
     float buf[1024];   /* gathers strided rows, a whole number of blocks at a time */
     int64_t ir0, ir1;
     ggml_py_thread_rows(ne11 * ne12 * ne13, params->ith, params->nth, &ir0, &ir1);
@@ -241,7 +247,7 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     if (src1_needs_conversion(dst)) {
         b.y = (const char *) params->wdata + batch * ne11 * row_size;
         b.by = row_size;
-        if (panel_for(dst)) b.ysum = block_sums_at(params, dst) + batch * ne11 * (ne10 / GGML_PY_QK8_0);
+        if (panel_takes_sums(dst)) b.ysum = block_sums_at(params, dst) + batch * ne11 * (ne10 / GGML_PY_QK8_0);
     } else {
         b.y = (const char *) src1->data + i12 * nb12 + i13 * nb13;
         b.by = nb11;
@@ -262,9 +268,9 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernels run at M = 1 too (F16's tile sums in another order than
  * vec_dot_f16, and a row's result must not depend on the batch it comes in). A
- * panel kernel (Q4_0
- * from M = 8) takes group r as rows 8r .. 8r + 7 and all of the item's src1 rows:
- * it interleaves the rows once per item, and they are written side by side. */
+ * panel kernel (Q4_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
+ * and all of the item's src1 rows: it interleaves the rows once per item, and they
+ * are written side by side. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
@@ -292,8 +298,9 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */
-            panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by,
-                  b.ysum + m0 * (ne10 / GGML_PY_QK8_0), (float *) (b.d + m0 * nb1) + first, ldd);
+            const int32_t *ysum = b.ysum ? b.ysum + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
+            panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by, ysum,
+                  (float *) (b.d + m0 * nb1) + first, ldd);
             continue;
         }
         if (!tile) {   /* neighbouring rows (step 1), one src1 row at a time */

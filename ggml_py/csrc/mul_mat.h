@@ -23,7 +23,8 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m);
 /* A panel: d[j * ldd + i] = dot(x + i * bx, y + j * by) for i < nr0 (at most
  * GGML_PY_PANEL_ROWS weight rows) and j < nr1 (at most GGML_PY_PANEL_COLS
  * activation rows), with ysum + j * (n / 32) the block sums of activation row j
- * (ggml_py_q8_0_block_sums). Equal to vec_dot bit for bit. Q4_0 has one, used
+ * (ggml_py_q8_0_block_sums; Q4_0's only, NULL for the others: a Q8_K block keeps
+ * its own). Equal to vec_dot bit for bit. Q4_0 and Q4_K - Q6_K have one, used
  * from GGML_PY_PANEL_MIN_M activation rows. */
 #define GGML_PY_PANEL_ROWS 8
 #define GGML_PY_PANEL_COLS 32

@@ -343,22 +343,11 @@ FULL_SIZES(gemm_q3_K)
 #define PANEL_COLS 4     /* activation rows run together */
 _Static_assert(GGML_PY_PANEL_ROWS == 8, "a panel's rows are the eight int32 lanes of a vector");
 
-/* Blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart: w[8 b + g] lane r = row r's
- * values 4g .. 4g + 3 of block b0 + b (0 .. 15), dx[8 b + r] its scale; rows
- * past nr0 are zeros. */
-static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, __m256i *w, float *dx) {
-    /* first each row's values in turn, read front to back (eight rows read block
-     * by block side by side ran at x0.76 where the weights did not fit in L3) */
-    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
-        const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + r * bx) + b0;
-        for (int b = 0; b < nbc; b++) {
-            w[8 * b + r] = r < nr0 ? ggml_py_nibbles32(xb[b].qs) : _mm256_setzero_si256();
-            dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb[b].d) : 0.0f;
-        }
-    }
-    /* then each block's 8 x 8 words transposed in place */
-    for (int b = 0; b < nbc; b++) {
-        __m256i *q = w + 8 * b, t[8], u[8];
+/* The eight words of each group of eight vectors transposed in place (q[8 i + r]
+ * word g -> q[8 i + g] word r), for n groups. */
+static inline void transpose8x8_i32(__m256i *q, int n) {
+    for (int i = 0; i < n; i++, q += 8) {
+        __m256i t[8], u[8];
         for (int r = 0; r < 8; r += 2) {
             t[r] = _mm256_unpacklo_epi32(q[r], q[r + 1]);
             t[r + 1] = _mm256_unpackhi_epi32(q[r], q[r + 1]);
@@ -374,6 +363,22 @@ static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int n
             q[g + 4] = _mm256_permute2x128_si256(u[g], u[g + 4], 0x31);
         }
     }
+}
+
+/* Blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart: w[8 b + g] lane r = row r's
+ * values 4g .. 4g + 3 of block b0 + b (0 .. 15), dx[8 b + r] its scale; rows
+ * past nr0 are zeros. */
+static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, __m256i *w, float *dx) {
+    /* first each row's values in turn, read front to back (eight rows read block
+     * by block side by side ran at x0.76 where the weights did not fit in L3) */
+    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
+        const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + r * bx) + b0;
+        for (int b = 0; b < nbc; b++) {
+            w[8 * b + r] = r < nr0 ? ggml_py_nibbles32(xb[b].qs) : _mm256_setzero_si256();
+            dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb[b].d) : 0.0f;
+        }
+    }
+    transpose8x8_i32(w, nbc);   /* then each block's 8 x 8 words */
 }
 
 /* acc[c] += the interleaved blocks [0, nbc) against activation rows c < nc
@@ -436,8 +441,265 @@ static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
     }
 }
 
+/* ---- Q4_K / Q5_K panels: the same, per super-block ----
+ *
+ * A super-block's eight sub-blocks of 32 values are interleaved as Q4_0's blocks
+ * are (values 4g .. 4g + 3 of sub-block s for eight rows in one vector). Per
+ * sub-block and activation row the byte products are summed in int16 lanes and
+ * one madd with the rows' scales of that sub-block turns them into int32 sums;
+ * the mins' term is one madd per two sub-blocks. Both integer sums equal
+ * vec_dot_q4_K's / vec_dot_q5_K's (exact, in any order), and their float step
+ * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs. */
+#define K_PANEL_CHUNK 8   /* super-blocks interleaved at a time: 16 KiB of values */
+
+/* An opaque step on a running sum: the compiler otherwise re-associates a chain of
+ * integer adds into a tree of all the products of a sub-block and four activation
+ * rows, which spills them to the stack (the panel ran at ~x0.6 that way). */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+/* Interleaved super-blocks: w[64 b + 8 s + g] lane r = row r's values 4g .. 4g + 3
+ * of sub-block s of super-block b; sc[8 b + s] int16 lanes 2r, 2r + 1 = row r's
+ * scale of sub-block s; mn[4 b + k] lanes 2r, 2r + 1 = its mins of sub-blocks 2k
+ * and 2k + 1; dx, dm[8 b + r] its d and dmin. Rows past nr0: zeros. */
+struct k_panel {
+    __m256i w[64 * K_PANEL_CHUNK], sc[8 * K_PANEL_CHUNK], mn[4 * K_PANEL_CHUNK];
+    float dx[8 * K_PANEL_CHUNK], dm[8 * K_PANEL_CHUNK];
+};
+
+/* Super-blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart, into p. */
+static void k4_interleave(int five_bits, int nr0, const char *x, size_t bx, int64_t b0, int nbc,
+                          struct k_panel *p) {
+    const size_t block = five_bits ? sizeof(ggml_py_block_q5_K) : sizeof(ggml_py_block_q4_K);
+    int16_t *sc = (int16_t *) p->sc, *mn = (int16_t *) p->mn;
+    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
+        for (int b = 0; b < nbc; b++) {
+            __m256i *w = p->w + 64 * b + r;   /* sub-block s at w[8 s] */
+            if (r >= nr0) {
+                for (int s = 0; s < 8; s++) {
+                    w[8 * s] = _mm256_setzero_si256();
+                    sc[16 * (8 * b + s) + 2 * r] = sc[16 * (8 * b + s) + 2 * r + 1] = 0;
+                    mn[16 * (4 * b + s / 2) + 2 * r + s % 2] = 0;
+                }
+                p->dx[8 * b + r] = p->dm[8 * b + r] = 0.0f;
+                continue;
+            }
+            const ggml_py_block_q4_K *b4 = (const ggml_py_block_q4_K *) (x + r * bx + (b0 + b) * block);
+            const ggml_py_block_q5_K *b5 = (const ggml_py_block_q5_K *) b4;
+            for (int c = 0; c < 4; c++) {
+                ggml_py_k4_chunk_values(five_bits ? b5->qs : b4->qs, five_bits ? b5->qh : NULL, c,
+                                        &w[8 * 2 * c], &w[8 * (2 * c + 1)]);
+            }
+            _Alignas(32) int16_t sm[16];   /* scales, then mins */
+            _mm256_store_si256((__m256i *) sm, ggml_py_k4_scales_mins(b4->scales));
+            for (int s = 0; s < 8; s++) {
+                sc[16 * (8 * b + s) + 2 * r] = sc[16 * (8 * b + s) + 2 * r + 1] = sm[s];
+                mn[16 * (4 * b + s / 2) + 2 * r + s % 2] = sm[8 + s];
+            }
+            p->dx[8 * b + r] = FP16_TO_FP32(b4->d);
+            p->dm[8 * b + r] = FP16_TO_FP32(b4->dmin);
+        }
+    }
+    transpose8x8_i32(p->w, 8 * nbc);
+}
+
+/* acc[c] += the interleaved super-blocks [0, nbc) against activation rows c < nc
+ * (y: their super-block b0, by apart). Q4_K's products (values < 16) are summed
+ * in int16 over a whole sub-block (16 per lane: under 2^15), Q5_K's (< 32) over
+ * half of one. */
+INLINE void k4_panel_chunk(int five_bits, int nc, int nbc, const struct k_panel *p, const char *y,
+                           size_t by, __m256 *acc) {
+    const int g_run = five_bits ? 4 : 8;   /* groups summed in int16 */
+    __m256 a[PANEL_COLS];
+    for (int c = 0; c < nc; c++) a[c] = acc[c];
+    for (int b = 0; b < nbc; b++) {
+        __m256i isum[PANEL_COLS];
+        for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+        for (int s = 0; s < 8; s++) {
+            const __m256i sc = _mm256_load_si256(p->sc + 8 * b + s);
+            for (int g0 = 0; g0 < 8; g0 += g_run) {
+                __m256i s16[PANEL_COLS];
+                for (int c = 0; c < nc; c++) s16[c] = _mm256_setzero_si256();
+                for (int g = g0; g < g0 + g_run; g++) {
+                    const __m256i w = _mm256_load_si256(p->w + 64 * b + 8 * s + g);
+                    for (int c = 0; c < nc; c++) {
+                        const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 32 * s + 4 * g;
+                        int32_t y4;
+                        memcpy(&y4, qs, 4);
+                        s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(w, _mm256_set1_epi32(y4)));
+                        KEEP_IN_REGISTER(s16[c]);
+                    }
+                }
+                for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16[c], sc));
+            }
+        }
+        const __m256 dxv = _mm256_load_ps(p->dx + 8 * b), dmv = _mm256_load_ps(p->dm + 8 * b);
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
+            /* int16 pairs bsums[2j] + bsums[2j + 1], as ggml_py_k4_mins_dot takes them */
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) yb->bsums),
+                                                 _mm_loadu_si128((const __m128i *) (yb->bsums + 8)));
+            const __m256i pp = _mm256_broadcastsi128_si256(pairs);
+            __m256i msum = _mm256_madd_epi16(_mm256_load_si256(p->mn + 4 * b), _mm256_shuffle_epi32(pp, 0x00));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_load_si256(p->mn + 4 * b + 1), _mm256_shuffle_epi32(pp, 0x55)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_load_si256(p->mn + 4 * b + 2), _mm256_shuffle_epi32(pp, 0xAA)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(_mm256_load_si256(p->mn + 4 * b + 3), _mm256_shuffle_epi32(pp, 0xFF)));
+            /* ggml_py_k4_finish's steps, eight rows at once */
+            const __m256 dy = _mm256_set1_ps(yb->d);
+            const __m256 d = _mm256_mul_ps(dxv, dy), dmin = _mm256_mul_ps(dmv, dy);
+            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(isum[c])),
+                                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum)));
+            a[c] = _mm256_add_ps(a[c], t);
+        }
+    }
+    for (int c = 0; c < nc; c++) acc[c] = a[c];
+}
+
+INLINE void gemm_k4_panel(int five_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                          const char *y, size_t by, float *d, int64_t ldd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    _Alignas(32) struct k_panel p;
+    __m256 acc[GGML_PY_PANEL_COLS];   /* lane r: row r against activation row c */
+    for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
+        const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
+        k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
+        const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
+        int c = 0;
+        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
+            k4_panel_chunk(five_bits, PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
+        }
+        if (c < nr1) k4_panel_chunk(five_bits, nr1 - c, nbc, &p, yc + c * by, by, acc + c);
+    }
+    for (int c = 0; c < nr1; c++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[c]);
+        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
+    }
+}
+
+static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    gemm_k4_panel(0, n, nr0, nr1, x, bx, y, by, d, ldd);
+}
+
+static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;
+    gemm_k4_panel(1, n, nr0, nr1, x, bx, y, by, d, ldd);
+}
+
+/* ---- Q6_K panels ----
+ *
+ * As Q4_K's, with sixteen sub-blocks of 16 values and int8 scales: values < 64
+ * leave room in int16 for two groups' products only, so each half sub-block takes
+ * its own madd with the scales; the values' offset of 32 is taken off per
+ * super-block through the activations' bsums, as vec_dot_q6_K does. */
+
+/* w[64 b + 8 v + g] lane r = row r's values 32v + 4g .. 32v + 4g + 3 of super-block
+ * b; sc[16 b + s] int16 lanes 2r, 2r + 1 = its scale of sub-block s; sp[8 b + k]
+ * lanes 2r, 2r + 1 = its scales 2k and 2k + 1; dx[8 b + r] its d. */
+struct q6_panel {
+    __m256i w[64 * K_PANEL_CHUNK], sc[16 * K_PANEL_CHUNK], sp[8 * K_PANEL_CHUNK];
+    float dx[8 * K_PANEL_CHUNK];
+};
+
+static void q6_K_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, struct q6_panel *p) {
+    int16_t *sc = (int16_t *) p->sc, *sp = (int16_t *) p->sp;
+    for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
+        for (int b = 0; b < nbc; b++) {
+            __m256i *w = p->w + 64 * b + r;   /* values 32v .. 32v + 31 at w[8 v] */
+            const ggml_py_block_q6_K *xb = (const ggml_py_block_q6_K *) (x + r * bx) + b0 + b;
+            if (r < nr0) {
+                for (int c = 0; c < 2; c++) {
+                    __m256i q[4];
+                    ggml_py_q6_K_half(xb->ql + 64 * c, xb->qh + 32 * c, q);
+                    for (int g = 0; g < 4; g++) w[8 * (4 * c + g)] = q[g];
+                }
+            } else {
+                for (int v = 0; v < 8; v++) w[8 * v] = _mm256_setzero_si256();
+            }
+            for (int s = 0; s < 16; s++) {
+                const int16_t scale = r < nr0 ? xb->scales[s] : 0;
+                sc[16 * (16 * b + s) + 2 * r] = sc[16 * (16 * b + s) + 2 * r + 1] = scale;
+                sp[16 * (8 * b + s / 2) + 2 * r + s % 2] = scale;
+            }
+            p->dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb->d) : 0.0f;
+        }
+    }
+    transpose8x8_i32(p->w, 8 * nbc);
+}
+
+INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const char *y, size_t by, __m256 *acc) {
+    __m256 a[PANEL_COLS];
+    for (int c = 0; c < nc; c++) a[c] = acc[c];
+    for (int b = 0; b < nbc; b++) {
+        __m256i isum[PANEL_COLS];
+        for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 32; h++) {   /* half sub-blocks of 8 values: two groups */
+            const __m256i sc = _mm256_load_si256(p->sc + 16 * b + h / 2);
+            const __m256i w0 = _mm256_load_si256(p->w + 64 * b + 2 * h);
+            const __m256i w1 = _mm256_load_si256(p->w + 64 * b + 2 * h + 1);
+            for (int c = 0; c < nc; c++) {
+                const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 8 * h;
+                int32_t y0, y1;
+                memcpy(&y0, qs, 4);
+                memcpy(&y1, qs + 4, 4);
+                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(y0)),
+                                                     _mm256_maddubs_epi16(w1, _mm256_set1_epi32(y1)));
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, sc));
+            }
+        }
+        const __m256 dxv = _mm256_load_ps(p->dx + 8 * b);
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
+            /* 32 * sum of scale j * bsums[j]: the offset, as ggml_py_k_offset */
+            __m256i off = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++) {
+                int32_t pair;
+                memcpy(&pair, yb->bsums + 2 * k, 4);
+                off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(p->sp + 8 * b + k), _mm256_set1_epi32(pair)));
+            }
+            const __m256i is = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
+            /* vec_dot_q6_K's float step, eight rows at once */
+            const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(yb->d));
+            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is)));
+        }
+    }
+    for (int c = 0; c < nc; c++) acc[c] = a[c];
+}
+
+static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    const int64_t nb = n / GGML_PY_QK_K;
+    _Alignas(32) struct q6_panel p;
+    __m256 acc[GGML_PY_PANEL_COLS];
+    for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
+        const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
+        q6_K_interleave(nr0, x, bx, b0, nbc, &p);
+        const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
+        int c = 0;
+        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) q6_K_panel_chunk(PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
+        if (c < nr1) q6_K_panel_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c);
+    }
+    for (int c = 0; c < nr1; c++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[c]);
+        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
+    }
+}
+
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
-    return type == GGML_PY_TYPE_Q4_0 && m >= GGML_PY_PANEL_MIN_M ? gemm_q4_0_panel : NULL;
+    if (m < GGML_PY_PANEL_MIN_M) return NULL;
+    switch (type) {
+        case GGML_PY_TYPE_Q4_0: return gemm_q4_0_panel;
+        case GGML_PY_TYPE_Q4_K: return gemm_q4_K_panel;
+        case GGML_PY_TYPE_Q5_K: return gemm_q5_K_panel;
+        case GGML_PY_TYPE_Q6_K: return gemm_q6_K_panel;
+        default:                return NULL;
+    }
 }
 
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
