@@ -19,6 +19,7 @@ import numpy as np
 SPIN_S = 0.01       # a waiting rank polls this long for the next order, then sleeps ...
 SLEEP_S = 0.0002    # ... this long between polls
 INLINE = 4096       # bytes of the first broadcast: a decode step's order fits in it
+ABORT_GRACE_S = 0.5  # between a rank's error line and MPI_Abort (see collective)
 
 
 class Channel:
@@ -139,5 +140,8 @@ def collective(comm):
             f"error: {type(exc).__name__}"
         print(f"rank {comm.Get_rank()}: {what} (a split model's ranks wait for each other: "
               f"ending every rank)", file=sys.stderr, flush=True)
+        # mpiexec forwards each rank's output through a pipe that the abort tears down:
+        # on a busy machine the line was lost unless its reader had a moment to run
+        time.sleep(ABORT_GRACE_S)
         comm.Abort(130 if interrupted else 1)
         os._exit(1)    # (Abort does not return)
