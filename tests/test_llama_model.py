@@ -213,6 +213,23 @@ def test_built_graphs_are_kept_least_recently_used_first_out():
     assert many.max_graphs == 64                                  # 64 at most
 
 
+def test_a_new_thread_count_plans_the_cached_graphs_again():
+    """A graph planned for one thread, then run on two, would dispatch every small stage
+    to the workers (which stages are worth threads depends on the count)."""
+    def plans(model):
+        model.forward(np.array([1, 2, 3]), np.array([0, 1, 2]))
+        return [[(s.valid, s.parallel, s.wait) for s in t.profile.stages]
+                for g in model._graphs.values() for t in g.graph.nodes]
+
+    model = LlamaModel(model_path("q8_0"), n_ctx=64, n_threads=1)
+    one = plans(model)
+    model.n_threads = 2
+    two = LlamaModel(model_path("q8_0"), n_ctx=64, n_threads=2)
+    assert model.n_threads == 2 and plans(model) == plans(two) != one
+    with pytest.raises(ValueError):
+        model.n_threads = 0
+
+
 def test_the_cache_the_graphs_are_built_over_is_not_replaced():
     model = LlamaModel(model_path("f32"), n_ctx=16, n_threads=1)
     with pytest.raises(AttributeError):

@@ -31,7 +31,6 @@ class ShardModel(LlamaModel):
         self.rank, self.size = self.channel.rank, self.channel.size
         self.want = None         # rank 0: candidates per row its next logits need (None: all)
         self.started = False     # rank 0's changes go to the others once they serve
-        self._threads = None
         super().__init__(path, **kwargs)
         self.reduce = self._all_reduce
         if self.rank == 0:
@@ -62,7 +61,7 @@ class ShardModel(LlamaModel):
     def n_threads(self, n):
         if self.rank == 0 and self.started:
             self.channel.send("threads", n)
-        self._threads = n
+        LlamaModel.n_threads.fset(self, n)
 
     def set_tune(self, data):
         """Plan every MUL_MAT with TuneData `data` (its shapes: this rank's); on rank 0,

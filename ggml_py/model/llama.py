@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ggml_py.core.graph import aligned_bytes, check_tune, default_threads, shared_pool
+from ggml_py.core.graph import aligned_bytes, check_tune, default_threads, shared_pool, thread_count
 from ggml_py.core.types import Op, Type
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.config import LlamaConfig, context_size
@@ -112,7 +112,7 @@ class LlamaModel:
             self._cache = make_cache(self.config, self.n_ctx, kv_type)
         else:
             self._cache = make_cache(self.config, self.n_ctx, kv_type, kv_type_v)
-        self.n_threads = n_threads or default_threads()
+        self._threads = n_threads or default_threads()
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
@@ -149,11 +149,30 @@ class LlamaModel:
         (assigning another one made the cached graphs compute on the old one)."""
         return self._cache
 
+    @property
+    def n_threads(self):
+        """Threads of each compute (1..256)."""
+        return self._threads
+
+    @n_threads.setter
+    def n_threads(self, n):
+        # the cached graphs are planned again: a plan is made for one thread count
+        # (which stages are worth threads, the work buffer's size), and a plan for
+        # one thread run on two dispatches every small stage
+        n = thread_count(n, "n_threads")
+        if n != self._threads:
+            self._threads = n
+            self._plan_graphs()
+
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
         self.tune = check_tune(data, "set_tune")
+        self._plan_graphs()
+
+    def _plan_graphs(self):
+        """Plan every cached graph again, for n_threads and the tune data."""
         for g in self._graphs.values():
-            g.graph.plan(self.n_threads, tune=data)
+            g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
 
     def fused(self, T):
