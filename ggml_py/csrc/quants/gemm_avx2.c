@@ -331,6 +331,50 @@ FULL_SIZES(gemm_q6_K)
 FULL_SIZES(gemm_q2_K)
 FULL_SIZES(gemm_q3_K)
 
+/* ---- one activation row (decoding): eight weight rows at once ----------------
+ *
+ * Lane i of the result: the sum of s[i]'s lanes, for eight vectors. */
+static inline __m256i hsum8_i32_8(const __m256i s[8]) {
+    __m256i u[2];
+    for (int h = 0; h < 2; h++) {
+        const __m256i *q = s + 4 * h;
+        const __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(q[0], q[1]), _mm256_unpackhi_epi32(q[0], q[1]));
+        const __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(q[2], q[3]), _mm256_unpackhi_epi32(q[2], q[3]));
+        u[h] = _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+    }
+    /* u[h]'s 128-bit halves hold rows 4h .. 4h + 3's sums of the low and high lanes */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
+                            _mm256_permute2x128_si256(u[0], u[1], 0x31));
+}
+
+/* Q4_0 x one Q8_0 row: d[i * dd] = vec_dot(x + i * bx, y) for i < nr0 <= 8. Each
+ * block's eight exact sums land in one vector's lanes, so one fma a block serves
+ * eight rows' chains (the 4-row tile spent as much on gathering four scales and
+ * reducing four sums as on the products). */
+static void gemv_q4_0_8(int64_t n, int nr0, const char *x, size_t bx, const char *y, float *d, int64_t dd) {
+    const int64_t nb = n / GGML_PY_QK4_0;
+    const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) y;
+    const ggml_py_block_q4_0 *xr[8];
+    for (int i = 0; i < 8; i++) xr[i] = (const ggml_py_block_q4_0 *) (x + (i < nr0 ? i : 0) * bx);
+    const __m256i eight = _mm256_set1_epi8(8);
+    __m256 acc = _mm256_setzero_ps();   /* lane i: row i */
+    for (int64_t ib = 0; ib < nb; ib++) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[ib].qs);
+        /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
+        const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
+        __m256i s[8];
+        for (int i = 0; i < 8; i++) s[i] = ggml_py_dot_u8s8_acc(minus_ysum, ggml_py_nibbles32(xr[i][ib].qs), qy);
+        const __m128i dh = _mm_setr_epi16((short) xr[0][ib].d, (short) xr[1][ib].d, (short) xr[2][ib].d,
+                                          (short) xr[3][ib].d, (short) xr[4][ib].d, (short) xr[5][ib].d,
+                                          (short) xr[6][ib].d, (short) xr[7][ib].d);
+        const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_set1_ps(FP16_TO_FP32(yb[ib].d)));
+        acc = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s)), acc);
+    }
+    float out[8];
+    _mm256_storeu_ps(out, acc);
+    for (int i = 0; i < nr0; i++) d[i * dd] = out[i];
+}
+
 /* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
  *
  * The rows are unpacked to bytes a chunk of blocks at a time and interleaved so
@@ -710,6 +754,10 @@ void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
     }
 }
 
+ggml_py_gemv_fn ggml_py_gemv8_avx2(int type) {
+    return type == GGML_PY_TYPE_Q4_0 ? gemv_q4_0_8 : NULL;
+}
+
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
     (void) m;
     switch (type) {
@@ -726,6 +774,11 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
 }
 
 #else
+
+ggml_py_gemv_fn ggml_py_gemv8_avx2(int type) {
+    (void) type;
+    return NULL;
+}
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
     (void) type;

@@ -12,14 +12,11 @@
 
 /* 32 nibbles -> 32 bytes in 0..15: low nibbles are bytes 0..15, high 16..31. */
 static inline __m256i ggml_py_nibbles32(const uint8_t *qs) {
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    /* the 16 bytes in both halves, the upper half shifted by 4: one shuffle fewer */
+    /* the 16 bytes in both halves (a broadcast load), the upper half shifted by 4:
+     * one shuffle fewer than shifting a copy and inserting it. Bits a shift moves
+     * across bytes fall outside the mask. */
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
-    const __m256i b = _mm256_srlv_epi16(t, _mm256_set_epi64x(0x0004000400040004, 0x0004000400040004, 0, 0));
-#else
-    const __m128i t = _mm_loadu_si128((const __m128i *) qs);
-    const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-#endif
+    const __m256i b = _mm256_srlv_epi32(t, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0));
     return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
 }
 
