@@ -131,14 +131,15 @@ K_QUANTS = [gg.Q2_K, gg.Q3_K, gg.Q4_K, gg.Q5_K, gg.Q6_K]
 def test_cpu_products_equal_vec_dot(t, n):
     """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
     fewer at the end) against blocks of src1 rows, through blocked kernels where the type
-    has them (Q4_0 at M = 1: eight far-apart rows, their scales and sums in one vector's
-    lanes; Q4_0 from M = 8: panels of eight neighbouring rows, tested below): every
+    has them (Q4_0 below M = 8: eight far-apart rows against up to four src1 rows, the
+    rows' scales and sums in one vector's lanes; from M = 8: panels of eight neighbouring
+    rows, tested below): every
     output equals vec_dot of its row and column bit for bit, for any N, M (one, a few,
     more than a block of 32), thread count and batch."""
     k = 2 * gg.type_traits(t)["blck_size"] * (1 if t in K_QUANTS else 5)
     rng = np.random.default_rng(n)
     w = rng.standard_normal((2, n, k)).astype(np.float32)
-    assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 35), rng)
+    assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 5, 35), rng)
 
 
 # where each K-quant block keeps its fp16 scales (d, and dmin where it has one)

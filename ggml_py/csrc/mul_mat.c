@@ -8,9 +8,9 @@
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
  *               buffer (and their block sums, for a panel kernel); COMPUTE
  *               (parallel): eight neighbouring src0 rows in a panel kernel where
- *               the type has one for this M, else (M = 1) eight far-apart rows
- *               in a gemv kernel where it has one (Q4_0), else groups of four
- *               far-apart rows through a blocked 4 x 2 kernel where it has one, else
+ *               the type has one for this M, else groups of eight far-apart rows
+ *               through a wide 8 x 4 kernel where it has one (Q4_0), else of four
+ *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
  *               TILE_M src1 rows.
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
@@ -36,13 +36,13 @@ _Static_assert(TILE_M <= GGML_PY_PANEL_COLS, "a panel takes a whole block of src
 
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type, int64_t m) = NULL;
 static ggml_py_gemm_panel_fn (*panel_for_type)(int type, int64_t m) = NULL;
-static ggml_py_gemv_fn (*gemv_for_type)(int type) = NULL;
+static ggml_py_gemm_tile_fn (*wide_for_type)(int type, int64_t m) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
     tile_for_type = simd ? ggml_py_gemm_tile_avx2 : NULL;
     panel_for_type = simd ? ggml_py_gemm_panel_avx2 : NULL;
-    gemv_for_type = simd ? ggml_py_gemv8_avx2 : NULL;
+    wide_for_type = simd ? ggml_py_gemm_wide_avx2 : NULL;
 #if defined(GGML_PY_USE_BLAS)
     scipy_openblas_set_num_threads(1);
 #endif
@@ -271,7 +271,7 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernels run at M = 1 too (F16's tile sums in another order than
  * vec_dot_f16, and a row's result must not depend on the batch it comes in). A
- * gemv kernel (Q4_0 at M = 1) takes eight far-apart rows as a tile takes four. A
+ * wide tile (Q4_0 below M = 8) takes eight far-apart rows as a tile takes four. A
  * panel kernel (Q4_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
  * and all of the item's src1 rows: it interleaves the rows once per item, and they
  * are written side by side. */
@@ -280,12 +280,13 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
     const ggml_py_gemm_panel_fn panel = panel_for(dst);
-    const ggml_py_gemv_fn gemv = !panel && ne11 == 1 && gemv_for_type ? gemv_for_type(src0->type) : NULL;
-    const ggml_py_gemm_tile_fn tile = !panel && !gemv && tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
-    const int64_t group = panel ? GGML_PY_PANEL_ROWS : gemv ? GGML_PY_GEMV_ROWS
+    const ggml_py_gemm_tile_fn wide = !panel && wide_for_type ? wide_for_type(src0->type, ne11) : NULL;
+    const ggml_py_gemm_tile_fn tile = wide ? wide : !panel && tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
+    const int64_t group = panel ? GGML_PY_PANEL_ROWS : wide ? GGML_PY_WIDE_R0
                         : tile ? GGML_PY_GEMM_R0 : VEC_DOT_ROWS;     /* rows in a group */
+    const int64_t cols = wide ? GGML_PY_WIDE_R1 : GGML_PY_GEMM_R1;   /* src1 rows of a tile */
     const int64_t q = (ne01 + group - 1) / group;                    /* groups */
-    const int64_t step = tile || gemv ? q : 1;                       /* between their rows */
+    const int64_t step = tile ? q : 1;                               /* between their rows */
     const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
     const int64_t n_items = q * blocks_m * ne12 * ne13;
     const int64_t ldd = (int64_t) (nb1 / sizeof(float));
@@ -298,7 +299,7 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
             b_index = item / (q * blocks_m);
             b = batch_at(params, dst, b_index);
         }
-        const int64_t first = tile || gemv ? r : r * group;
+        const int64_t first = tile ? r : r * group;
         const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
         const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
@@ -309,10 +310,6 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
                   (float *) (b.d + m0 * nb1) + first, ldd);
             continue;
         }
-        if (gemv) {    /* far-apart rows, the one src1 row */
-            gemv(ne00, nr0, x, bx, b.y, (float *) b.d + first, step);
-            continue;
-        }
         if (!tile) {   /* neighbouring rows (step 1), one src1 row at a time */
             for (int64_t i11 = m0; i11 < m_end; i11++) {
                 float *d = (float *) (b.d + i11 * nb1) + first;
@@ -320,8 +317,8 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
             }
             continue;
         }
-        for (int64_t i11 = m0; i11 < m_end; i11 += GGML_PY_GEMM_R1) {
-            const int nr1 = (int) GGML_PY_MIN(GGML_PY_GEMM_R1, m_end - i11);
+        for (int64_t i11 = m0; i11 < m_end; i11 += cols) {
+            const int nr1 = (int) GGML_PY_MIN(cols, m_end - i11);
             tile(ne00, nr0, nr1, x, bx, b.y + i11 * b.by, b.by, (float *) (b.d + i11 * nb1) + first, ldd, step);
         }
     }

@@ -35,13 +35,13 @@ typedef void (*ggml_py_gemm_panel_fn)(int64_t n, int nr0, int nr1, const char *x
 /* The panel kernel for weights of `type` against m activation rows, or NULL. */
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m);
 
-/* One activation row (decoding): d[i * dd] = dot(x + i * bx, y) for i < nr0 (at
- * most GGML_PY_GEMV_ROWS weight rows), equal to vec_dot bit for bit. Q4_0 has one. */
-#define GGML_PY_GEMV_ROWS 8
-typedef void (*ggml_py_gemv_fn)(int64_t n, int nr0, const char *x, size_t bx, const char *y, float *d,
-                                int64_t dd);
-/* The kernel for weights of `type` against one activation row, or NULL. */
-ggml_py_gemv_fn ggml_py_gemv8_avx2(int type);
+/* A wide tile: a tile (the contract above) of up to GGML_PY_WIDE_R0 weight rows
+ * and GGML_PY_WIDE_R1 activation rows, equal to vec_dot bit for bit. Q4_0 has
+ * one, used below GGML_PY_PANEL_MIN_M activation rows. */
+#define GGML_PY_WIDE_R0 8
+#define GGML_PY_WIDE_R1 4
+/* The wide tile for weights of `type` against m activation rows, or NULL. */
+ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m);
 /* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);
 

@@ -347,32 +347,54 @@ static inline __m256i hsum8_i32_8(const __m256i s[8]) {
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* Q4_0 x one Q8_0 row: d[i * dd] = vec_dot(x + i * bx, y) for i < nr0 <= 8. Each
- * block's eight exact sums land in one vector's lanes, so one fma a block serves
- * eight rows' chains (the 4-row tile spent as much on gathering four scales and
- * reducing four sums as on the products). */
-static void gemv_q4_0_8(int64_t n, int nr0, const char *x, size_t bx, const char *y, float *d, int64_t dd) {
+/* Q4_0 x up to four Q8_0 rows, eight weight rows at once (decoding one to a few
+ * sequences): each block's eight exact sums against an activation row land in
+ * one vector's lanes, so one fma a block serves eight rows' chains, in
+ * vec_dot_q4_0's order (the 4 x 2 tile spent as much on gathering four scales and
+ * reducing four sums as on the products); each row's values are unpacked once
+ * for the activation rows. */
+INLINE void gemm_q4_0_wide_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                                size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK4_0;
-    const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) y;
-    const ggml_py_block_q4_0 *xr[8];
-    for (int i = 0; i < 8; i++) xr[i] = (const ggml_py_block_q4_0 *) (x + (i < nr0 ? i : 0) * bx);
+    const ggml_py_block_q4_0 *xr[GGML_PY_WIDE_R0];   /* missing rows read row 0, not stored */
+    for (int i = 0; i < GGML_PY_WIDE_R0; i++) xr[i] = (const ggml_py_block_q4_0 *) (x + (i < nr0 ? i : 0) * bx);
     const __m256i eight = _mm256_set1_epi8(8);
-    __m256 acc = _mm256_setzero_ps();   /* lane i: row i */
+    __m256 acc[GGML_PY_WIDE_R1];   /* lane i: row i against activation row c */
+    for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
-        const __m256i qy = _mm256_loadu_si256((const __m256i *) yb[ib].qs);
-        /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
-        const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
-        __m256i s[8];
-        for (int i = 0; i < 8; i++) s[i] = ggml_py_dot_u8s8_acc(minus_ysum, ggml_py_nibbles32(xr[i][ib].qs), qy);
+        __m256i qx[GGML_PY_WIDE_R0];
+        for (int i = 0; i < GGML_PY_WIDE_R0; i++) qx[i] = ggml_py_nibbles32(xr[i][ib].qs);
         const __m128i dh = _mm_setr_epi16((short) xr[0][ib].d, (short) xr[1][ib].d, (short) xr[2][ib].d,
                                           (short) xr[3][ib].d, (short) xr[4][ib].d, (short) xr[5][ib].d,
                                           (short) xr[6][ib].d, (short) xr[7][ib].d);
-        const __m256 dxy = _mm256_mul_ps(_mm256_cvtph_ps(dh), _mm256_set1_ps(FP16_TO_FP32(yb[ib].d)));
-        acc = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s)), acc);
+        const __m256 dx = _mm256_cvtph_ps(dh);
+        for (int c = 0; c < nr1; c++) {
+            const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + c * by) + ib;
+            const __m256i qy = _mm256_loadu_si256((const __m256i *) yb->qs);
+            /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
+            const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
+            __m256i s[GGML_PY_WIDE_R0];
+            for (int i = 0; i < GGML_PY_WIDE_R0; i++) s[i] = ggml_py_dot_u8s8_acc(minus_ysum, qx[i], qy);
+            const __m256 dxy = _mm256_mul_ps(dx, _mm256_set1_ps(FP16_TO_FP32(yb->d)));
+            acc[c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s)), acc[c]);
+        }
     }
-    float out[8];
-    _mm256_storeu_ps(out, acc);
-    for (int i = 0; i < nr0; i++) d[i * dd] = out[i];
+    for (int c = 0; c < nr1; c++) {
+        float out[GGML_PY_WIDE_R0];
+        _mm256_storeu_ps(out, acc[c]);
+        for (int i = 0; i < nr0; i++) d[c * ldd + i * dd] = out[i];
+    }
+}
+
+static void gemm_q4_0_wide(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y, size_t by,
+                           float *d, int64_t ldd, int64_t dd) {
+    _Static_assert(GGML_PY_WIDE_R1 == 4, "one specialization per activation row count");
+    switch (nr1) {   /* a constant count: the compiler keeps the accumulators in registers */
+        case 1:  gemm_q4_0_wide_body(n, nr0, 1, x, bx, y, by, d, ldd, dd); return;
+        case 2:  gemm_q4_0_wide_body(n, nr0, 2, x, bx, y, by, d, ldd, dd); return;
+        case 3:  gemm_q4_0_wide_body(n, nr0, 3, x, bx, y, by, d, ldd, dd); return;
+        default: gemm_q4_0_wide_body(n, nr0, 4, x, bx, y, by, d, ldd, dd); return;
+    }
 }
 
 /* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
@@ -754,8 +776,8 @@ void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
     }
 }
 
-ggml_py_gemv_fn ggml_py_gemv8_avx2(int type) {
-    return type == GGML_PY_TYPE_Q4_0 ? gemv_q4_0_8 : NULL;
+ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m) {
+    return type == GGML_PY_TYPE_Q4_0 && m < GGML_PY_PANEL_MIN_M ? gemm_q4_0_wide : NULL;
 }
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
@@ -775,8 +797,9 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
 
 #else
 
-ggml_py_gemv_fn ggml_py_gemv8_avx2(int type) {
+ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m) {
     (void) type;
+    (void) m;
     return NULL;
 }
 
