@@ -178,9 +178,9 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
         np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
 
 
-PANEL_TYPES = [gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]
-# blocks per row: several of a panel's chunks (Q4_0: 64 blocks, K-quants: 8 super-blocks)
-PANEL_BLOCKS = {gg.Q4_0: 130, gg.Q4_K: 17, gg.Q5_K: 17, gg.Q6_K: 17}
+PANEL_TYPES = [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]
+# blocks per row: several of a panel's chunks (Q4_0, Q8_0: 64 blocks, K-quants: 8 super-blocks)
+PANEL_BLOCKS = {gg.Q4_0: 130, gg.Q8_0: 130, gg.Q4_K: 17, gg.Q5_K: 17, gg.Q6_K: 17}
 
 
 @pytest.mark.parametrize("t", PANEL_TYPES, ids=lambda t: t.name)
@@ -228,9 +228,8 @@ def test_default_profile_follows_the_built_in_rule():
     for type in (gg.F32, gg.F16, gg.Q2_K) + (() if simd else (gg.Q4_0, gg.Q8_0, gg.Q4_K)):
         assert (default(type, 31, k=256), default(type, 32, k=256)) == ("cpu", "blas-mt")
     if simd:   # `cpu` up to the M where BLAS overtook it (never for the panel types), then blas-split
-        for type in (gg.Q4_0, gg.Q4_K, gg.Q5_K, gg.Q6_K):
+        for type in (gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K):
             assert default(type, 4096, k=256) == "cpu"
-        assert (default(gg.Q8_0, 255), default(gg.Q8_0, 256)) == ("cpu", "blas-split")
     wf = ctx.from_numpy(np.ones((64, 64), np.float32))
     assert [p.name for p in gg.mul_mat(wf, ctx.new_tensor(gg.F32, (32, 64))).profiles()] == ["cpu", "blas", "blas-mt"]
     # N or K under 32: the CPU kernels at any M

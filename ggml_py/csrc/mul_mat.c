@@ -9,7 +9,7 @@
  *               buffer (and their block sums, for a panel kernel); COMPUTE
  *               (parallel): eight neighbouring src0 rows in a panel kernel where
  *               the type has one for this M, else groups of eight far-apart rows
- *               through a wide 8 x 4 kernel where it has one (Q4_0), else of four
+ *               through a wide 8 x 4 kernel where it has one (Q4_0, Q8_0), else of four
  *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
  *               TILE_M src1 rows.
@@ -122,10 +122,10 @@ static int64_t cpu_below_m(int type) {
     if (!tile_for_type || !tile_for_type(type, TILE_M)) return 0;   /* scalar twins: ggml's */
     switch (type) {
         case GGML_PY_TYPE_Q4_0:
+        case GGML_PY_TYPE_Q8_0:
         case GGML_PY_TYPE_Q4_K:
         case GGML_PY_TYPE_Q5_K:
         case GGML_PY_TYPE_Q6_K: return INT64_MAX;   /* the panels: `cpu` at every M */
-        case GGML_PY_TYPE_Q8_0: return 256;
         default:                return 0;           /* not measured (F16, Q2_K, Q3_K): ggml's */
     }
 }
@@ -271,8 +271,8 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * neighbouring rows: one stream (four far-apart rows read row by row ran at x0.45).
  * The blocked kernels run at M = 1 too (F16's tile sums in another order than
  * vec_dot_f16, and a row's result must not depend on the batch it comes in). A
- * wide tile (Q4_0 below M = 8) takes eight far-apart rows as a tile takes four. A
- * panel kernel (Q4_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
+ * wide tile (Q4_0, Q8_0 below M = 8) takes eight far-apart rows as a tile takes four. A
+ * panel kernel (Q4_0, Q8_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
  * and all of the item's src1 rows: it interleaves the rows once per item, and they
  * are written side by side. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {

@@ -24,8 +24,8 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m);
  * GGML_PY_PANEL_ROWS weight rows) and j < nr1 (at most GGML_PY_PANEL_COLS
  * activation rows), with ysum + j * (n / 32) the block sums of activation row j
  * (ggml_py_q8_0_block_sums; Q4_0's only, NULL for the others: a Q8_K block keeps
- * its own). Equal to vec_dot bit for bit. Q4_0 and Q4_K - Q6_K have one, used
- * from GGML_PY_PANEL_MIN_M activation rows. */
+ * its own). Equal to vec_dot bit for bit. Q4_0, Q8_0 and Q4_K - Q6_K have one,
+ * used from GGML_PY_PANEL_MIN_M activation rows. */
 #define GGML_PY_PANEL_ROWS 8
 #define GGML_PY_PANEL_COLS 32
 #define GGML_PY_PANEL_MIN_M 8
@@ -36,8 +36,8 @@ typedef void (*ggml_py_gemm_panel_fn)(int64_t n, int nr0, int nr1, const char *x
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m);
 
 /* A wide tile: a tile (the contract above) of up to GGML_PY_WIDE_R0 weight rows
- * and GGML_PY_WIDE_R1 activation rows, equal to vec_dot bit for bit. Q4_0 has
- * one, used below GGML_PY_PANEL_MIN_M activation rows. */
+ * and GGML_PY_WIDE_R1 activation rows, equal to vec_dot bit for bit. Q4_0 and
+ * Q8_0 have one, used below GGML_PY_PANEL_MIN_M activation rows. */
 #define GGML_PY_WIDE_R0 8
 #define GGML_PY_WIDE_R1 4
 /* The wide tile for weights of `type` against m activation rows, or NULL. */

@@ -82,14 +82,14 @@ void ggml_py_vec_dot_q5_1_avx2(int64_t n, float *s, const void *vx, const void *
 void ggml_py_vec_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q8_0 *x = vx;
     const ggml_py_block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
+    float acc = 0.0f;   /* block by block, as the reference */
     for (int64_t ib = 0; ib < n / GGML_PY_QK8_0; ib++) {
-        const __m256 d = _mm256_set1_ps(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d));
         const __m256i qx = _mm256_loadu_si256((const __m256i *) x[ib].qs);
         const __m256i qy = _mm256_loadu_si256((const __m256i *) y[ib].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(ggml_py_dot_s8s8(qx, qy)), acc);
+        const int sum = ggml_py_hsum_i32_8(ggml_py_dot_s8s8(qx, qy));
+        acc = fmaf(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d), (float) sum, acc);
     }
-    *s = ggml_py_hsum_ps_avx(acc);
+    *s = acc;
 }
 
 /* ---- K-quants: integer sums per super-block, then the scalar float step ---- */

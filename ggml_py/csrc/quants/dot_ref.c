@@ -2,7 +2,7 @@
  * types. Always built; the reference the AVX2 kernels must match bit for bit.
  *
  * Integer parts are exact; floats are combined in a fixed order the SIMD
- * kernels reproduce: Q4_0 once per block, the other legacy types in eight lanes
+ * kernels reproduce: Q4_0 and Q8_0 once per block, the other legacy types in eight lanes
  * (see ggml_py_lanes_fma), K-quants once per super-block, d * isum - dmin * summs. */
 #include "quants_impl.h"
 
@@ -78,14 +78,17 @@ void ggml_py_vec_dot_q5_1_ref(int64_t n, float *s, const void *vx, const void *v
     *s = ggml_py_lanes_sum(acc) + mins;
 }
 
+/* Q8_0 as Q4_0: each block summed exactly, then acc = fma(dx * dy, sum, acc). */
 void ggml_py_vec_dot_q8_0_ref(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q8_0 *x = vx;
     const ggml_py_block_q8_0 *y = vy;
-    float acc[8] = { 0 };
+    float acc = 0.0f;
     for (int64_t ib = 0; ib < n / GGML_PY_QK8_0; ib++) {
-        ggml_py_lanes_fma(acc, FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d), x[ib].qs, y[ib].qs);
+        int sum = 0;
+        for (int j = 0; j < 32; j++) sum += x[ib].qs[j] * y[ib].qs[j];
+        acc = fmaf(FP16_TO_FP32(x[ib].d) * FP16_TO_FP32(y[ib].d), (float) sum, acc);
     }
-    *s = ggml_py_lanes_sum(acc);
+    *s = acc;
 }
 
 /* ---- K-quants: exact integer sums per super-block -------------------------- */

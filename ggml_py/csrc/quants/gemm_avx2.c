@@ -21,12 +21,29 @@
 
 _Static_assert(R0 == 4, "ggml_py_hsum4_i32_8 reduces four rows");
 
-/* Q4_0 x Q8_0, vec_dot's order: each block summed exactly, then
+/* A block of a legacy type with one fp16 scale first: Q4_0 (q8 = 0) or Q8_0 (q8 = 1). */
+#define LEGACY_BLOCK(q8) ((q8) ? sizeof(ggml_py_block_q8_0) : sizeof(ggml_py_block_q4_0))
+static inline uint16_t legacy_d(const char *block) { uint16_t d; memcpy(&d, block, 2); return d; }
+
+/* Its 32 values against qy's: Q8_0's signed bytes; Q4_0's nibbles (q - 8) as
+ * q . y - 8 * (sum of y), lane by lane (minus_ysum). The same exact integers. */
+INLINE __m256i legacy_dot(int q8, __m256i qx, __m256i qy, __m256i minus_ysum) {
+    return q8 ? ggml_py_dot_s8s8(qx, qy) : ggml_py_dot_u8s8_acc(minus_ysum, qx, qy);
+}
+INLINE __m256i legacy_values(int q8, const char *block) {
+    return q8 ? _mm256_loadu_si256((const __m256i *) (block + 2)) : ggml_py_nibbles32((const uint8_t *) block + 2);
+}
+INLINE __m256i legacy_minus_ysum(int q8, __m256i qy) {
+    return q8 ? _mm256_setzero_si256()
+              : _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(_mm256_set1_epi8(8), qy));
+}
+
+/* Q4_0 or Q8_0 x Q8_0, vec_dot's order: each block summed exactly, then
  * acc = fma(dx * dy, sum, acc); the four rows' sums of a column share one fma. */
-INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                           size_t by, float *d, int64_t ldd, int64_t dd) {
+INLINE void legacy_tile_body(int q8, int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                             size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK4_0;
-    const __m256i eight = _mm256_set1_epi8(8);
+    const size_t bs = LEGACY_BLOCK(q8);
     __m128 acc[R1];   /* lane i: row i against activation row j */
     for (int j = 0; j < R1; j++) acc[j] = _mm_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
@@ -35,8 +52,7 @@ INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
         for (int j = 0; j < nr1; j++) {
             const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + j * by) + ib;
             qy[j] = _mm256_loadu_si256((const __m256i *) yb->qs);
-            /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
-            minus_ysum[j] = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy[j]));
+            minus_ysum[j] = legacy_minus_ysum(q8, qy[j]);
             dy[j] = FP16_TO_FP32(yb->d);
         }
         uint64_t dxh = 0;   /* the rows' fp16 scales, row i in bits 16i..; missing rows: 0, sums 0 */
@@ -45,10 +61,10 @@ INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
                 for (int j = 0; j < nr1; j++) s[j][i] = _mm256_setzero_si256();
                 continue;
             }
-            const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + i * bx) + ib;
-            const __m256i qx = ggml_py_nibbles32(xb->qs);
-            dxh |= (uint64_t) xb->d << (16 * i);
-            for (int j = 0; j < nr1; j++) s[j][i] = ggml_py_dot_u8s8_acc(minus_ysum[j], qx, qy[j]);
+            const char *xb = x + i * bx + ib * bs;
+            const __m256i qx = legacy_values(q8, xb);
+            dxh |= (uint64_t) legacy_d(xb) << (16 * i);
+            for (int j = 0; j < nr1; j++) s[j][i] = legacy_dot(q8, qx, qy[j], minus_ysum[j]);
         }
         const __m128 dx = _mm_cvtph_ps(_mm_cvtsi64_si128((long long) dxh));
         for (int j = 0; j < nr1; j++) {
@@ -63,33 +79,14 @@ INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx
     }
 }
 
+INLINE void gemm_q4_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                           size_t by, float *d, int64_t ldd, int64_t dd) {
+    legacy_tile_body(0, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
+}
+
 INLINE void gemm_q8_0_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                            size_t by, float *d, int64_t ldd, int64_t dd) {
-    const int64_t nb = n / GGML_PY_QK8_0;
-    __m256 acc[R0][R1];
-    for (int i = 0; i < R0; i++)
-        for (int j = 0; j < R1; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ib++) {
-        __m256i qy[R1];
-        float dy[R1];
-        for (int j = 0; j < nr1; j++) {
-            const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + j * by) + ib;
-            qy[j] = _mm256_loadu_si256((const __m256i *) yb->qs);
-            dy[j] = FP16_TO_FP32(yb->d);
-        }
-        for (int i = 0; i < nr0; i++) {
-            const ggml_py_block_q8_0 *xb = (const ggml_py_block_q8_0 *) (x + i * bx) + ib;
-            const __m256i qx = _mm256_loadu_si256((const __m256i *) xb->qs);
-            const __m256i ax = _mm256_sign_epi8(qx, qx);
-            const float dx = FP16_TO_FP32(xb->d);
-            for (int j = 0; j < nr1; j++) {
-                const __m256i s = ggml_py_dot_u8s8(ax, _mm256_sign_epi8(qy[j], qx));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dy[j]), _mm256_cvtepi32_ps(s), acc[i][j]);
-            }
-        }
-    }
-    for (int j = 0; j < nr1; j++)
-        for (int i = 0; i < nr0; i++) d[j * ldd + i * dd] = ggml_py_hsum_ps_avx(acc[i][j]);
+    legacy_tile_body(1, n, nr0, nr1, x, bx, y, by, d, ldd, dd);
 }
 
 /* The K-quants' float step for four rows against activation block yb at once:
@@ -347,36 +344,36 @@ static inline __m256i hsum8_i32_8(const __m256i s[8]) {
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* Q4_0 x up to four Q8_0 rows, eight weight rows at once (decoding one to a few
- * sequences): each block's eight exact sums against an activation row land in
- * one vector's lanes, so one fma a block serves eight rows' chains, in
- * vec_dot_q4_0's order (the 4 x 2 tile spent as much on gathering four scales and
+/* Q4_0 or Q8_0 x up to four Q8_0 rows, eight weight rows at once (decoding one to
+ * a few sequences): each block's eight exact sums against an activation row land
+ * in one vector's lanes, so one fma a block serves eight rows' chains, in
+ * vec_dot's order (the 4 x 2 tile spent as much on gathering four scales and
  * reducing four sums as on the products); each row's values are unpacked once
  * for the activation rows. */
-INLINE void gemm_q4_0_wide_body(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                                size_t by, float *d, int64_t ldd, int64_t dd) {
+INLINE void legacy_wide_body(int q8, int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                             size_t by, float *d, int64_t ldd, int64_t dd) {
     const int64_t nb = n / GGML_PY_QK4_0;
-    const ggml_py_block_q4_0 *xr[GGML_PY_WIDE_R0];   /* missing rows read row 0, not stored */
-    for (int i = 0; i < GGML_PY_WIDE_R0; i++) xr[i] = (const ggml_py_block_q4_0 *) (x + (i < nr0 ? i : 0) * bx);
-    const __m256i eight = _mm256_set1_epi8(8);
+    const size_t bs = LEGACY_BLOCK(q8);
+    const char *xr[GGML_PY_WIDE_R0];   /* missing rows read row 0, not stored */
+    for (int i = 0; i < GGML_PY_WIDE_R0; i++) xr[i] = x + (i < nr0 ? i : 0) * bx;
     __m256 acc[GGML_PY_WIDE_R1];   /* lane i: row i against activation row c */
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
         __m256i qx[GGML_PY_WIDE_R0];
-        for (int i = 0; i < GGML_PY_WIDE_R0; i++) qx[i] = ggml_py_nibbles32(xr[i][ib].qs);
-        const __m128i dh = _mm_setr_epi16((short) xr[0][ib].d, (short) xr[1][ib].d, (short) xr[2][ib].d,
-                                          (short) xr[3][ib].d, (short) xr[4][ib].d, (short) xr[5][ib].d,
-                                          (short) xr[6][ib].d, (short) xr[7][ib].d);
+        for (int i = 0; i < GGML_PY_WIDE_R0; i++) qx[i] = legacy_values(q8, xr[i] + ib * bs);
+        const __m128i dh = _mm_setr_epi16((short) legacy_d(xr[0] + ib * bs), (short) legacy_d(xr[1] + ib * bs),
+                                          (short) legacy_d(xr[2] + ib * bs), (short) legacy_d(xr[3] + ib * bs),
+                                          (short) legacy_d(xr[4] + ib * bs), (short) legacy_d(xr[5] + ib * bs),
+                                          (short) legacy_d(xr[6] + ib * bs), (short) legacy_d(xr[7] + ib * bs));
         const __m256 dx = _mm256_cvtph_ps(dh);
         for (int c = 0; c < nr1; c++) {
             const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + c * by) + ib;
             const __m256i qy = _mm256_loadu_si256((const __m256i *) yb->qs);
-            /* (q - 8) . y = q . y - 8 * (sum of y), lane by lane */
-            const __m256i minus_ysum = _mm256_sub_epi32(_mm256_setzero_si256(), ggml_py_dot_u8s8(eight, qy));
-            __m256i s[GGML_PY_WIDE_R0];
-            for (int i = 0; i < GGML_PY_WIDE_R0; i++) s[i] = ggml_py_dot_u8s8_acc(minus_ysum, qx[i], qy);
+            const __m256i minus_ysum = legacy_minus_ysum(q8, qy);
+            __m256i s8[GGML_PY_WIDE_R0];
+            for (int i = 0; i < GGML_PY_WIDE_R0; i++) s8[i] = legacy_dot(q8, qx[i], qy, minus_ysum);
             const __m256 dxy = _mm256_mul_ps(dx, _mm256_set1_ps(FP16_TO_FP32(yb->d)));
-            acc[c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s)), acc[c]);
+            acc[c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s8)), acc[c]);
         }
     }
     for (int c = 0; c < nr1; c++) {
@@ -386,16 +383,20 @@ INLINE void gemm_q4_0_wide_body(int64_t n, int nr0, int nr1, const char *x, size
     }
 }
 
-static void gemm_q4_0_wide(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y, size_t by,
-                           float *d, int64_t ldd, int64_t dd) {
-    _Static_assert(GGML_PY_WIDE_R1 == 4, "one specialization per activation row count");
-    switch (nr1) {   /* a constant count: the compiler keeps the accumulators in registers */
-        case 1:  gemm_q4_0_wide_body(n, nr0, 1, x, bx, y, by, d, ldd, dd); return;
-        case 2:  gemm_q4_0_wide_body(n, nr0, 2, x, bx, y, by, d, ldd, dd); return;
-        case 3:  gemm_q4_0_wide_body(n, nr0, 3, x, bx, y, by, d, ldd, dd); return;
-        default: gemm_q4_0_wide_body(n, nr0, 4, x, bx, y, by, d, ldd, dd); return;
+/* one specialization per activation row count: the compiler keeps the accumulators in registers */
+#define WIDE_SIZES(name, q8)                                                                       \
+    static void name(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y, size_t by, \
+                     float *d, int64_t ldd, int64_t dd) {                                          \
+        switch (nr1) {                                                                             \
+            case 1:  legacy_wide_body(q8, n, nr0, 1, x, bx, y, by, d, ldd, dd); return;            \
+            case 2:  legacy_wide_body(q8, n, nr0, 2, x, bx, y, by, d, ldd, dd); return;            \
+            case 3:  legacy_wide_body(q8, n, nr0, 3, x, bx, y, by, d, ldd, dd); return;            \
+            default: legacy_wide_body(q8, n, nr0, 4, x, bx, y, by, d, ldd, dd); return;            \
+        }                                                                                          \
     }
-}
+_Static_assert(GGML_PY_WIDE_R1 == 4, "WIDE_SIZES has one case per activation row count");
+WIDE_SIZES(gemm_q4_0_wide, 0)
+WIDE_SIZES(gemm_q8_0_wide, 1)
 
 /* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
  *
@@ -431,43 +432,49 @@ static inline void transpose8x8_i32(__m256i *q, int n) {
     }
 }
 
-/* Blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart: w[8 b + g] lane r = row r's
- * values 4g .. 4g + 3 of block b0 + b (0 .. 15), dx[8 b + r] its scale; rows
- * past nr0 are zeros. */
-static void q4_0_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, __m256i *w, float *dx) {
+/* Blocks [b0, b0 + nbc) of nr0 <= 8 rows of Q4_0 or (q8) Q8_0, bx apart: w[8 b + g]
+ * lane r = row r's values 4g .. 4g + 3 of block b0 + b (Q4_0's 0 .. 15), dx[8 b + r]
+ * its scale; rows past nr0 are zeros. */
+INLINE void legacy_interleave(int q8, int nr0, const char *x, size_t bx, int64_t b0, int nbc, __m256i *w,
+                              float *dx) {
+    const size_t bs = LEGACY_BLOCK(q8);
     /* first each row's values in turn, read front to back (eight rows read block
      * by block side by side ran at x0.76 where the weights did not fit in L3) */
     for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
-        const ggml_py_block_q4_0 *xb = (const ggml_py_block_q4_0 *) (x + r * bx) + b0;
+        const char *xb = x + r * bx + b0 * bs;
         for (int b = 0; b < nbc; b++) {
-            w[8 * b + r] = r < nr0 ? ggml_py_nibbles32(xb[b].qs) : _mm256_setzero_si256();
-            dx[8 * b + r] = r < nr0 ? FP16_TO_FP32(xb[b].d) : 0.0f;
+            w[8 * b + r] = r < nr0 ? legacy_values(q8, xb + b * bs) : _mm256_setzero_si256();
+            dx[8 * b + r] = r < nr0 ? ggml_py_fp16_to_fp32(legacy_d(xb + b * bs)) : 0.0f;
         }
     }
     transpose8x8_i32(w, nbc);   /* then each block's 8 x 8 words */
 }
 
 /* acc[c] += the interleaved blocks [0, nbc) against activation rows c < nc
- * (y: their block b0, by apart; ysum: their block sums, nb apart). */
-INLINE void q4_0_panel_chunk(int nc, int nbc, const __m256i *w, const float *dx, const char *y,
-                             size_t by, const int32_t *ysum, int64_t nb, __m256 *acc) {
+ * (y: their block b0, by apart; ysum: their block sums, nb apart, Q4_0's only).
+ * Q8_0's signed values meet the activation bytes with their signs moved over. */
+INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const float *dx, const char *y,
+                               size_t by, const int32_t *ysum, int64_t nb, __m256 *acc) {
     __m256 a[PANEL_COLS];
     for (int c = 0; c < nc; c++) a[c] = acc[c];
     for (int b = 0; b < nbc; b++) {
         __m256i even[PANEL_COLS], odd[PANEL_COLS];   /* two chains per row */
         for (int c = 0; c < nc; c++) {
-            even[c] = _mm256_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
+            even[c] = q8 ? _mm256_setzero_si256() : _mm256_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
             odd[c] = _mm256_setzero_si256();
         }
         for (int g = 0; g < 8; g += 2) {
             const __m256i w0 = _mm256_load_si256(w + 8 * b + g), w1 = _mm256_load_si256(w + 8 * b + g + 1);
+            const __m256i u0 = q8 ? _mm256_sign_epi8(w0, w0) : w0, u1 = q8 ? _mm256_sign_epi8(w1, w1) : w1;
             for (int c = 0; c < nc; c++) {
                 const int8_t *qs = ((const ggml_py_block_q8_0 *) (y + c * by) + b)->qs;
                 int32_t y0, y1;
                 memcpy(&y0, qs + 4 * g, 4);
                 memcpy(&y1, qs + 4 * g + 4, 4);
-                even[c] = ggml_py_dot_u8s8_acc(even[c], w0, _mm256_set1_epi32(y0));
-                odd[c] = ggml_py_dot_u8s8_acc(odd[c], w1, _mm256_set1_epi32(y1));
+                __m256i v0 = _mm256_set1_epi32(y0), v1 = _mm256_set1_epi32(y1);
+                if (q8) v0 = _mm256_sign_epi8(v0, w0), v1 = _mm256_sign_epi8(v1, w1);
+                even[c] = ggml_py_dot_u8s8_acc(even[c], u0, v0);
+                odd[c] = ggml_py_dot_u8s8_acc(odd[c], u1, v1);
             }
         }
         const __m256 dxv = _mm256_load_ps(dx + 8 * b);
@@ -480,8 +487,8 @@ INLINE void q4_0_panel_chunk(int nc, int nbc, const __m256i *w, const float *dx,
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
-static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+INLINE void legacy_panel(int q8, int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                         size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     _Alignas(32) __m256i w[8 * PANEL_CHUNK];
     _Alignas(32) float dx[8 * PANEL_CHUNK];
@@ -489,15 +496,15 @@ static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(PANEL_CHUNK, nb - b0);
-        q4_0_interleave(nr0, x, bx, b0, nbc, w, dx);
+        legacy_interleave(q8, nr0, x, bx, b0, nbc, w, dx);
         int c = 0;
         for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
-            q4_0_panel_chunk(PANEL_COLS, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
-                             ysum + c * nb + b0, nb, acc + c);
+            legacy_panel_chunk(q8, PANEL_COLS, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
+                               q8 ? NULL : ysum + c * nb + b0, nb, acc + c);
         }
         if (c < nr1) {
-            q4_0_panel_chunk(nr1 - c, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
-                             ysum + c * nb + b0, nb, acc + c);
+            legacy_panel_chunk(q8, nr1 - c, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
+                               q8 ? NULL : ysum + c * nb + b0, nb, acc + c);
         }
     }
     for (int c = 0; c < nr1; c++) {
@@ -505,6 +512,17 @@ static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
         _mm256_storeu_ps(out, acc[c]);
         memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
     }
+}
+
+static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    legacy_panel(0, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
+}
+
+static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;
+    legacy_panel(1, n, nr0, nr1, x, bx, y, by, NULL, d, ldd);
 }
 
 /* ---- Q4_K / Q5_K panels: the same, per super-block ----
@@ -761,6 +779,7 @@ ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
     if (m < GGML_PY_PANEL_MIN_M) return NULL;
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0_panel;
+        case GGML_PY_TYPE_Q8_0: return gemm_q8_0_panel;
         case GGML_PY_TYPE_Q4_K: return gemm_q4_K_panel;
         case GGML_PY_TYPE_Q5_K: return gemm_q5_K_panel;
         case GGML_PY_TYPE_Q6_K: return gemm_q6_K_panel;
@@ -777,7 +796,12 @@ void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
 }
 
 ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m) {
-    return type == GGML_PY_TYPE_Q4_0 && m < GGML_PY_PANEL_MIN_M ? gemm_q4_0_wide : NULL;
+    if (m >= GGML_PY_PANEL_MIN_M) return NULL;
+    switch (type) {
+        case GGML_PY_TYPE_Q4_0: return gemm_q4_0_wide;
+        case GGML_PY_TYPE_Q8_0: return gemm_q8_0_wide;
+        default:                return NULL;
+    }
 }
 
 ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
