@@ -131,7 +131,7 @@ K_QUANTS = [gg.Q2_K, gg.Q3_K, gg.Q4_K, gg.Q5_K, gg.Q6_K]
 def test_cpu_products_equal_vec_dot(t, n):
     """The CPU profile runs groups of four far-apart weight rows (r, r + q, r + 2q, r + 3q;
     fewer at the end) against blocks of src1 rows, through blocked kernels where the type
-    has them (Q4_0 below M = 8: eight far-apart rows against up to four src1 rows, the
+    has them (Q4_0, Q8_0 below M = 8: eight far-apart rows against up to four src1 rows, the
     rows' scales and sums in one vector's lanes; from M = 8: panels of eight neighbouring
     rows, tested below): every
     output equals vec_dot of its row and column bit for bit, for any N, M (one, a few,
@@ -171,6 +171,37 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
     expect = np.empty((m, n), np.float32)
     for j in range(m):
         qx = Q.quantize_row_variant(x[j], gg.Q8_K, simd_quantizer)
+        for i in range(n):
+            expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
+    for n_threads in (1, 2):
+        graph.compute(n_threads=n_threads)
+        np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
+
+
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 3, 5, 8, 33])
+def test_legacy_kernels_equal_scalar_twin_on_raw_bytes(t, m):
+    """Q4_0's and Q8_0's wide tiles (M < 8) and panels (from M = 8) on random block bytes —
+    every quant value, Q8_0's -128 included (a file may hold it; the quantizer never
+    writes it), d kept finite, rows of two panel chunks — equal the scalar twin's vec_dot
+    bit for bit."""
+    from ggml_py.core import quants as Q
+    n, n_blocks = 13, 70
+    k, block = 32 * n_blocks, gg.type_traits(t)["type_size"]
+    rng = np.random.default_rng(m)
+    raw = rng.integers(0, 256, (n, n_blocks, block), dtype=np.uint8)
+    raw[..., 0:2].view(np.float16)[...] = rng.uniform(-2, 2, (n, n_blocks, 1))
+    if t == gg.Q8_0:
+        raw[0, :, 2:] = 0x80                 # a row of -128 only
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=4 << 20)
+    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
+    y.profile = y.profiles()[0]
+    graph = gg.build_forward(y)
+    simd_quantizer = Q.kernel_variants(gg.Q8_0)["from_float"][1]
+    expect = np.empty((m, n), np.float32)
+    for j in range(m):
+        qx = Q.quantize_row_variant(x[j], gg.Q8_0, simd_quantizer)
         for i in range(n):
             expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
     for n_threads in (1, 2):

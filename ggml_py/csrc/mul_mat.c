@@ -6,10 +6,10 @@
  *
  * Profiles (data; the executor reads the stage flags):
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
- *               buffer (and their block sums, for a panel kernel); COMPUTE
+ *               buffer (and their block sums, for Q4_0's panels); COMPUTE
  *               (parallel): eight neighbouring src0 rows in a panel kernel where
  *               the type has one for this M, else groups of eight far-apart rows
- *               through a wide 8 x 4 kernel where it has one (Q4_0, Q8_0), else of four
+ *               through a wide 8 x 4 kernel below M = 8 where it has one (Q4_0, Q8_0), else of four
  *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
  *               TILE_M src1 rows.

@@ -11,6 +11,7 @@ logits come back to rank 0 whole or as each rank's top candidates (`want`).
 import numpy as np
 
 from ggml_py.core import ops
+from ggml_py.core.graph import thread_count
 from ggml_py.dist.channel import Channel, collective, gather_logits
 from ggml_py.dist.shard import Shard
 from ggml_py.model.config import LlamaConfig
@@ -59,6 +60,7 @@ class ShardModel(LlamaModel):
 
     @n_threads.setter
     def n_threads(self, n):
+        n = thread_count(n, "n_threads")     # checked here: a bad count sent would end every rank
         if self.rank == 0 and self.started:
             self.channel.send("threads", n)
         LlamaModel.n_threads.fset(self, n)

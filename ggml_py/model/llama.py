@@ -112,7 +112,7 @@ class LlamaModel:
             self._cache = make_cache(self.config, self.n_ctx, kv_type)
         else:
             self._cache = make_cache(self.config, self.n_ctx, kv_type, kv_type_v)
-        self._threads = n_threads or default_threads()
+        self._threads = thread_count(n_threads or None, "LlamaModel")
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
@@ -160,14 +160,16 @@ class LlamaModel:
         # (which stages are worth threads, the work buffer's size), and a plan for
         # one thread run on two dispatches every small stage
         n = thread_count(n, "n_threads")
-        if n != self._threads:
-            self._threads = n
-            self._plan_graphs()
+        with self._lock:            # never under a compute: replanning may move the work buffer
+            if n != self._threads:
+                self._threads = n
+                self._plan_graphs()
 
     def set_tune(self, data):
         """Plan every MUL_MAT with this TuneData (None: ggml's fallback rule)."""
         self.tune = check_tune(data, "set_tune")
-        self._plan_graphs()
+        with self._lock:
+            self._plan_graphs()
 
     def _plan_graphs(self):
         """Plan every cached graph again, for n_threads and the tune data."""

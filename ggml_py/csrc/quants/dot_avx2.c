@@ -12,7 +12,8 @@
 
 #include "quants_avx2.h"
 
-/* ---- legacy types: 8 float lanes, lane k = elements 4k..4k+3 --------------- */
+/* ---- legacy types: Q4_0 and Q8_0 block by block, the others in 8 float lanes,
+ * lane k = elements 4k..4k+3 ---------------------------------------------------- */
 
 void ggml_py_vec_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *vy) {
     const ggml_py_block_q4_0 *x = vx;

@@ -1,7 +1,8 @@
 /* gemm_avx2.c - blocked AVX2 tiles for MUL_MAT: 4 weight rows x 2 activation
  * rows per pass (x 1 for a single activation row, as in decoding), so each
  * loaded weight block meets two activation blocks and each activation block
- * four weight blocks, in independent chains of fmas; and Q4_0's panels (below).
+ * four weight blocks, in independent chains of fmas; Q4_0's and Q8_0's wide
+ * tiles (8 x 4, below M = 8) and the panels (eight rows interleaved, below).
  * Every output runs the very accumulation of its vec_dot (same steps, same
  * order), so tiles, panels and vec_dot agree bit for bit (F16 excepted: see
  * gemm_f16_body). */
@@ -398,14 +399,14 @@ _Static_assert(GGML_PY_WIDE_R1 == 4, "WIDE_SIZES has one case per activation row
 WIDE_SIZES(gemm_q4_0_wide, 0)
 WIDE_SIZES(gemm_q8_0_wide, 1)
 
-/* ---- Q4_0 panels: eight weight rows interleaved, against many activation rows ----
+/* ---- Q4_0 and Q8_0 panels: eight weight rows interleaved, against many activation rows ----
  *
  * The rows are unpacked to bytes a chunk of blocks at a time and interleaved so
  * that one 32-byte vector holds values 4g .. 4g + 3 of a block for all eight rows:
  * one byte dot product with four activation bytes broadcast then adds into the
  * eight rows' block sums at once, and one fma per block and activation row adds
- * the eight sums in, in vec_dot_q4_0's order (so a panel's outputs equal it bit
- * for bit). */
+ * the eight sums in, in vec_dot's order (so a panel's outputs equal it bit for
+ * bit). */
 #define PANEL_CHUNK 64   /* blocks interleaved at a time: 16 KiB of values, in L1 */
 #define PANEL_COLS 4     /* activation rows run together */
 _Static_assert(GGML_PY_PANEL_ROWS == 8, "a panel's rows are the eight int32 lanes of a vector");

@@ -22,7 +22,8 @@ static inline int ggml_py_nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* The legacy dot products accumulate in eight float lanes: lane k holds the
+/* The legacy dot products but Q4_0's and Q8_0's (summed block by block)
+ * accumulate in eight float lanes: lane k holds the
  * running sum over blocks of d * (integer dot of elements 4k..4k+3). That is
  * the lane layout of the AVX2 kernels (maddubs + madd), so the scalar twins and
  * the SIMD kernels agree bit for bit. This is the order the AVX2 horizontal sum
