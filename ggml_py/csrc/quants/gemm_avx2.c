@@ -20,6 +20,19 @@
  * (FULL_SIZES below), where the compiler keeps every accumulator in a register. */
 #define INLINE static inline __attribute__((always_inline))
 
+/* An opaque step on a running sum: the compiler otherwise re-associates a chain of
+ * integer adds into a tree of all the products of a sub-block and four activation
+ * rows, which spills them to the stack (the panel ran at ~x0.6 that way). */
+#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+
+/* Whether a byte dot product is one VNNI instruction (into int32 lanes), or maddubs +
+ * madd, whose int16 step can sum several products before the widening madd. */
+#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(GGML_PY_HAVE_VNNI)
+#define BYTE_DOT_IS_ONE_INSTRUCTION 1
+#else
+#define BYTE_DOT_IS_ONE_INSTRUCTION 0
+#endif
+
 _Static_assert(R0 == 4, "ggml_py_hsum4_i32_8 reduces four rows");
 
 /* A block of a legacy type with one fp16 scale first: Q4_0 (q8 = 0) or Q8_0 (q8 = 1). */
@@ -464,7 +477,24 @@ INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const 
             even[c] = q8 ? _mm256_setzero_si256() : _mm256_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
             odd[c] = _mm256_setzero_si256();
         }
-        for (int g = 0; g < 8; g += 2) {
+        if (!q8 && !BYTE_DOT_IS_ONE_INSTRUCTION) {
+            /* Q4_0's products (values < 16) summed in int16 over the whole block, eight
+             * groups (|sum| <= 8 * 2 * 15 * 127 < 2^15), then one madd: half the
+             * multiplier work of a maddubs + madd per group; the same exact integers */
+            __m256i s16[PANEL_COLS];
+            for (int c = 0; c < nc; c++) s16[c] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                const __m256i w0 = _mm256_load_si256(w + 8 * b + g);
+                for (int c = 0; c < nc; c++) {
+                    int32_t y4;
+                    memcpy(&y4, ((const ggml_py_block_q8_0 *) (y + c * by) + b)->qs + 4 * g, 4);
+                    s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(w0, _mm256_set1_epi32(y4)));
+                    KEEP_IN_REGISTER(s16[c]);
+                }
+            }
+            for (int c = 0; c < nc; c++) even[c] = _mm256_add_epi32(even[c], _mm256_madd_epi16(s16[c], _mm256_set1_epi16(1)));
+        }
+        for (int g = 0; g < 8 && (q8 || BYTE_DOT_IS_ONE_INSTRUCTION); g += 2) {
             const __m256i w0 = _mm256_load_si256(w + 8 * b + g), w1 = _mm256_load_si256(w + 8 * b + g + 1);
             const __m256i u0 = q8 ? _mm256_sign_epi8(w0, w0) : w0, u1 = q8 ? _mm256_sign_epi8(w1, w1) : w1;
             for (int c = 0; c < nc; c++) {
@@ -537,10 +567,6 @@ static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
  * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs. */
 #define K_PANEL_CHUNK 8   /* super-blocks interleaved at a time: 16 KiB of values */
 
-/* An opaque step on a running sum: the compiler otherwise re-associates a chain of
- * integer adds into a tree of all the products of a sub-block and four activation
- * rows, which spills them to the stack (the panel ran at ~x0.6 that way). */
-#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 /* Interleaved super-blocks: w[64 b + 8 s + g] lane r = row r's values 4g .. 4g + 3
  * of sub-block s of super-block b; sc[8 b + s] int16 lanes 2r, 2r + 1 = row r's
