@@ -142,6 +142,31 @@ def test_cpu_products_equal_vec_dot(t, n):
     assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 5, 35), rng)
 
 
+def assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng):
+    """The CPU profile of mul_mat(raw blocks of type t, shaped (n rows, n_blocks, block
+    bytes)) against m random activation rows: every output equals the scalar twin's
+    vec_dot of its row and the SIMD-quantized activation row, bit for bit, at 1 and 2
+    threads."""
+    from ggml_py.core import quants as Q
+    n, n_blocks = raw.shape[:2]
+    k = gg.type_traits(t)["blck_size"] * n_blocks
+    vt = Q.vec_dot_type(t)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    ctx = gg.Context(mem_size=4 << 20)
+    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
+    y.profile = y.profiles()[0]
+    graph = gg.build_forward(y)
+    simd_quantizer = Q.kernel_variants(vt)["from_float"][1]
+    expect = np.empty((m, n), np.float32)
+    for j in range(m):
+        qx = Q.quantize_row_variant(x[j], vt, simd_quantizer)
+        for i in range(n):
+            expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
+    for n_threads in (1, 2):
+        graph.compute(n_threads=n_threads)
+        np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
+
+
 # where each K-quant block keeps its fp16 scales (d, and dmin where it has one)
 K_QUANT_HALVES = {gg.Q2_K: slice(80, 84), gg.Q3_K: slice(108, 110), gg.Q4_K: slice(0, 4),
                   gg.Q5_K: slice(0, 4), gg.Q6_K: slice(208, 210)}
@@ -155,27 +180,13 @@ def test_k_quant_tiles_equal_scalar_twin_on_raw_bytes(t, m):
     vector words and shuffles and take the float step of four or eight rows at once. On
     random block bytes (every scale and min bit pattern; d and dmin kept finite) every
     output equals the scalar twin's vec_dot bit for bit."""
-    from ggml_py.core import quants as Q
     n, n_blocks = 13, 3
-    k, block = 256 * n_blocks, gg.type_traits(t)["type_size"]
+    block = gg.type_traits(t)["type_size"]
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (n, n_blocks, block), dtype=np.uint8)
     halves = raw[..., K_QUANT_HALVES[t]]
     halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    ctx = gg.Context(mem_size=4 << 20)
-    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
-    y.profile = y.profiles()[0]
-    graph = gg.build_forward(y)
-    simd_quantizer = Q.kernel_variants(gg.Q8_K)["from_float"][1]
-    expect = np.empty((m, n), np.float32)
-    for j in range(m):
-        qx = Q.quantize_row_variant(x[j], gg.Q8_K, simd_quantizer)
-        for i in range(n):
-            expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
-    for n_threads in (1, 2):
-        graph.compute(n_threads=n_threads)
-        np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
+    assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng)
 
 
 @pytest.mark.parametrize("t", [gg.Q4_0, gg.Q8_0], ids=lambda t: t.name)
@@ -185,28 +196,14 @@ def test_legacy_kernels_equal_scalar_twin_on_raw_bytes(t, m):
     every quant value, Q8_0's -128 included (a file may hold it; the quantizer never
     writes it), d kept finite, rows of two panel chunks — equal the scalar twin's vec_dot
     bit for bit."""
-    from ggml_py.core import quants as Q
     n, n_blocks = 13, 70
-    k, block = 32 * n_blocks, gg.type_traits(t)["type_size"]
+    block = gg.type_traits(t)["type_size"]
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (n, n_blocks, block), dtype=np.uint8)
     raw[..., 0:2].view(np.float16)[...] = rng.uniform(-2, 2, (n, n_blocks, 1))
     if t == gg.Q8_0:
         raw[0, :, 2:] = 0x80                 # a row of -128 only
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    ctx = gg.Context(mem_size=4 << 20)
-    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
-    y.profile = y.profiles()[0]
-    graph = gg.build_forward(y)
-    simd_quantizer = Q.kernel_variants(gg.Q8_0)["from_float"][1]
-    expect = np.empty((m, n), np.float32)
-    for j in range(m):
-        qx = Q.quantize_row_variant(x[j], gg.Q8_0, simd_quantizer)
-        for i in range(n):
-            expect[j, i] = Q.vec_dot_variant(t, k, raw[i], qx, False)
-    for n_threads in (1, 2):
-        graph.compute(n_threads=n_threads)
-        np.testing.assert_array_equal(y.numpy(), expect, err_msg=f"{n_threads} threads")
+    assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng)
 
 
 PANEL_TYPES = [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]

@@ -358,6 +358,16 @@ static inline __m256i hsum8_i32_8(const __m256i s[8]) {
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
+/* d[c * ldd + i * dd] = lane i of acc[c], for the nr0 rows and nr1 activation rows of
+ * an eight-row wide tile or panel. */
+static inline void store_rows8(const __m256 *acc, int nr0, int nr1, float *d, int64_t ldd, int64_t dd) {
+    for (int c = 0; c < nr1; c++) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[c]);
+        for (int i = 0; i < nr0; i++) d[c * ldd + i * dd] = out[i];
+    }
+}
+
 /* Q4_0 or Q8_0 x up to four Q8_0 rows, eight weight rows at once (decoding one to
  * a few sequences): each block's eight exact sums against an activation row land
  * in one vector's lanes, so one fma a block serves eight rows' chains, in
@@ -390,11 +400,7 @@ INLINE void legacy_wide_body(int q8, int64_t n, int nr0, int nr1, const char *x,
             acc[c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(hsum8_i32_8(s8)), acc[c]);
         }
     }
-    for (int c = 0; c < nr1; c++) {
-        float out[GGML_PY_WIDE_R0];
-        _mm256_storeu_ps(out, acc[c]);
-        for (int i = 0; i < nr0; i++) d[c * ldd + i * dd] = out[i];
-    }
+    store_rows8(acc, nr0, nr1, d, ldd, dd);
 }
 
 /* one specialization per activation row count: the compiler keeps the accumulators in registers */
@@ -493,19 +499,20 @@ INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const 
                 }
             }
             for (int c = 0; c < nc; c++) even[c] = _mm256_add_epi32(even[c], _mm256_madd_epi16(s16[c], _mm256_set1_epi16(1)));
-        }
-        for (int g = 0; g < 8 && (q8 || BYTE_DOT_IS_ONE_INSTRUCTION); g += 2) {
-            const __m256i w0 = _mm256_load_si256(w + 8 * b + g), w1 = _mm256_load_si256(w + 8 * b + g + 1);
-            const __m256i u0 = q8 ? _mm256_sign_epi8(w0, w0) : w0, u1 = q8 ? _mm256_sign_epi8(w1, w1) : w1;
-            for (int c = 0; c < nc; c++) {
-                const int8_t *qs = ((const ggml_py_block_q8_0 *) (y + c * by) + b)->qs;
-                int32_t y0, y1;
-                memcpy(&y0, qs + 4 * g, 4);
-                memcpy(&y1, qs + 4 * g + 4, 4);
-                __m256i v0 = _mm256_set1_epi32(y0), v1 = _mm256_set1_epi32(y1);
-                if (q8) v0 = _mm256_sign_epi8(v0, w0), v1 = _mm256_sign_epi8(v1, w1);
-                even[c] = ggml_py_dot_u8s8_acc(even[c], u0, v0);
-                odd[c] = ggml_py_dot_u8s8_acc(odd[c], u1, v1);
+        } else {
+            for (int g = 0; g < 8; g += 2) {
+                const __m256i w0 = _mm256_load_si256(w + 8 * b + g), w1 = _mm256_load_si256(w + 8 * b + g + 1);
+                const __m256i u0 = q8 ? _mm256_sign_epi8(w0, w0) : w0, u1 = q8 ? _mm256_sign_epi8(w1, w1) : w1;
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *qs = ((const ggml_py_block_q8_0 *) (y + c * by) + b)->qs;
+                    int32_t y0, y1;
+                    memcpy(&y0, qs + 4 * g, 4);
+                    memcpy(&y1, qs + 4 * g + 4, 4);
+                    __m256i v0 = _mm256_set1_epi32(y0), v1 = _mm256_set1_epi32(y1);
+                    if (q8) v0 = _mm256_sign_epi8(v0, w0), v1 = _mm256_sign_epi8(v1, w1);
+                    even[c] = ggml_py_dot_u8s8_acc(even[c], u0, v0);
+                    odd[c] = ggml_py_dot_u8s8_acc(odd[c], u1, v1);
+                }
             }
         }
         const __m256 dxv = _mm256_load_ps(dx + 8 * b);
@@ -538,11 +545,7 @@ INLINE void legacy_panel(int q8, int64_t n, int nr0, int nr1, const char *x, siz
                                q8 ? NULL : ysum + c * nb + b0, nb, acc + c);
         }
     }
-    for (int c = 0; c < nr1; c++) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[c]);
-        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
-    }
+    store_rows8(acc, nr0, nr1, d, ldd, 1);
 }
 
 static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
@@ -681,11 +684,7 @@ INLINE void gemm_k4_panel(int five_bits, int64_t n, int nr0, int nr1, const char
         }
         if (c < nr1) k4_panel_chunk(five_bits, nr1 - c, nbc, &p, yc + c * by, by, acc + c);
     }
-    for (int c = 0; c < nr1; c++) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[c]);
-        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
-    }
+    store_rows8(acc, nr0, nr1, d, ldd, 1);
 }
 
 static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
@@ -795,11 +794,7 @@ static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
         for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) q6_K_panel_chunk(PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
         if (c < nr1) q6_K_panel_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c);
     }
-    for (int c = 0; c < nr1; c++) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[c]);
-        memcpy(d + c * ldd, out, sizeof(float) * (size_t) nr0);
-    }
+    store_rows8(acc, nr0, nr1, d, ldd, 1);
 }
 
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
