@@ -9,7 +9,8 @@
  *           F16 K: rounded to F16 (as MUL_MAT converts activations); Q8_0 / Q4_0 K: Q8_0
  *           blocks; I8 K: int8 with one scale (the cache's own quantizer)
  *   scores  S[r * lds + j - j0] = scale * dot(q_r, k_j) for r < nr, j0 <= j < j0 + nk
- *   pv      acc[r * D + d] += sum over j of P[r * ldp + j - j0] * v_j[d], j ascending
+ *   pv      acc[r * D + d] += sum over j of P[r * ldp + j - j0] * v_j[d], j ascending (I8:
+ *           (P * the row's scale) * its int8 value)
  *
  * Every (row, key) score and every (row, element) sum is computed by the same operations
  * in the same order whichever tile of a kernel computes it, and the SIMD kernels do the

@@ -8,8 +8,10 @@
  *         either tile. Quantized keys: the integer dot of each 32-value block (VNNI where
  *         the build targets it), K values in registers, never a float copy of a row.
  * pv:     4 rows x 16 elements (8 accumulators) over a block of keys; each value row is
- *         de-quantized in registers (int8 -> int32 -> float, times its scale) and fed to
- *         the fused multiply-adds, keys in ascending order for every element. */
+ *         de-quantized in registers (int8 -> int32 -> float, times its block's scale; an
+ *         I8 row's one scale is in its weight) and fed to the fused multiply-adds, keys in
+ *         ascending order for every element.
+ * Loops over a row run with the head size a constant where it is 64 or 128 (SPECIALIZE_D). */
 #include "attn.h"
 #include "impl.h"
 #include "simd.h"
@@ -41,6 +43,15 @@ static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, in
     const char *row = ggml_py_attn_row(x, j);
     for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
 }
+
+/* fn(D, ...) with D a constant for the usual head sizes, so that the compiler unrolls the
+ * loops over a row (the same operations in the same order as with D a variable) */
+#define SPECIALIZE_D(fn, D, ...)                                                                \
+    do {                                                                                        \
+        if ((D) == 64) fn(64, __VA_ARGS__);                                                     \
+        else if ((D) == 128) fn(128, __VA_ARGS__);                                              \
+        else fn(D, __VA_ARGS__);                                                                \
+    } while (0)
 
 /* ---- exp and the softmax numerators ------------------------------------------------- */
 
@@ -119,9 +130,10 @@ static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8)
 }
 
 #define FLOAT_SCORES_AVX2(t, LOAD8, AT)                                                         \
-void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
-                                    const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
-                                    float *S, int64_t lds, float scale) {                        \
+static inline __attribute__((always_inline)) void                                               \
+float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,                         \
+                 const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,                      \
+                 float *S, int64_t lds, float scale) {                                           \
     const int64_t D8 = D & ~(int64_t) 7;                                                        \
     int64_t r = 0;                                                                              \
     for (; r + 4 <= nr; r += 4) {                                                               \
@@ -183,6 +195,11 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             else FLOAT_FINISH(AT);                                                              \
         }                                                                                       \
     }                                                                                           \
+}                                                                                               \
+void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
+                                    const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
+                                    float *S, int64_t lds, float scale) {                        \
+    SPECIALIZE_D(float_scores_##t, D, nr, q, q_stride, k, j0, nk, S, lds, scale);            \
 }
 FLOAT_SCORES_AVX2(f32, load8_f32, at_f32)
 FLOAT_SCORES_AVX2(f16, load8_f16, at_f16)
@@ -271,9 +288,9 @@ static inline int32_t tail_i8(const int8_t *qs, const int8_t *ks, int64_t d0, in
     return s;
 }
 
-void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,
-                                 const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,
-                                 float *S, int64_t lds, float scale) {
+static inline __attribute__((always_inline)) void
+scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
+          int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
     const int64_t D32 = D & ~(int64_t) 31;
     for (int64_t r = 0; r < nr; r += 4) {
         const int n4 = (int) GGML_PY_MIN(4, nr - r);
@@ -319,22 +336,27 @@ void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_
     }
 }
 
+void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,
+                                 const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,
+                                 float *S, int64_t lds, float scale) {
+    SPECIALIZE_D(scores_i8, D, nr, q, q_stride, k, j0, nk, S, lds, scale);
+}
+
 /* ---- scores times V: values de-quantized in registers ------------------------------ */
 
 #define PV_KEYS 64   /* keys per pass: their value rows stay in L1 for every tile */
 
-/* 8 values of a row from element d (d % 8 == 0), as floats: q * scale for the quantized
- * types (the exact product de-quantization makes) */
-static inline __m256 deq8_f32(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return load8_f32(vr, d); }
-static inline __m256 deq8_f16(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return load8_f16(vr, d); }
-static inline __m256 deq8_q8_0(const char *vr, int64_t d, float sv) {
-    GGML_PY_UNUSED(sv);
+/* 8 values of a row from element d (d % 8 == 0), as floats: q * block scale for Q8_0 /
+ * Q4_0 (the exact product de-quantization makes); I8: q alone (its one scale a row is in
+ * the weight, attn_ref.c) */
+static inline __m256 deq8_f32(const char *vr, int64_t d) { return load8_f32(vr, d); }
+static inline __m256 deq8_f16(const char *vr, int64_t d) { return load8_f16(vr, d); }
+static inline __m256 deq8_q8_0(const char *vr, int64_t d) {
     const ggml_py_block_q8_0 *b = (const ggml_py_block_q8_0 *) vr + d / 32;
     const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (b->qs + d % 32)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(ggml_py_fp16_to_fp32(b->d)));
 }
-static inline __m256 deq8_q4_0(const char *vr, int64_t d, float sv) {
-    GGML_PY_UNUSED(sv);
+static inline __m256 deq8_q4_0(const char *vr, int64_t d) {
     const ggml_py_block_q4_0 *b = (const ggml_py_block_q4_0 *) vr + d / 32;
     const int e = (int) (d % 32);
     __m256i qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *) (b->qs + e % 16)));
@@ -342,73 +364,99 @@ static inline __m256 deq8_q4_0(const char *vr, int64_t d, float sv) {
     qi = _mm256_sub_epi32(qi, _mm256_set1_epi32(8));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(ggml_py_fp16_to_fp32(b->d)));
 }
-static inline __m256 deq8_i8(const char *vr, int64_t d, float sv) {
-    const __m256i qi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (vr + d)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(sv));
+static inline __m256 deq8_i8(const char *vr, int64_t d) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (vr + d))));
 }
 
-static inline float value_f32(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return at_f32(vr, d); }
-static inline float value_f16(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(sv); return at_f16(vr, d); }
-static inline float value_i8(const char *vr, int64_t d, float sv) { return (float) ((const int8_t *) vr)[d] * sv; }
+static inline float value_f32(const char *vr, int64_t d) { return at_f32(vr, d); }
+static inline float value_f16(const char *vr, int64_t d) { return at_f16(vr, d); }
+static inline float value_i8(const char *vr, int64_t d) { return (float) ((const int8_t *) vr)[d]; }
 /* (Q8_0 and Q4_0 rows are whole blocks of 32: no element is left for these) */
-static inline float value_q8_0(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); GGML_PY_UNUSED(sv); return 0.0f; }
-static inline float value_q4_0(const char *vr, int64_t d, float sv) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); GGML_PY_UNUSED(sv); return 0.0f; }
+static inline float value_q8_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); return 0.0f; }
+static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); return 0.0f; }
 
-#define NO_SCALE(v, j) 0.0f
-#define ROW_SCALE(v, j) ggml_py_attn_row_scale(v, j)
+/* the weight of row r, key j: the probability (P_AT), or the block's scaled copy (W_AT) */
+#define P_AT(r, j) (P + (r) * ldp + (j))
+#define W_AT(r, j) (W + ((r) - r0) * PV_KEYS + (j) - jb)
 
 /* NR rows (1 or 4) of acc from element d, W vectors wide (1 or 2), keys jb..je */
-#define PV_TILE(DEQ8, SCALE, NR, W)                                                             \
+#define PV_TILE(DEQ8, WEIGHT, NR, NW)                                                           \
     do {                                                                                        \
-        __m256 a[NR][W];                                                                        \
+        __m256 a[NR][NW];                                                                       \
         for (int i = 0; i < NR; i++)                                                            \
-            for (int w = 0; w < W; w++) a[i][w] = _mm256_loadu_ps(acc + (r + i) * D + d + 8 * w); \
+            for (int w = 0; w < NW; w++) a[i][w] = _mm256_loadu_ps(acc + (r + i) * D + d + 8 * w); \
         for (int64_t j = jb; j < je; j++) {                                                     \
             const char *vr = ggml_py_attn_row(v, j0 + j);                                       \
-            const float sv = SCALE(v, j0 + j);                                                  \
-            __m256 x[W];                                                                        \
-            for (int w = 0; w < W; w++) x[w] = DEQ8(vr, d + 8 * w, sv);                         \
+            __m256 x[NW];                                                                       \
+            for (int w = 0; w < NW; w++) x[w] = DEQ8(vr, d + 8 * w);                            \
             for (int i = 0; i < NR; i++) {                                                      \
-                const __m256 p = _mm256_broadcast_ss(P + (r + i) * ldp + j);                    \
-                for (int w = 0; w < W; w++) a[i][w] = _mm256_fmadd_ps(p, x[w], a[i][w]);        \
+                const __m256 p = _mm256_broadcast_ss(WEIGHT(r + i, j));                         \
+                for (int w = 0; w < NW; w++) a[i][w] = _mm256_fmadd_ps(p, x[w], a[i][w]);       \
             }                                                                                   \
         }                                                                                       \
         for (int i = 0; i < NR; i++)                                                            \
-            for (int w = 0; w < W; w++) _mm256_storeu_ps(acc + (r + i) * D + d + 8 * w, a[i][w]); \
+            for (int w = 0; w < NW; w++) _mm256_storeu_ps(acc + (r + i) * D + d + 8 * w, a[i][w]); \
     } while (0)
 
 /* rows r .. r+NR-1 over every element: 16 at a time, then 8, then one by one */
-#define PV_ROWS(DEQ8, VALUE, SCALE, NR)                                                         \
+#define PV_ROWS(DEQ8, VALUE, WEIGHT, NR)                                                        \
     do {                                                                                        \
         int64_t d = 0;                                                                          \
-        for (; d + 16 <= D; d += 16) PV_TILE(DEQ8, SCALE, NR, 2);                               \
-        for (; d + 8 <= D; d += 8) PV_TILE(DEQ8, SCALE, NR, 1);                                 \
+        for (; d + 16 <= D; d += 16) PV_TILE(DEQ8, WEIGHT, NR, 2);                              \
+        for (; d + 8 <= D; d += 8) PV_TILE(DEQ8, WEIGHT, NR, 1);                                \
         for (; d < D; d++)                                                                      \
             for (int i = 0; i < NR; i++) {                                                      \
                 float *a = acc + (r + i) * D + d;                                               \
                 for (int64_t j = jb; j < je; j++)                                               \
-                    *a = fmaf(P[(r + i) * ldp + j], VALUE(ggml_py_attn_row(v, j0 + j), d, SCALE(v, j0 + j)), *a); \
+                    *a = fmaf(*WEIGHT(r + i, j), VALUE(ggml_py_attn_row(v, j0 + j), d), *a);    \
             }                                                                                   \
     } while (0)
 
-#define PV_AVX2(t, SCALE)                                                                       \
+/* the value rows of the next block in cache (their slots are anywhere in the pool) */
+static inline void prefetch_block(const struct ggml_py_attn_rows *v, int64_t j0, int64_t jb, int64_t je,
+                                  int64_t nk) {
+    if (jb == 0)
+        for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j, j0 + nk);
+    for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j, j0 + nk);
+}
+
+#define PV_AVX2(t)                                                                              \
 void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,            \
                                 const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk,      \
                                 float *acc) {                                                   \
     for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {                                              \
         const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
-        if (jb == 0)                                                                            \
-            for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j, j0 + nk);                  \
-        for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j, j0 + nk);           \
+        prefetch_block(v, j0, jb, je, nk);                                                      \
         int64_t r = 0;                                                                          \
-        for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, SCALE, 4);                     \
-        for (; r < nr; r++) PV_ROWS(deq8_##t, value_##t, SCALE, 1);                             \
+        for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, P_AT, 4);                      \
+        for (; r < nr; r++) PV_ROWS(deq8_##t, value_##t, P_AT, 1);                              \
     }                                                                                           \
 }
-PV_AVX2(f32, NO_SCALE)
-PV_AVX2(f16, NO_SCALE)
-PV_AVX2(q8_0, NO_SCALE)
-PV_AVX2(q4_0, NO_SCALE)
-PV_AVX2(i8, ROW_SCALE)
+PV_AVX2(f32)
+PV_AVX2(f16)
+PV_AVX2(q8_0)
+PV_AVX2(q4_0)
+
+/* I8: each block of keys' weights times their rows' scales first (W, up to PV_ROWS rows at a
+ * time), then the int8 values converted in registers, as the other types */
+#define PV_ROWS_MAX 32
+
+void ggml_py_attn_pv_i8_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,
+                             const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk, float *acc) {
+    float W[PV_ROWS_MAX * PV_KEYS], sv[PV_KEYS];
+    for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {
+        const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);
+        prefetch_block(v, j0, jb, je, nk);
+        for (int64_t j = jb; j < je; j++) sv[j - jb] = ggml_py_attn_row_scale(v, j0 + j);
+        for (int64_t r0 = 0; r0 < nr; r0 += PV_ROWS_MAX) {
+            const int64_t r1 = GGML_PY_MIN(nr, r0 + PV_ROWS_MAX);
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t j = jb; j < je; j++) *W_AT(r, j) = *P_AT(r, j) * sv[j - jb];
+            int64_t r = r0;
+            for (; r + 4 <= r1; r += 4) PV_ROWS(deq8_i8, value_i8, W_AT, 4);
+            for (; r < r1; r++) PV_ROWS(deq8_i8, value_i8, W_AT, 1);
+        }
+    }
+}
 
 #endif

@@ -199,7 +199,7 @@ void ggml_py_attn_scores_i8_ref(int64_t D, int64_t nr, const void *q, size_t q_s
 /* ---- scores times V ---------------------------------------------------------------- */
 
 /* acc[r][d] += p * (value d of row j), j ascending for each (r, d); VALUE(vr, d, j) */
-#define PV_REF(t, VALUE)                                                                          \
+#define PV_REF(t, WEIGHT, VALUE)                                                                  \
 void ggml_py_attn_pv_##t##_ref(int64_t D, int64_t nr, const float *P, int64_t ldp,               \
                                const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk,         \
                                float *acc) {                                                      \
@@ -207,7 +207,7 @@ void ggml_py_attn_pv_##t##_ref(int64_t D, int64_t nr, const float *P, int64_t ld
         float *a = acc + r * D;                                                                   \
         for (int64_t j = 0; j < nk; j++) {                                                        \
             const char *vr = ggml_py_attn_row(v, j0 + j);                                         \
-            const float p = P[r * ldp + j];                                                       \
+            const float p = WEIGHT(P[r * ldp + j], j0 + j);                                       \
             for (int64_t d = 0; d < D; d++) a[d] = fmaf(p, VALUE(vr, d, j0 + j), a[d]);           \
         }                                                                                         \
     }                                                                                             \
@@ -230,13 +230,18 @@ static inline float q4_0_value(const char *vr, int64_t d) {
 
 #define Q8_0_VALUE(vr, d, j) q8_0_value(vr, d)
 #define Q4_0_VALUE(vr, d, j) q4_0_value(vr, d)
-#define I8_VALUE(vr, d, j) ((float) ((const int8_t *) (vr))[d] * ggml_py_attn_row_scale(v, j))
+#define I8_VALUE(vr, d, j) ((float) ((const int8_t *) (vr))[d])
 
-PV_REF(f32, F32_VALUE)
-PV_REF(f16, F16_VALUE)
-PV_REF(q8_0, Q8_0_VALUE)
-PV_REF(q4_0, Q4_0_VALUE)
-PV_REF(i8, I8_VALUE)
+/* the weight of value row j: its probability, times the row's scale for I8 (one scale a
+ * row, so it is applied once to the weight rather than to every value) */
+#define P_WEIGHT(p, j) (p)
+#define P_TIMES_SCALE(p, j) ((p) * ggml_py_attn_row_scale(v, j))
+
+PV_REF(f32, P_WEIGHT, F32_VALUE)
+PV_REF(f16, P_WEIGHT, F16_VALUE)
+PV_REF(q8_0, P_WEIGHT, Q8_0_VALUE)
+PV_REF(q4_0, P_WEIGHT, Q4_0_VALUE)
+PV_REF(i8, P_TIMES_SCALE, I8_VALUE)
 
 /* ---- generic kernels: any type with a vec_dot (K) or a to_float (V) ---------------------- */
 

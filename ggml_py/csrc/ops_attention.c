@@ -120,6 +120,20 @@ static inline int64_t count_of(const struct attn_run *run, int64_t G, int64_t r)
     return run->count[2 * (r / G)];
 }
 
+/* the largest of x[0 .. n) (-inf for none), in eight lanes so that the compiler
+ * vectorizes it: the maximum does not depend on the order */
+static float max_of(const float *x, int64_t n) {
+    float lanes[8];
+    for (int l = 0; l < 8; l++) lanes[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+    float max = lanes[0];
+    for (int l = 1; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
+    for (; j < n; j++) max = x[j] > max ? x[j] : max;
+    return max;
+}
+
 /* slim: every score of the run's rows, softmax in place, times V (into w->acc) */
 static void run_slim(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
                      const struct ggml_py_attn_kernels *kern, float scale) {
@@ -132,10 +146,8 @@ static void run_slim(const struct attn_run *run, const struct attn_shape *s, con
     for (int64_t r = 0; r < run->nr; r++) {
         float *sr = w->S + r * w->lds;
         const int64_t count = count_of(run, s->G, r);
-        float max = -INFINITY;
-        for (int64_t j = 0; j < count; j++) max = sr[j] > max ? sr[j] : max;
         if (count > 0) {
-            const float inv = 1.0f / exp_sum(count, sr, max);
+            const float inv = 1.0f / exp_sum(count, sr, max_of(sr, count));
             for (int64_t j = 0; j < count; j++) sr[j] *= inv;
         }
         for (int64_t j = count; j < run->longest; j++) sr[j] = 0.0f;   /* not this row's keys */
