@@ -11,7 +11,8 @@
  *         de-quantized in registers (int8 -> int32 -> float, times its block's scale; an
  *         I8 row's one scale is in its weight) and fed to the fused multiply-adds, keys in
  *         ascending order for every element.
- * Loops over a row run with the head size a constant where it is 64 or 128 (SPECIALIZE_D). */
+ * The F32 / F16 and I8 score kernels run with the head size a constant where it is 64 or
+ * 128 (SPECIALIZE_D). */
 #include "attn.h"
 #include "impl.h"
 #include "simd.h"
@@ -379,7 +380,7 @@ static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); 
 #define P_AT(r, j) (P + (r) * ldp + (j))
 #define W_AT(r, j) (W + ((r) - r0) * PV_KEYS + (j) - jb)
 
-/* NR rows (1 or 4) of acc from element d, W vectors wide (1 or 2), keys jb..je */
+/* NR rows (1 or 4) of acc from element d, NW vectors wide (1 or 2), keys jb..je */
 #define PV_TILE(DEQ8, WEIGHT, NR, NW)                                                           \
     do {                                                                                        \
         __m256 a[NR][NW];                                                                       \
@@ -437,7 +438,7 @@ PV_AVX2(f16)
 PV_AVX2(q8_0)
 PV_AVX2(q4_0)
 
-/* I8: each block of keys' weights times their rows' scales first (W, up to PV_ROWS rows at a
+/* I8: each block of keys' weights times their rows' scales first (W, PV_ROWS_MAX rows at a
  * time), then the int8 values converted in registers, as the other types */
 #define PV_ROWS_MAX 32
 

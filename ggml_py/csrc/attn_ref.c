@@ -198,7 +198,8 @@ void ggml_py_attn_scores_i8_ref(int64_t D, int64_t nr, const void *q, size_t q_s
 
 /* ---- scores times V ---------------------------------------------------------------- */
 
-/* acc[r][d] += p * (value d of row j), j ascending for each (r, d); VALUE(vr, d, j) */
+/* acc[r][d] += p * (value d of row j), j ascending for each (r, d); p = WEIGHT(P[r][j], j),
+ * the value VALUE(vr, d, j) */
 #define PV_REF(t, WEIGHT, VALUE)                                                                  \
 void ggml_py_attn_pv_##t##_ref(int64_t D, int64_t nr, const float *P, int64_t ldp,               \
                                const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk,         \
