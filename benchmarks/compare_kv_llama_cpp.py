@@ -15,7 +15,9 @@ tokens once (timed: the prompt's tokens/s, in batches of -b), the other stays em
 for --rounds rounds, each config and llama.cpp in turn decode -n tokens greedily after the
 prompt (the cache cut back to it before each) and -n tokens from the empty context; the
 best round of each is kept. Printed per config: decode tokens/s at depth and from empty,
-their ratio, and llama.cpp's. --pp N adds, to each round, N prompt tokens evaluated after the
+their ratio, and the median over the rounds of each round's ratio (its two decodes run back
+to back, so a machine that slows down between rounds moves it less than the best figures'
+ratio), and llama.cpp's. --pp N adds, to each round, N prompt tokens evaluated after the
 -d ones (one batch of -b at most each; the cache cut back after): the prompt speed where
 attention weighs most. Never part of the tests.
 """
@@ -202,14 +204,18 @@ def main():
                              if worker is not None else np.inf)
             if r:
                 row["best"] = [min(b, t) for b, t in zip(row["best"], times + [np.inf] * 2)]
+                theirs = times[3] / times[2] if np.isfinite(times[2]) else np.nan
+                row.setdefault("ratios", []).append((times[1] / times[0], theirs))
     print(f"\n{args.model}, {args.threads} threads, decode of {args.n_gen} tokens after "
           f"{args.depth} and from empty, best of {args.rounds} rounds taken in turns\n")
-    print("| attention:ctk:ctv | t/s @ d | t/s empty | ratio | llama.cpp @ d | llama.cpp empty | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| attention:ctk:ctv | t/s @ d | t/s empty | ratio | median ratio | llama.cpp @ d "
+          "| llama.cpp empty | ratio | median ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         ts = [args.n_gen / b if np.isfinite(b) else float("nan") for b in row["best"]]
-        print(f"| {row['config']} | {ts[0]:.2f} | {ts[1]:.2f} | {ts[0] / ts[1]:.3f} | "
-              f"{ts[2]:.2f} | {ts[3]:.2f} | {ts[2] / ts[3]:.3f} |")
+        ours, theirs = np.median(np.array(row["ratios"]), axis=0)
+        print(f"| {row['config']} | {ts[0]:.2f} | {ts[1]:.2f} | {ts[0] / ts[1]:.3f} | {ours:.3f} | "
+              f"{ts[2]:.2f} | {ts[3]:.2f} | {ts[2] / ts[3]:.3f} | {theirs:.3f} |")
     if args.pp:
         print(f"\nprompt of {args.pp} tokens after {args.depth} (batches of {args.batch_size}), "
               f"tokens/s, best of {args.rounds} rounds\n")
