@@ -170,8 +170,8 @@ static void run_flash(const struct attn_run *run, const struct attn_shape *s, co
         for (int64_t r = 0; r < run->nr; r++) {
             float *sr = w->S + r * w->lds;
             const int64_t valid = GGML_PY_MAX(0, GGML_PY_MIN(n, count_of(run, s->G, r) - j0));
-            float max = w->max[r];
-            for (int64_t j = 0; j < valid; j++) max = sr[j] > max ? sr[j] : max;
+            const float tile_max = max_of(sr, valid);
+            const float max = tile_max > w->max[r] ? tile_max : w->max[r];
             if (valid > 0) {
                 /* exp(old max - new max): 0 for the first tile (-inf), 1 when it holds */
                 const float corr = ggml_py_attn_exp_ref(w->max[r] - max);

@@ -570,7 +570,6 @@ static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
  * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs. */
 #define K_PANEL_CHUNK 8   /* super-blocks interleaved at a time: 16 KiB of values */
 
-
 /* Interleaved super-blocks: w[64 b + 8 s + g] lane r = row r's values 4g .. 4g + 3
  * of sub-block s of super-block b; sc[8 b + s] int16 lanes 2r, 2r + 1 = row r's
  * scale of sub-block s; mn[4 b + k] lanes 2r, 2r + 1 = its mins of sub-blocks 2k

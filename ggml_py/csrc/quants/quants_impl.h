@@ -22,11 +22,11 @@ static inline int ggml_py_nearest_int(float f) {
     return (i & 0x007fffff) - 0x00400000;
 }
 
-/* The legacy dot products but Q4_0's and Q8_0's (summed block by block)
- * accumulate in eight float lanes: lane k holds the
- * running sum over blocks of d * (integer dot of elements 4k..4k+3). That is
- * the lane layout of the AVX2 kernels (maddubs + madd), so the scalar twins and
- * the SIMD kernels agree bit for bit. This is the order the AVX2 horizontal sum
+/* The legacy dot products other than Q4_0's and Q8_0's (those sum block by
+ * block) accumulate in eight float lanes: lane k holds the running sum over
+ * blocks of d * (integer dot of elements 4k..4k+3). That is the lane layout of
+ * the AVX2 kernels (maddubs + madd), so the scalar twins and the SIMD kernels
+ * agree bit for bit. This is the order the AVX2 horizontal sum
  * adds the lanes in. */
 static inline float ggml_py_lanes_sum(const float acc[8]) {
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
