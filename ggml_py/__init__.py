@@ -57,7 +57,7 @@ from ggml_py.core.system import PACKAGE_VERSION, build_features, kernels, system
 from ggml_py.core.profiles import StageFlags, TaskProfile, task_profiles  # noqa: E402
 from ggml_py.core.tensor import Context, Tensor  # noqa: E402
 from ggml_py.core.types import data_alignment, row_bytes, type_traits  # noqa: E402
-from ggml_py.core.quants import dequantize, quantize  # noqa: E402
+from ggml_py.core.quants import dequantize, interleave_rows8, quantize  # noqa: E402
 from ggml_py.core.graph import (MAX_THREADS, Graph, Plan, ThreadPool, build_forward,  # noqa: E402
                            default_threads, shared_pool)
 from ggml_py.core.ops import (  # noqa: E402

@@ -45,6 +45,26 @@ def dequantize_rows(int type, const uint8_t[:, ::1] buf, float[:, ::1] out):
             tt.to_float(&buf[i, 0], &out[i, 0], n)
 
 
+def interleave_rows8(int type, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, int64_t n):
+    """Q4_0 or Q4_K rows of n values (src: one row of blocks each) into dst (the same
+    shape), interleaved by eight as MUL_MAT's rows8 kernels read them
+    (ggml_py_q4_0_interleave_rows8, ggml_py_q4_K_interleave_rows8)."""
+    if type != GGML_PY_TYPE_Q4_0 and type != GGML_PY_TYPE_Q4_K:
+        raise ValueError("interleave_rows8: Q4_0 or Q4_K only")
+    cdef Py_ssize_t n_rows = src.shape[0]
+    if n % ggml_py_get_type_traits(type).blck_size or n_rows % 8 or \
+            <size_t> src.shape[1] != ggml_py_row_size(type, n) or \
+            dst.shape[0] != n_rows or dst.shape[1] != src.shape[1]:
+        raise ValueError("interleave_rows8: wrong shapes")
+    if n_rows == 0 or n == 0:
+        return
+    with nogil:
+        if type == GGML_PY_TYPE_Q4_0:
+            ggml_py_q4_0_interleave_rows8(&src[0, 0], &dst[0, 0], n_rows, n)
+        else:
+            ggml_py_q4_K_interleave_rows8(&src[0, 0], &dst[0, 0], n_rows, n)
+
+
 def kernel_pair(int type):
     """Which of (from_float_ref, from_float_simd, vec_dot_ref, vec_dot_simd) exist."""
     cdef ggml_py_kernel_pair k

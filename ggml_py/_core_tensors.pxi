@@ -62,6 +62,7 @@ cdef class TensorBase:
     cdef readonly uintptr_t owner_base
     cdef readonly int ndim
     cdef readonly bint read_only     # data is a read-only buffer: never a write's destination
+    cdef readonly object rows8       # numpy array behind t.rows8 (None: no interleaved copy)
     cdef int n_computing             # computes running over this node (its profile is then fixed)
 
     def __cinit__(self, *args, **kwargs):
@@ -87,6 +88,11 @@ cdef class TensorBase:
     @property
     def _nb(self):
         return (self.t.nb[0], self.t.nb[1], self.t.nb[2], self.t.nb[3])
+
+    def _set_rows8(self, object buffer):
+        """t.rows8 = buffer's memory (kept alive here): the caller has checked it."""
+        self.t.rows8 = <const void *> (<uintptr_t> buffer.ctypes.data)
+        self.rows8 = buffer
 
     @property
     def data_ptr(self):

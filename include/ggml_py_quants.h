@@ -146,6 +146,22 @@ GGML_PY_QUANT_TYPES(GGML_PY_DECLARE_ROW_KERNELS)
 GGML_PY_DOT_TYPES(GGML_PY_DECLARE_DOT)
 #undef GGML_PY_DECLARE_DOT
 
+/* Q4_0 rows interleaved by eight, for MUL_MAT's SIMD kernels (the tensor's rows8): rows
+ * 8g .. 8g + 7 keep the bytes of those eight rows, block by block; block b of group g
+ * (n / 32 blocks a row) is 144 bytes at (g * n / 32 + b) * 144: the eight rows' scales
+ * d (row r's at byte 2r), then for j = 0 .. 3 the eight rows' packed bytes qs[4j ..
+ * 4j + 3] (row r's at byte 16 + 32j + 4r). One 32-byte load then holds four values of
+ * each row in its 32-bit lane (low nibbles: values 4j .. 4j + 3, high nibbles: 16 + 4j
+ * ..), and the eight scales are one 16-byte load. dst: as many bytes as src; n_rows a
+ * multiple of 8, n of 32. */
+void ggml_py_q4_0_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n);
+/* Q4_K the same way, per super-block (1152 bytes for eight rows): the rows' d (row r's at
+ * byte 2r), their dmin (16 + 2r), for k = 0 .. 2 their 32-bit words k of the packed scales
+ * and mins (32 + 32k + 4r), then for j = 0 .. 31 their bytes qs[4j .. 4j + 3] (128 + 32j +
+ * 4r): low nibbles values 4(j % 8) .. of sub-block 2(j / 8), high nibbles of the next one.
+ * The scales' unpacking is then the same 32-bit lane operations for the eight rows. */
+void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n);
+
 /* activation quantizers: llama.cpp's x86 rounding (see quants_legacy.c) */
 void ggml_py_quantize_row_q8_0_act_ref(const float *x, void *y, int64_t n);
 void ggml_py_quantize_row_q8_1_act_ref(const float *x, void *y, int64_t n);

@@ -101,6 +101,22 @@ def test_quantized_models_within_activation_quantization(kind, references):
             if n.op == Op.MUL_MAT and n.src[0].type != Type.F32][:1] == ["cpu"]
 
 
+@pytest.mark.parametrize("kind", ["q4_0", "q4_k"])
+def test_rows_interleaved_give_the_same_logits(kind):
+    """repack (the default) gives each Q4_0 / Q4_K matrix a copy with its rows interleaved
+    by eight, which MUL_MAT's SIMD kernels read instead: the logits are those of the file's
+    own layout bit for bit, prefill and decode; the embeddings (get_rows) keep theirs."""
+    plain = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2, repack=False)
+    packed = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2)
+    layer = packed.weights.layers[0]
+    assert all(getattr(layer, name).rows8 is not None for name in ("wq", "wk", "wv", "wo", "w_gate",
+                                                                   "w_up", "w_down"))
+    assert packed.weights.token_embd.rows8 is None and plain.weights.layers[0].wq.rows8 is None
+    for batch in (48, 1):
+        np.testing.assert_array_equal(forward_all(packed, TOKENS, batch=batch),
+                                      forward_all(plain, TOKENS, batch=batch))
+
+
 @pytest.mark.parametrize("batch", [1, 5, 16])
 def test_batches_equal_one_pass(batch):
     model = LlamaModel(model_path("variant"), n_ctx=64, kv_type=Type.F32, n_threads=2, kv_pad=16)

@@ -142,18 +142,19 @@ def test_cpu_products_equal_vec_dot(t, n):
     assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 5, 35), rng)
 
 
-def assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng):
+def assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=False):
     """The CPU profile of mul_mat(raw blocks of type t, shaped (n rows, n_blocks, block
-    bytes)) against m random activation rows: every output equals the scalar twin's
-    vec_dot of its row and the SIMD-quantized activation row, bit for bit, at 1 and 2
-    threads."""
+    bytes); rows8: given their rows interleaved by eight too) against m random activation
+    rows: every output equals the scalar twin's vec_dot of its row and the SIMD-quantized
+    activation row, bit for bit, at 1 and 2 threads."""
     from ggml_py.core import quants as Q
     n, n_blocks = raw.shape[:2]
     k = gg.type_traits(t)["blck_size"] * n_blocks
     vt = Q.vec_dot_type(t)
     x = rng.standard_normal((m, k)).astype(np.float32)
     ctx = gg.Context(mem_size=4 << 20)
-    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k)), ctx.from_numpy(x))
+    interleaved = gg.interleave_rows8(raw.reshape(n, -1), t) if rows8 else None
+    y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k), rows8=interleaved), ctx.from_numpy(x))
     y.profile = y.profiles()[0]
     graph = gg.build_forward(y)
     simd_quantizer = Q.kernel_variants(vt)["from_float"][1]
@@ -204,6 +205,105 @@ def test_legacy_kernels_equal_scalar_twin_on_raw_bytes(t, m):
     if t == gg.Q8_0:
         raw[0, :, 2:] = 0x80                 # a row of -128 only
     assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng)
+
+
+def q4_0_raw(n, n_blocks, rng):
+    """Random Q4_0 block bytes (n rows, n_blocks, 18): every nibble, d finite."""
+    raw = rng.integers(0, 256, (n, n_blocks, 18), dtype=np.uint8)
+    raw[..., 0:2].view(np.float16)[...] = rng.uniform(-2, 2, (n, n_blocks, 1))
+    return raw
+
+
+def interleave_rows8_reference(raw):
+    """numpy's own reading of the rows8 layout (include/ggml_py_quants.h): per group of
+    eight rows and block, the eight scales, then for j = 0..3 the eight rows' bytes
+    qs[4j .. 4j + 3]."""
+    n, n_blocks = raw.shape[:2]
+    groups = raw.reshape(n // 8, 8, n_blocks, 18).transpose(0, 2, 1, 3)    # (g, b, r, bytes)
+    scales = groups[..., :2].reshape(n // 8, n_blocks, 16)
+    values = groups[..., 2:].reshape(n // 8, n_blocks, 8, 4, 4).transpose(0, 1, 3, 2, 4)
+    return np.concatenate([scales, values.reshape(n // 8, n_blocks, 128)], axis=2).reshape(n, -1)
+
+
+def interleave_q4_K_rows8_reference(raw):
+    """The same for Q4_K super-blocks: the eight d, the eight dmin, for k = 0..2 the eight
+    rows' scale words k (bytes 4 + 4k ..), then for j = 0..31 their bytes qs[4j .. 4j + 3]."""
+    n, n_blocks = raw.shape[:2]
+    groups = raw.reshape(n // 8, 8, n_blocks, 144).transpose(0, 2, 1, 3)   # (g, b, r, bytes)
+    words = groups.reshape(n // 8, n_blocks, 8, 36, 4).transpose(0, 1, 3, 2, 4)   # (g, b, word, r, 4)
+    parts = [groups[..., 0:2], groups[..., 2:4]]
+    out = np.concatenate([p.reshape(n // 8, n_blocks, 16) for p in parts]
+                         + [words[:, :, 1:].reshape(n // 8, n_blocks, 35 * 32)], axis=2)
+    return out.reshape(n, -1)
+
+
+def test_interleave_rows8_layout():
+    raw = q4_0_raw(24, 5, np.random.default_rng(0))
+    got = gg.interleave_rows8(raw.reshape(24, -1), gg.Q4_0)
+    assert got.shape == (24, 5 * 18) and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, interleave_rows8_reference(raw))
+    raw_k = np.random.default_rng(1).integers(0, 256, (16, 3, 144), dtype=np.uint8)
+    np.testing.assert_array_equal(gg.interleave_rows8(raw_k.reshape(16, -1), "q4_K"),
+                                  interleave_q4_K_rows8_reference(raw_k))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gg.interleave_rows8(raw.reshape(24, -1)[:12], gg.Q4_0)
+    with pytest.raises(ValueError, match="Q8_0 has no interleaved layout"):
+        gg.interleave_rows8(raw.reshape(24, -1), gg.Q8_0)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 33, 70])
+def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
+    """Q4_0 weights given with their rows interleaved by eight (rows8) run one kernel
+    over that copy at every M: registers only below M = 8 (up to four activation rows
+    per pass), the panels' chunks from M = 8. On random block bytes, rows of three groups
+    and of two panel chunks, every output equals the scalar twin's vec_dot bit for bit."""
+    rng = np.random.default_rng(m)
+    assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_0, q4_0_raw(24, 70, rng), m, rng, rows8=True)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 33])
+def test_q4_K_rows8_equal_scalar_twin_on_raw_bytes(m):
+    """Q4_K the same way (below M = 8 up to two activation rows a pass): on random
+    super-block bytes (every scale and min bit pattern, d and dmin finite), rows of two
+    groups and of two panel chunks, every output equals the scalar twin's vec_dot bit
+    for bit."""
+    rng = np.random.default_rng(m)
+    raw = rng.integers(0, 256, (16, 17, 144), dtype=np.uint8)
+    halves = raw[..., K_QUANT_HALVES[gg.Q4_K]]
+    halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (2,))
+    assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_K, raw, m, rng, rows8=True)
+
+
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
+def test_rows8_is_what_the_simd_kernels_read(t, m):
+    """A rows8 copy that lies (zeros) shows which bytes a product read: the SIMD kernels
+    read rows8, the scalar twins (and every other op) the weights themselves."""
+    rng = np.random.default_rng(5)
+    raw = gg.quantize(rng.standard_normal((16, 256)).astype(np.float32), t)
+    x = rng.standard_normal((m, 256)).astype(np.float32)
+    ctx = gg.Context(mem_size=1 << 20)
+    w = ctx.from_buffer(raw, t, (16, 256), rows8=np.zeros_like(raw))
+    y = gg.mul_mat(w, ctx.from_numpy(x))
+    rows = gg.get_rows(w, ctx.from_numpy(np.array([3], np.int32)))
+    gg.build_forward(y).compute(n_threads=1)
+    gg.build_forward(rows).compute(n_threads=1)
+    np.testing.assert_array_equal(rows.numpy()[0], gg.dequantize(raw[3], t, (256,)))
+    if gg.kernels() == "scalar reference":
+        assert np.abs(y.numpy()).max() > 0
+    else:
+        assert not y.numpy().any()
+
+
+def test_rows8_checked():
+    raw = q4_0_raw(16, 4, np.random.default_rng(6)).reshape(16, -1)
+    ctx = gg.Context(mem_size=1 << 20)
+    with pytest.raises(ValueError, match="rows8 is for a Q4_0 or Q4_K matrix of a multiple of 8"):
+        ctx.from_buffer(raw[:12], gg.Q4_0, (12, 128), rows8=gg.interleave_rows8(raw, gg.Q4_0)[:12])
+    with pytest.raises(ValueError, match="rows8 is for a Q4_0 or Q4_K matrix"):
+        ctx.from_buffer(np.zeros((16, 136), np.uint8), gg.Q8_0, (16, 128), rows8=np.zeros((16, 136), np.uint8))
+    with pytest.raises(ValueError, match="rows8 must be the contiguous uint8 array"):
+        ctx.from_buffer(raw, gg.Q4_0, (16, 128), rows8=gg.interleave_rows8(raw, gg.Q4_0)[:, :36])
 
 
 PANEL_TYPES = [gg.Q4_0, gg.Q8_0, gg.Q4_K, gg.Q5_K, gg.Q6_K]

@@ -68,7 +68,7 @@ def main(argv=None):
         parser.error(f"--port must be in 0..65535, got {args.port}")
     model = args.model or default_model_path()
     load_args = {"n_threads": args.threads, "n_batch": args.batch_size, **kv_options(args),
-                 "use_mmap": args.use_mmap, "n_seq_max": args.parallel,
+                 "use_mmap": args.use_mmap, "repack": args.repack, "n_seq_max": args.parallel,
                  "pool_contexts": args.parallel, "tp": args.tp}
     if args.tp and serving_rank():
         # another rank of a split model: no HTTP, its share of rank 0's steps (then exits)

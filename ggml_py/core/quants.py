@@ -46,6 +46,30 @@ def dequantize(buf, type, shape):
     return out.reshape(shape)
 
 
+# the types whose rows MUL_MAT's SIMD kernels can read interleaved by eight
+ROWS8_TYPES = (Type.Q4_0, Type.Q4_K)
+
+
+def interleave_rows8(blocks, type):
+    """Q4_0 or Q4_K weights (N, bytes of a row: N rows, N a multiple of 8) -> a new array
+    of the same shape and bytes, their rows interleaved by eight: the layout MUL_MAT's
+    SIMD kernels read fastest (include/ggml_py_quants.h, ggml_py_q4_0_interleave_rows8).
+    Pass it beside the weights as Context.from_buffer(..., rows8=...)."""
+    type = Type.of(type, "interleave_rows8")
+    if type not in ROWS8_TYPES:
+        raise ValueError(f"interleave_rows8: {type.name} has no interleaved layout (only "
+                         f"{', '.join(t.name for t in ROWS8_TYPES)})")
+    blocks = np.ascontiguousarray(blocks).view(np.uint8)
+    traits = type_traits(type)
+    if blocks.ndim != 2 or blocks.shape[1] % traits["type_size"] or blocks.shape[0] % 8:
+        raise ValueError(f"interleave_rows8: {type.name} rows (N, bytes of a row) with N a "
+                         f"multiple of 8 are interleaved, got shape {blocks.shape}")
+    out = np.empty_like(blocks)
+    _core.interleave_rows8(int(type), blocks, out,
+                           blocks.shape[1] // traits["type_size"] * traits["blck_size"])
+    return out
+
+
 def kernel_variants(type):
     """{'from_float': (ref, simd), 'vec_dot': (ref, simd)}: which kernels this build has."""
     q_ref, q_simd, d_ref, d_simd = _core.kernel_pair(int(Type.of(type, "kernel_variants")))

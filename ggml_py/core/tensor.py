@@ -9,6 +9,7 @@ import numpy as np
 
 from ggml_py import _core
 from ggml_py.core.profiles import TaskProfile
+from ggml_py.core.quants import ROWS8_TYPES
 from ggml_py.core.types import (NUMPY_DTYPES, TYPES_OF_DTYPES, Op, Type, data_alignment,
                                 exact_shape, row_bytes)
 
@@ -159,7 +160,7 @@ class Context(_core.Context):
                 view.shape)
         return tensor
 
-    def from_buffer(self, buffer, type, shape, name=None):
+    def from_buffer(self, buffer, type, shape, name=None, rows8=None):
         """A leaf whose data is `buffer` itself (no copy), e.g. a memory-mapped weight.
 
         buffer: a C-contiguous numpy array of exactly the tensor's bytes; it is
@@ -170,6 +171,11 @@ class Context(_core.Context):
         float64 array as F32 would be read as garbage: TypeError) and every
         buffer in this machine's byte order; raw bytes (uint8, ...) may hold
         any type (quantized blocks, BF16 bits).
+
+        rows8: for a Q4_0 or Q4_K matrix of a multiple of 8 rows, the same weights
+        as gg.interleave_rows8(buffer, type) gives them (kept alive too): MUL_MAT's
+        SIMD kernels read that copy instead, faster (every other op, and the scalar
+        kernels, read `buffer`).
         """
         type = Type.of(type, "from_buffer")
         shape = exact_shape(shape, "from_buffer")
@@ -191,8 +197,19 @@ class Context(_core.Context):
             raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "
                              f"bytes, buffer has {buffer.nbytes} "
                              f"({'contiguous' if buffer.flags.c_contiguous else 'not contiguous'})")
+        if rows8 is not None:
+            rows8 = np.asarray(rows8)
+            if type not in ROWS8_TYPES or len(shape) != 2 or shape[0] % 8:
+                raise ValueError(f"from_buffer: rows8 is for a Q4_0 or Q4_K matrix of a multiple "
+                                 f"of 8 rows, not {type.name} {tuple(shape)}")
+            if (rows8.dtype != np.uint8 or not rows8.flags.c_contiguous or rows8.nbytes != expected
+                    or rows8.ctypes.data % align):
+                raise ValueError("from_buffer: rows8 must be the contiguous uint8 array that "
+                                 "gg.interleave_rows8(buffer, type) returns")
         t = _core.new_tensor(Tensor, self, int(type), ne, None, len(shape),
                              external=buffer)
+        if rows8 is not None:
+            t._set_rows8(rows8)
         if name:
             t.name = name
         return t

@@ -37,12 +37,14 @@ _Static_assert(TILE_M <= GGML_PY_PANEL_COLS, "a panel takes a whole block of src
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type, int64_t m) = NULL;
 static ggml_py_gemm_panel_fn (*panel_for_type)(int type, int64_t m) = NULL;
 static ggml_py_gemm_tile_fn (*wide_for_type)(int type, int64_t m) = NULL;
+static ggml_py_gemm_panel_fn (*rows8_for_type)(int type) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
     tile_for_type = simd ? ggml_py_gemm_tile_avx2 : NULL;
     panel_for_type = simd ? ggml_py_gemm_panel_avx2 : NULL;
     wide_for_type = simd ? ggml_py_gemm_wide_avx2 : NULL;
+    rows8_for_type = simd ? ggml_py_gemm_rows8_avx2 : NULL;
 #if defined(GGML_PY_USE_BLAS)
     scipy_openblas_set_num_threads(1);
 #endif
@@ -153,10 +155,20 @@ static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
     return panel_for_type(node->src[0]->type, node->src[1]->ne[1]);
 }
 
+/* The CPU profile's kernel over src0's rows8 (its rows interleaved by eight, read
+ * instead of its data) at every M, or NULL: src0 has none, or the scalar twins run. */
+static ggml_py_gemm_panel_fn rows8_for(const struct ggml_py_tensor *node) {
+    const struct ggml_py_tensor *src0 = node->src[0];
+    if (!src0->rows8 || !rows8_for_type || !src1_needs_conversion(node)) return NULL;
+    const bool one_packed_matrix = src0->ne[2] == 1 && src0->ne[3] == 1 && src0->ne[1] % 8 == 0 &&
+        src0->nb[1] == ggml_py_row_size(src0->type, src0->ne[0]);
+    return one_packed_matrix ? rows8_for_type(src0->type) : NULL;
+}
+
 /* Whether the panel kernel reads the block sums of the converted src1 rows
  * (Q4_0's: its values' offset of 8 is taken off through them). */
 static bool panel_takes_sums(const struct ggml_py_tensor *node) {
-    return node->src[0]->type == GGML_PY_TYPE_Q4_0 && panel_for(node) != NULL;
+    return node->src[0]->type == GGML_PY_TYPE_Q4_0 && (panel_for(node) != NULL || rows8_for(node) != NULL);
 }
 
 /* The CPU profile's work buffer: src1's rows in the vec_dot type, then (for a
@@ -274,12 +286,14 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * wide tile (Q4_0, Q8_0 below M = 8) takes eight far-apart rows as a tile takes four. A
  * panel kernel (Q4_0, Q8_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
  * and all of the item's src1 rows: it interleaves the rows once per item, and they
- * are written side by side. */
+ * are written side by side. Where src0 has its rows interleaved already (rows8), one
+ * kernel reads them as a panel does, at every M. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const ggml_py_gemm_panel_fn panel = panel_for(dst);
+    const ggml_py_gemm_panel_fn rows8 = rows8_for(dst);
+    const ggml_py_gemm_panel_fn panel = rows8 ? rows8 : panel_for(dst);
     const ggml_py_gemm_tile_fn wide = !panel && wide_for_type ? wide_for_type(src0->type, ne11) : NULL;
     const ggml_py_gemm_tile_fn tile = wide ? wide : !panel && tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
     const int64_t group = panel ? GGML_PY_PANEL_ROWS : wide ? GGML_PY_WIDE_R0
@@ -301,7 +315,7 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         }
         const int64_t first = tile ? r : r * group;
         const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
-        const char *x = b.x + first * nb01;
+        const char *x = (rows8 ? (const char *) src0->rows8 : b.x) + first * nb01;   /* rows8: one matrix */
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */

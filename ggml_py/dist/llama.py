@@ -65,12 +65,12 @@ class Llama(_Llama):
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
-                 clock=time.perf_counter, kv_type_v=None, attention="auto", comm=None):
+                 clock=time.perf_counter, kv_type_v=None, attention="auto", comm=None, repack=True):
         self.comm = comm
         self.rank, self.n_ranks = 0, 1
         if comm is None:
             super().__init__(model_path, n_ctx, n_threads, n_batch, kv_type, kv_pad, make_cache,
-                             use_mmap, n_seq_max, clock, kv_type_v, attention)
+                             use_mmap, n_seq_max, clock, kv_type_v, attention, repack)
             return
         if not is_communicator(comm):
             raise TypeError(f"Llama: comm must be an mpi4py intracommunicator (such as "
@@ -83,7 +83,7 @@ class Llama(_Llama):
         error = None
         try:
             super().__init__(model_path, n_ctx, n_threads, n_batch, kv_type, kv_pad, make_cache,
-                             use_mmap, n_seq_max, clock, kv_type_v, attention)
+                             use_mmap, n_seq_max, clock, kv_type_v, attention, repack)
         except Exception as exc:   # noqa: BLE001 - every rank must hear of it (they wait)
             error = exc
         self._agree(error, None if error is not None else

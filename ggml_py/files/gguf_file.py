@@ -111,11 +111,24 @@ class GGUFFile:
             size = os.fstat(f.fileno()).st_size
             # (an empty file cannot be mapped; it is refused by its magic)
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._mapping = buf if size else None
         self.data = np.frombuffer(buf, np.uint8)
         try:
             self._read(buf)
         except _Corrupt as e:
             raise GGUFError(f"truncated or corrupt GGUF file ({e})") from None
+
+    def release_pages(self, array):
+        """Let the mapping's pages that lie wholly inside `array` (a view of `data`) go
+        from this process's memory (madvise DONTNEED): they stay in the file and are read
+        back if used again. No-op for an array outside the mapping, or a file not mapped."""
+        start = array.ctypes.data - self.data.ctypes.data
+        if self._mapping is None or start < 0 or start + array.nbytes > self.data.nbytes:
+            return
+        page = mmap.PAGESIZE
+        first, end = -(-start // page) * page, (start + array.nbytes) // page * page
+        if end > first:
+            self._mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def _read(self, buf):
         """Read the header, metadata and tensor infos from the file's bytes `buf`, each

@@ -43,6 +43,7 @@ class Weight:
     type: Type
     shape: tuple
     data: np.ndarray     # a read-only view of the mapped file (or a small converted copy)
+    rows8: np.ndarray = None   # Q4_0, Q4_K: the same weights interleaved for MUL_MAT (gg.interleave_rows8)
 
     @property
     def nbytes(self):
@@ -181,6 +182,11 @@ class GGUFModelFile:
         self.tensors = {t.name: t for t in self.reader.tensors}
         self.used = set()          # names of the tensors weight() has handed out
         self.architecture = self.get("general.architecture", type=str)
+
+    def release_pages(self, array):
+        """Drop the mapped pages wholly inside `array` (a weight's data) from this process's
+        memory; they are read from the file again if used (GGUFFile.release_pages)."""
+        self.reader.release_pages(array)
 
     def error(self, problem):
         """A ModelLoadError about this file."""

@@ -41,7 +41,7 @@ def _weight(ctx, w):
     if isinstance(w, ColumnSlice):
         whole = ctx.from_buffer(w.whole.data, w.type, w.whole.shape, name=w.name)
         return ops.view(whole, w.shape, whole.strides, offset=w.offset)
-    return ctx.from_buffer(w.data, w.type, w.shape, name=w.name)
+    return ctx.from_buffer(w.data, w.type, w.shape, name=w.name, rows8=w.rows8)
 
 
 def linear(w, x, bias=None):

@@ -21,7 +21,7 @@ from ggml_py.model.config import LlamaConfig, context_size
 from ggml_py.model.forward import build_forward_graph, build_step_graph, forward_graph_bytes
 from ggml_py.model.kv_cache import KVCache
 from ggml_py.model.kv_rows import GRAPH_KV_TYPES
-from ggml_py.model.weights import LlamaWeights
+from ggml_py.model.weights import LlamaWeights, with_rows8
 
 KV_PAD = 256          # the attention window grows in steps of this many slots
 MIN_GRAPHS = 16       # built graphs kept, at least (least recently used dropped) ...
@@ -96,13 +96,16 @@ class LlamaModel:
 
     def __init__(self, path, n_ctx=None, kv_type=Type.F16, n_threads=None, kv_pad=KV_PAD,
                  packed=True, make_cache=default_cache, use_mmap=True, clock=time.perf_counter,
-                 kv_type_v=None, attention="auto"):
+                 kv_type_v=None, attention="auto", repack=True):
         """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
         clock: what build_s is timed with (seconds); kv_type_v: V's cache type (None:
-        kv_type); attention: one of ATTENTION_MODES."""
+        kv_type); attention: one of ATTENTION_MODES; repack: Q4_0 matrices also held with
+        their rows interleaved for MUL_MAT (weights.with_rows8)."""
         self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config, self.weights = self._load(self.file)
+        if repack:
+            self.weights = with_rows8(self.weights, release=self.file.release_pages)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
         if attention == "graph" and not {kv_type, kv_type_v or kv_type} <= set(GRAPH_KV_TYPES):
             raise ValueError(f"attention='graph' reads F16 and F32 caches, not "

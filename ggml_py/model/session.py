@@ -141,6 +141,9 @@ class Llama:
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
     file into memory, so that changing the file later does not reach the model (mapped,
     a file changed in place makes the next evaluation raise ModelLoadError).
+    repack: also hold each Q4_0 matrix with its rows interleaved by eight, the layout the
+    SIMD kernels read fastest (the default, as llama.cpp repacks Q4_0 at load; False keeps
+    only the file's bytes: half the weights' memory, slower decoding).
     clock: what the timings are read from, a function returning seconds (default
     time.perf_counter; tests give one they step by hand).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and
@@ -151,7 +154,7 @@ class Llama:
 
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
-                 clock=time.perf_counter, kv_type_v=None, attention="auto"):
+                 clock=time.perf_counter, kv_type_v=None, attention="auto", repack=True):
         if not callable(clock):
             raise TypeError(f"Llama: clock must be callable () -> seconds, got "
                             f"{type(clock).__name__}")
@@ -178,7 +181,7 @@ class Llama:
                                       n_threads=n_threads, kv_pad=kv_pad,
                                       make_cache=make_cache or default_cache,
                                       use_mmap=bool(use_mmap), clock=clock, kv_type_v=kv_type_v,
-                                      attention=attention)
+                                      attention=attention, repack=bool(repack))
         self.tokenizer = Tokenizer.from_model_file(self.model.file)
         self.n_batch = n_batch
         self._kv_type, self._kv_type_v = kv_type, kv_type_v

@@ -1,10 +1,12 @@
 """A llama model's weights from its GGUF file (memory-mapped, checked against the
 config), and the matrix products they make."""
+import dataclasses
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ggml_py.core.quants import ROWS8_TYPES, interleave_rows8
 from ggml_py.core.types import row_bytes
 from ggml_py.files.gguf_reader import USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
 from ggml_py.model.config import LlamaConfig
@@ -80,6 +82,30 @@ class LlamaWeights:
                           f"uses {n_file - len(unused)} of the file's {n_file}; not used: {names}")
         return cls(token_embd=token_embd, layers=tuple(layers), output_norm=output_norm,
                    output=output, rope_freqs=rope_freqs)
+
+
+def with_rows8(weights, release=None):
+    """`weights` (LlamaWeights) with every Q4_0 or Q4_K matrix of a multiple of 8 rows that only
+    MUL_MAT reads given its rows interleaved by eight (Weight.rows8, a copy in memory):
+    the layout the SIMD kernels read fastest (docs/llama.md, "Weights in memory"). The
+    token embeddings are not (get_rows reads them; when the output matrix is they, it is
+    left as it is too). release(data), if given, is called on each matrix's own bytes
+    once copied (GGUFModelFile.release_pages: only the scalar kernels read them then)."""
+    def interleaved(w):
+        if (w is None or isinstance(w, ColumnSlice) or w is weights.token_embd
+                or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8):
+            return w
+        copy = dataclasses.replace(w, rows8=interleave_rows8(w.data, w.type))
+        if release is not None:
+            release(w.data)
+        return copy
+    layers = tuple(LayerWeights(**{name: interleaved(w) if name in MATMUL_FIELDS else w
+                                   for name, w in vars(lw).items()}) for lw in weights.layers)
+    return dataclasses.replace(weights, layers=layers, output=interleaved(weights.output))
+
+
+# LayerWeights' fields that are mul_mat's left operand
+MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 @dataclass(frozen=True)

@@ -428,6 +428,7 @@ WIDE_SIZES(gemm_q8_0_wide, 1)
  * bit). */
 #define PANEL_CHUNK 64   /* blocks interleaved at a time: 16 KiB of values, in L1 */
 #define PANEL_COLS 4     /* activation rows run together */
+#define ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_0))   /* a block of eight interleaved rows */
 _Static_assert(GGML_PY_PANEL_ROWS == 8, "a panel's rows are the eight int32 lanes of a vector");
 
 /* The eight words of each group of eight vectors transposed in place (q[8 i + r]
@@ -525,8 +526,26 @@ INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const 
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
-INLINE void legacy_panel(int q8, int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                         size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+/* Blocks [b0, b0 + nbc) of eight Q4_0 rows interleaved by ggml_py_q4_0_interleave_rows8
+ * (x: the group's first byte), into legacy_interleave's layout: only the nibbles to
+ * unpack. */
+INLINE void rows8_interleave(const char *x, int64_t b0, int nbc, __m256i *w, float *dx) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int b = 0; b < nbc; b++) {
+        const char *xb = x + (b0 + b) * ROWS8_BLOCK;
+        _mm256_store_ps(dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb)));
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + 16 + 32 * j));
+            w[8 * b + j] = _mm256_and_si256(v, low);
+            w[8 * b + 4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+    }
+}
+
+/* A panel of nr0 rows bx apart (rows8: eight rows interleaved by
+ * ggml_py_q4_0_interleave_rows8 at x) against nr1 activation rows. */
+INLINE void legacy_panel(int q8, int rows8, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+                         const char *y, size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     _Alignas(32) __m256i w[8 * PANEL_CHUNK];
     _Alignas(32) float dx[8 * PANEL_CHUNK];
@@ -534,7 +553,8 @@ INLINE void legacy_panel(int q8, int64_t n, int nr0, int nr1, const char *x, siz
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(PANEL_CHUNK, nb - b0);
-        legacy_interleave(q8, nr0, x, bx, b0, nbc, w, dx);
+        if (rows8) rows8_interleave(x, b0, nbc, w, dx);
+        else legacy_interleave(q8, nr0, x, bx, b0, nbc, w, dx);
         int c = 0;
         for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
             legacy_panel_chunk(q8, PANEL_COLS, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
@@ -550,13 +570,81 @@ INLINE void legacy_panel(int q8, int64_t n, int nr0, int nr1, const char *x, siz
 
 static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                             size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    legacy_panel(0, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
+    legacy_panel(0, 0, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
 }
 
 static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                             size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     (void) ysum;
-    legacy_panel(1, n, nr0, nr1, x, bx, y, by, NULL, d, ldd);
+    legacy_panel(1, 0, n, nr0, nr1, x, bx, y, by, NULL, d, ldd);
+}
+
+/* ---- Q4_0 rows interleaved by eight (a tensor's rows8) ----
+ *
+ * Eight neighbouring rows as a panel takes them, read from one sequential stream
+ * laid out for this (ggml_py_q4_0_interleave_rows8): a block's eight scales are one
+ * load, and each 32-byte load holds four values of every row in its lane, so the
+ * products land in the rows' own lanes (no reduction across lanes, no gather of
+ * scales), and the memory is read front to back (the wide tile's eight far-apart
+ * rows were eight streams). Outputs equal vec_dot's bit for bit: each block's
+ * exact integer sum, then one fma a block in vec_dot's order. */
+
+/* Below GGML_PY_PANEL_MIN_M activation rows: up to four (nc) at a time, the values
+ * unpacked in registers once per block for them. */
+INLINE void rows8_few_body(int nc, int64_t nb, const char *x, const char *y, size_t by, const int32_t *ysum,
+                           float *d, int64_t ldd) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    __m256 acc[GGML_PY_WIDE_R1];   /* lane r: row r against activation row c */
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++, x += ROWS8_BLOCK) {
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) x));
+        __m256i v[8];   /* v[g] lane r: row r's values 4g .. 4g + 3 */
+        for (int j = 0; j < 4; j++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *) (x + 16 + 32 * j));
+            v[j] = _mm256_and_si256(packed, low);
+            v[4 + j] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+        }
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + c * by) + ib;
+            int32_t y4[8];
+            memcpy(y4, yb->qs, sizeof(y4));
+            __m256i sum = _mm256_set1_epi32(-8 * ysum[c * nb + ib]);   /* (q - 8) . y */
+            if (!BYTE_DOT_IS_ONE_INSTRUCTION) {
+                /* summed in int16 (values < 16: |sum| <= 8 * 2 * 15 * 128 < 2^15), one madd */
+                __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(y4[0]));
+                for (int g = 1; g < 8; g++) {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[g], _mm256_set1_epi32(y4[g])));
+                    KEEP_IN_REGISTER(s16);
+                }
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+            } else {
+                for (int g = 0; g < 8; g++) sum = ggml_py_dot_u8s8_acc(sum, v[g], _mm256_set1_epi32(y4[g]));
+            }
+            const __m256 dxy = _mm256_mul_ps(dx, _mm256_set1_ps(FP16_TO_FP32(yb->d)));
+            acc[c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(sum), acc[c]);
+        }
+    }
+    store_rows8(acc, GGML_PY_PANEL_ROWS, nc, d, ldd, 1);
+}
+
+/* x: eight rows interleaved (bx unused, nr0 = 8), as a panel kernel's contract. */
+static void gemm_q4_0_rows8(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    const int64_t nb = n / GGML_PY_QK4_0;
+    if (nr1 >= GGML_PY_PANEL_MIN_M) {
+        legacy_panel(0, 1, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
+        return;
+    }
+    for (int c = 0; c < nr1; c += GGML_PY_WIDE_R1) {   /* one specialization per count */
+        const char *yc = y + c * by;
+        const int32_t *sc = ysum + c * nb;
+        switch (GGML_PY_MIN(GGML_PY_WIDE_R1, nr1 - c)) {
+            case 1:  rows8_few_body(1, nb, x, yc, by, sc, d + c * ldd, ldd); break;
+            case 2:  rows8_few_body(2, nb, x, yc, by, sc, d + c * ldd, ldd); break;
+            case 3:  rows8_few_body(3, nb, x, yc, by, sc, d + c * ldd, ldd); break;
+            default: rows8_few_body(4, nb, x, yc, by, sc, d + c * ldd, ldd); break;
+        }
+    }
 }
 
 /* ---- Q4_K / Q5_K panels: the same, per super-block ----
@@ -667,7 +755,76 @@ INLINE void k4_panel_chunk(int five_bits, int nc, int nbc, const struct k_panel 
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
-INLINE void gemm_k4_panel(int five_bits, int64_t n, int nr0, int nr1, const char *x, size_t bx,
+/* ---- Q4_K rows interleaved by eight (a tensor's rows8) ----
+ *
+ * As Q4_0's: eight neighbouring rows read from one stream laid out for them
+ * (ggml_py_q4_K_interleave_rows8). The packed scales and mins of the eight rows are
+ * unpacked together (ggml_py_k4_scales_mins's steps in each row's lane), a sub-block's
+ * scale reaches its row's lanes by one byte shuffle, and the products land in the
+ * rows' own lanes; the integer sums and the float step are vec_dot_q4_K's. */
+#define K4_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_K))   /* a super-block of eight rows */
+
+/* sc[h] lane r: row r's 6-bit scales 4h .. 4h + 3 (a byte each), mn[h] its mins. */
+INLINE void k4_rows8_scales(const char *xb, __m256i sc[2], __m256i mn[2]) {
+    const __m256i u0 = _mm256_loadu_si256((const __m256i *) (xb + 32));
+    const __m256i u1 = _mm256_loadu_si256((const __m256i *) (xb + 64));
+    const __m256i u2 = _mm256_loadu_si256((const __m256i *) (xb + 96));
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(0x03);
+    sc[0] = _mm256_and_si256(u0, m6);
+    mn[0] = _mm256_and_si256(u1, m6);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(u2, m4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4));
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4));
+}
+
+/* Bytes a and b of each 32-bit lane of v, zero-extended into its two int16 halves: a
+ * byte shuffle whose control comes from a table (built in registers from a and b it cost
+ * more than the products when the loop over sub-blocks was not unrolled). */
+#define K4_BYTES_LANES(a, b) a, -128, b, -128, 4 + a, -128, 4 + b, -128, 8 + a, -128, 8 + b, -128, \
+    12 + a, -128, 12 + b, -128
+#define K4_BYTES_MASK(a, b) { K4_BYTES_LANES(a, b), K4_BYTES_LANES(a, b) }
+static const int8_t k4_bytes_masks[6][32] = {
+    K4_BYTES_MASK(0, 0), K4_BYTES_MASK(1, 1), K4_BYTES_MASK(2, 2), K4_BYTES_MASK(3, 3),   /* scales */
+    K4_BYTES_MASK(0, 1), K4_BYTES_MASK(2, 3),                                           /* min pairs */
+};
+INLINE __m256i k4_bytes16(__m256i v, int mask) {
+    return _mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *) k4_bytes_masks[mask]));
+}
+
+/* Row r's scale of sub-block s in int16 lanes 2r, 2r + 1 (the panel's sc). */
+INLINE __m256i k4_rows8_scale(const __m256i sc[2], int s) {
+    return k4_bytes16(sc[s / 4], s % 4);
+}
+
+/* Row r's mins of sub-blocks 2k, 2k + 1 in int16 lanes 2r, 2r + 1 (the panel's mn). */
+INLINE __m256i k4_rows8_mins(const __m256i mn[2], int k) {
+    return k4_bytes16(mn[k / 2], 4 + k % 2);
+}
+
+/* Super-blocks [b0, b0 + nbc) of eight rows8 rows (x: the group's first byte) into
+ * k4_interleave's panel. */
+INLINE void k4_rows8_interleave(const char *x, int64_t b0, int nbc, struct k_panel *p) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    for (int b = 0; b < nbc; b++) {
+        const char *xb = x + (b0 + b) * K4_ROWS8_BLOCK;
+        __m256i sc[2], mn[2];
+        k4_rows8_scales(xb, sc, mn);
+        for (int s = 0; s < 8; s++) p->sc[8 * b + s] = k4_rows8_scale(sc, s);
+        for (int k = 0; k < 4; k++) p->mn[4 * b + k] = k4_rows8_mins(mn, k);
+        _mm256_store_ps(p->dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb)));
+        _mm256_store_ps(p->dm + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + 16))));
+        for (int j = 0; j < 32; j++) {   /* sub-blocks 2 (j / 8) and 2 (j / 8) + 1, group j % 8 */
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + 128 + 32 * j));
+            p->w[64 * b + 8 * (2 * (j / 8)) + j % 8] = _mm256_and_si256(v, low);
+            p->w[64 * b + 8 * (2 * (j / 8) + 1) + j % 8] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+    }
+}
+
+/* A panel of nr0 rows bx apart (rows8: eight Q4_K rows interleaved at x) against nr1
+ * activation rows. */
+INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1, const char *x, size_t bx,
                           const char *y, size_t by, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
     _Alignas(32) struct k_panel p;
@@ -675,7 +832,8 @@ INLINE void gemm_k4_panel(int five_bits, int64_t n, int nr0, int nr1, const char
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
+        if (rows8) k4_rows8_interleave(x, b0, nbc, &p);
+        else k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         int c = 0;
         for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
@@ -689,13 +847,85 @@ INLINE void gemm_k4_panel(int five_bits, int64_t n, int nr0, int nr1, const char
 static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                             size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     (void) ysum;   /* the blocks' bsums */
-    gemm_k4_panel(0, n, nr0, nr1, x, bx, y, by, d, ldd);
+    gemm_k4_panel(0, 0, n, nr0, nr1, x, bx, y, by, d, ldd);
+}
+
+/* Below GGML_PY_PANEL_MIN_M activation rows: up to two (nc) at a time, the values
+ * unpacked in registers once per super-block for them. */
+INLINE void k4_rows8_few_body(int nc, int64_t nb, const char *x, const char *y, size_t by, float *d,
+                              int64_t ldd) {
+    const __m256i low = _mm256_set1_epi8(0xF);
+    __m256 acc[2];   /* lane r: row r against activation row c */
+    for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++, x += K4_ROWS8_BLOCK) {
+        __m256i sc[2], mn[2], isum[2];
+        k4_rows8_scales(x, sc, mn);
+        for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+        for (int q = 0; q < 4; q++) {   /* sub-blocks 2q (low nibbles) and 2q + 1 (high) */
+            __m256i lo16[2], hi16[2];   /* products summed in int16: 16 a lane, under 2^15 */
+            for (int c = 0; c < nc; c++) lo16[c] = hi16[c] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *) (x + 128 + 32 * (8 * q + j)));
+                const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 64 * q + 4 * j;
+                    int32_t ylo, yhi;
+                    memcpy(&ylo, q8, 4);
+                    memcpy(&yhi, q8 + 32, 4);
+                    lo16[c] = _mm256_add_epi16(lo16[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ylo)));
+                    hi16[c] = _mm256_add_epi16(hi16[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(yhi)));
+                    KEEP_IN_REGISTER(lo16[c]);
+                    KEEP_IN_REGISTER(hi16[c]);
+                }
+            }
+            const __m256i s_lo = k4_rows8_scale(sc, 2 * q), s_hi = k4_rows8_scale(sc, 2 * q + 1);
+            for (int c = 0; c < nc; c++) {
+                isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(lo16[c], s_lo),
+                                                                     _mm256_madd_epi16(hi16[c], s_hi)));
+            }
+        }
+        const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) x));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + 16)));
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + ib;
+            /* int16 pairs bsums[2j] + bsums[2j + 1]: sub-block j's sum, as k4_panel_chunk */
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) yb->bsums),
+                                                 _mm_loadu_si128((const __m128i *) (yb->bsums + 8)));
+            const __m256i pp = _mm256_broadcastsi128_si256(pairs);
+            __m256i msum = _mm256_madd_epi16(k4_rows8_mins(mn, 0), _mm256_shuffle_epi32(pp, 0x00));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(k4_rows8_mins(mn, 1), _mm256_shuffle_epi32(pp, 0x55)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(k4_rows8_mins(mn, 2), _mm256_shuffle_epi32(pp, 0xAA)));
+            msum = _mm256_add_epi32(msum, _mm256_madd_epi16(k4_rows8_mins(mn, 3), _mm256_shuffle_epi32(pp, 0xFF)));
+            /* ggml_py_k4_finish's steps, eight rows at once */
+            const __m256 dy = _mm256_set1_ps(yb->d);
+            const __m256 dd = _mm256_mul_ps(dx, dy), dmin = _mm256_mul_ps(dm, dy);
+            const __m256 t = _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum[c])),
+                                           _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum)));
+            acc[c] = _mm256_add_ps(acc[c], t);
+        }
+    }
+    store_rows8(acc, GGML_PY_PANEL_ROWS, nc, d, ldd, 1);
+}
+
+/* x: eight Q4_K rows interleaved (bx unused, nr0 = 8), as a panel kernel's contract. */
+static void gemm_q4_K_rows8(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    const int64_t nb = n / GGML_PY_QK_K;
+    if (nr1 >= GGML_PY_PANEL_MIN_M) {
+        gemm_k4_panel(0, 1, n, nr0, nr1, x, bx, y, by, d, ldd);
+        return;
+    }
+    for (int c = 0; c < nr1; c += 2) {   /* one specialization per count */
+        if (nr1 - c >= 2) k4_rows8_few_body(2, nb, x, y + c * by, by, d + c * ldd, ldd);
+        else k4_rows8_few_body(1, nb, x, y + c * by, by, d + c * ldd, ldd);
+    }
 }
 
 static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                             size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     (void) ysum;
-    gemm_k4_panel(1, n, nr0, nr1, x, bx, y, by, d, ldd);
+    gemm_k4_panel(1, 0, n, nr0, nr1, x, bx, y, by, d, ldd);
 }
 
 /* ---- Q6_K panels ----
@@ -816,6 +1046,14 @@ void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
     }
 }
 
+ggml_py_gemm_panel_fn ggml_py_gemm_rows8_avx2(int type) {
+    switch (type) {
+        case GGML_PY_TYPE_Q4_0: return gemm_q4_0_rows8;
+        case GGML_PY_TYPE_Q4_K: return gemm_q4_K_rows8;
+        default:                return NULL;
+    }
+}
+
 ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m) {
     if (m >= GGML_PY_PANEL_MIN_M) return NULL;
     switch (type) {
@@ -841,6 +1079,11 @@ ggml_py_gemm_tile_fn ggml_py_gemm_tile_avx2(int type, int64_t m) {
 }
 
 #else
+
+ggml_py_gemm_panel_fn ggml_py_gemm_rows8_avx2(int type) {
+    (void) type;
+    return NULL;
+}
 
 ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m) {
     (void) type;

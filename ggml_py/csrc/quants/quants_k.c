@@ -399,6 +399,23 @@ void ggml_py_quantize_row_q4_K_ref(const float *x, void *vy, int64_t n) {
     }
 }
 
+void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    const ggml_py_block_q4_K *x = src;
+    uint8_t *out = dst;
+    for (int64_t g = 0; g < n_rows / 8; g++) {
+        for (int64_t b = 0; b < nb; b++, out += 8 * sizeof(ggml_py_block_q4_K)) {
+            for (int r = 0; r < 8; r++) {
+                const ggml_py_block_q4_K *xb = x + (8 * g + r) * nb + b;
+                memcpy(out + 2 * r, &xb->d, 2);
+                memcpy(out + 16 + 2 * r, &xb->dmin, 2);
+                for (int k = 0; k < 3; k++) memcpy(out + 32 + 32 * k + 4 * r, xb->scales + 4 * k, 4);
+                for (int j = 0; j < 32; j++) memcpy(out + 128 + 32 * j + 4 * r, xb->qs + 4 * j, 4);
+            }
+        }
+    }
+}
+
 void ggml_py_dequantize_row_q4_K(const void *vx, float *y, int64_t n) {
     const ggml_py_block_q4_K *x = vx;
     for (int64_t i = 0; i < n / GGML_PY_QK_K; i++) {
