@@ -226,14 +226,14 @@ def interleave_rows8_reference(raw):
 
 
 def interleave_q4_K_rows8_reference(raw):
-    """The same for Q4_K super-blocks: the eight d, the eight dmin, for k = 0..2 the eight
-    rows' scale words k (bytes 4 + 4k ..), then for j = 0..31 their bytes qs[4j .. 4j + 3]."""
-    n, n_blocks = raw.shape[:2]
-    groups = raw.reshape(n // 8, 8, n_blocks, 144).transpose(0, 2, 1, 3)   # (g, b, r, bytes)
-    words = groups.reshape(n // 8, n_blocks, 8, 36, 4).transpose(0, 1, 3, 2, 4)   # (g, b, word, r, 4)
+    """The same for Q4_K super-blocks: the eight d, the eight dmin, then each later 32-bit
+    word of the block (scales and mins, then qs) for the eight rows."""
+    n, n_blocks, size = raw.shape
+    groups = raw.reshape(n // 8, 8, n_blocks, size).transpose(0, 2, 1, 3)   # (g, b, r, bytes)
+    words = groups.reshape(n // 8, n_blocks, 8, size // 4, 4).transpose(0, 1, 3, 2, 4)   # (g, b, word, r, 4)
     parts = [groups[..., 0:2], groups[..., 2:4]]
     out = np.concatenate([p.reshape(n // 8, n_blocks, 16) for p in parts]
-                         + [words[:, :, 1:].reshape(n // 8, n_blocks, 35 * 32)], axis=2)
+                         + [words[:, :, 1:].reshape(n // 8, n_blocks, (size // 4 - 1) * 32)], axis=2)
     return out.reshape(n, -1)
 
 
@@ -265,13 +265,14 @@ def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
 def test_q4_K_rows8_equal_scalar_twin_on_raw_bytes(m):
     """Q4_K the same way (below M = 8 up to two activation rows a pass): on random
     super-block bytes (every scale and min bit pattern, d and dmin finite), rows of two
-    groups and of two panel chunks, every output equals the scalar twin's vec_dot bit
-    for bit."""
+    groups and of two panel chunks, every output equals the scalar twin's vec_dot bit for
+    bit."""
+    t = gg.Q4_K
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (16, 17, 144), dtype=np.uint8)
-    halves = raw[..., K_QUANT_HALVES[gg.Q4_K]]
+    halves = raw[..., K_QUANT_HALVES[t]]
     halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (2,))
-    assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_K, raw, m, rng, rows8=True)
+    assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=True)
 
 
 @pytest.mark.parametrize("m", [1, 9])

@@ -237,8 +237,9 @@ def add_model_arguments(parser, ctx_default):
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
     parser.add_argument("--no-repack", dest="repack", action="store_false",
-                        help="keep only the file's weights in memory: Q4_0 matrices are not also "
-                             "held with their rows interleaved (half their memory, slower)")
+                        help="keep the file's weight layout: Q4_0 and Q4_K matrices are not "
+                             "copied with their rows interleaved at load (faster start, slower "
+                             "decoding)")
     parser.add_argument("--tp", action="store_true",
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel; N must divide the model's KV heads); rank 0 prints, "
