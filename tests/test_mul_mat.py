@@ -296,6 +296,33 @@ def test_rows8_is_what_the_simd_kernels_read(t, m):
         assert not y.numpy().any()
 
 
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
+def test_rows8_of_some_columns_of_a_wider_matrix(t, m):
+    """A view of some columns of a wider matrix (a process's share of a matrix split by its
+    input columns) given those columns packed and interleaved (set_rows8) multiplies as the
+    view without them, bit for bit; rows8 is read at the view's own row size."""
+    rng = np.random.default_rng(m)
+    block = gg.type_traits(t)["blck_size"]
+    k_whole, k0, k = 6 * block, 2 * block, 3 * block
+    w = gg.quantize(rng.standard_normal((16, k_whole)).astype(np.float32), t)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    columns = np.ascontiguousarray(w[:, gg.row_bytes(t, k0):gg.row_bytes(t, k0 + k)])
+    ctx = gg.Context(mem_size=1 << 20)
+    whole = ctx.from_buffer(w, t, (16, k_whole))
+    plain = gg.view(whole, (16, k), whole.strides, offset=gg.row_bytes(t, k0))
+    packed = gg.view(whole, (16, k), whole.strides, offset=gg.row_bytes(t, k0))
+    packed.set_rows8(gg.interleave_rows8(columns, t))
+    xt = ctx.from_numpy(x)
+    y_plain, y_packed = gg.mul_mat(plain, xt), gg.mul_mat(packed, xt)
+    for n_threads in (1, 2):
+        gg.build_forward(y_plain).compute(n_threads=n_threads)
+        gg.build_forward(y_packed).compute(n_threads=n_threads)
+        np.testing.assert_array_equal(y_packed.numpy(), y_plain.numpy())
+    with pytest.raises(ValueError, match="set_rows8: rows8 must be the contiguous uint8 array"):
+        plain.set_rows8(gg.interleave_rows8(w, t))   # the whole rows, not the view's
+
+
 def test_rows8_checked():
     raw = q4_0_raw(16, 4, np.random.default_rng(6)).reshape(16, -1)
     ctx = gg.Context(mem_size=1 << 20)

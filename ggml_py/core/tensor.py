@@ -98,6 +98,24 @@ class Tensor(_core.TensorBase):
         """The profiles this node's op and source types support, default first."""
         return [TaskProfile._from_raw(r) for r in self._op_profiles_raw()]
 
+    def set_rows8(self, rows8, where="set_rows8"):
+        """Give this Q4_0 or Q4_K matrix (a leaf or a view: e.g. some columns of a wider
+        one) a second copy of its weights, packed rows interleaved by eight as
+        gg.interleave_rows8 returns them (kept alive with the tensor): MUL_MAT's SIMD kernels
+        read that copy instead, faster; every other op, and the scalar kernels, read the
+        tensor's own data. The copy's bytes are taken as they are (they must be those
+        weights); its shape and layout are checked (ValueError)."""
+        rows8 = np.asarray(rows8)
+        if self.type not in ROWS8_TYPES or self.ndim != 2 or self.shape[0] % 8:
+            raise ValueError(f"{where}: rows8 is for a Q4_0 or Q4_K matrix of a multiple of 8 "
+                             f"rows, not {self.type.name} {self.shape}")
+        if (rows8.dtype != np.uint8 or not rows8.flags.c_contiguous
+                or rows8.shape != (self.shape[0], row_bytes(self.type, self.shape[1]))
+                or rows8.ctypes.data % data_alignment(self.type)):
+            raise ValueError(f"{where}: rows8 must be the contiguous uint8 array that "
+                             f"gg.interleave_rows8(weights, type) returns for these weights")
+        self._set_rows8(rows8)
+
     def numpy(self):
         """A zero-copy numpy view of the data (quantized types: raw bytes per row)."""
         if self.type in NUMPY_DTYPES:
@@ -197,19 +215,10 @@ class Context(_core.Context):
             raise ValueError(f"from_buffer: {type.name} {tuple(shape)} needs {expected} contiguous "
                              f"bytes, buffer has {buffer.nbytes} "
                              f"({'contiguous' if buffer.flags.c_contiguous else 'not contiguous'})")
-        if rows8 is not None:
-            rows8 = np.asarray(rows8)
-            if type not in ROWS8_TYPES or len(shape) != 2 or shape[0] % 8:
-                raise ValueError(f"from_buffer: rows8 is for a Q4_0 or Q4_K matrix of a multiple "
-                                 f"of 8 rows, not {type.name} {tuple(shape)}")
-            if (rows8.dtype != np.uint8 or not rows8.flags.c_contiguous or rows8.nbytes != expected
-                    or rows8.ctypes.data % align):
-                raise ValueError("from_buffer: rows8 must be the contiguous uint8 array that "
-                                 "gg.interleave_rows8(buffer, type) returns")
         t = _core.new_tensor(Tensor, self, int(type), ne, None, len(shape),
                              external=buffer)
         if rows8 is not None:
-            t._set_rows8(rows8)
+            t.set_rows8(rows8, where="from_buffer")
         if name:
             t.name = name
         return t

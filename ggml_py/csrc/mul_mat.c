@@ -12,7 +12,9 @@
  *               through a wide 8 x 4 kernel below M = 8 where it has one (Q4_0, Q8_0), else of four
  *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
- *               TILE_M src1 rows.
+ *               TILE_M src1 rows; a Q4_0 or Q4_K src0 that carries rows8 (its
+ *               rows interleaved by eight) through one kernel over that copy,
+ *               eight neighbouring rows at every M.
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
  *               f32 in the work buffer, then one sgemm per src1 batch.
  *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
@@ -156,13 +158,13 @@ static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
 }
 
 /* The CPU profile's kernel over src0's rows8 (its rows interleaved by eight, read
- * instead of its data) at every M, or NULL: src0 has none, or the scalar twins run. */
+ * instead of its data: packed rows, whatever src0's own row stride) at every M, or
+ * NULL: src0 has none, or the scalar twins run. */
 static ggml_py_gemm_panel_fn rows8_for(const struct ggml_py_tensor *node) {
     const struct ggml_py_tensor *src0 = node->src[0];
     if (!src0->rows8 || !rows8_for_type || !src1_needs_conversion(node)) return NULL;
-    const bool one_packed_matrix = src0->ne[2] == 1 && src0->ne[3] == 1 && src0->ne[1] % 8 == 0 &&
-        src0->nb[1] == ggml_py_row_size(src0->type, src0->ne[0]);
-    return one_packed_matrix ? rows8_for_type(src0->type) : NULL;
+    const bool one_matrix = src0->ne[2] == 1 && src0->ne[3] == 1 && src0->ne[1] % 8 == 0;
+    return one_matrix ? rows8_for_type(src0->type) : NULL;
 }
 
 /* Whether the panel kernel reads the block sums of the converted src1 rows
@@ -315,7 +317,9 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         }
         const int64_t first = tile ? r : r * group;
         const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
-        const char *x = (rows8 ? (const char *) src0->rows8 : b.x) + first * nb01;   /* rows8: one matrix */
+        /* eight interleaved rows take eight packed rows' bytes: group r starts at row 8r's */
+        const char *x = rows8 ? (const char *) src0->rows8 + first * ggml_py_row_size(src0->type, ne00)
+                              : b.x + first * nb01;
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */

@@ -43,8 +43,9 @@ ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m);
 /* The wide tile for weights of `type` against m activation rows, or NULL. */
 ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m);
 /* The panel kernel for eight rows of `type` interleaved by eight (a tensor's rows8:
- * ggml_py_q4_0_interleave_rows8), x their first byte and nr0 = 8, against any number of
- * activation rows; NULL for a type without one (all but Q4_0). Takes ysum. */
+ * ggml_py_q4_0_interleave_rows8, ggml_py_q4_K_interleave_rows8), x their first byte and
+ * nr0 = 8, against any number of activation rows; NULL for a type without one (all but
+ * Q4_0 and Q4_K). Q4_0's takes ysum. */
 ggml_py_gemm_panel_fn ggml_py_gemm_rows8_avx2(int type);
 /* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);

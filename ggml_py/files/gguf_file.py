@@ -120,15 +120,19 @@ class GGUFFile:
 
     def release_pages(self, array):
         """Let the mapping's pages that lie wholly inside `array` (a view of `data`) go
-        from this process's memory (madvise DONTNEED): they stay in the file and are read
-        back if used again. No-op for an array outside the mapping, or a file not mapped."""
+        from this process's memory (madvise DONTNEED): they stay in the file (a file read
+        into memory, --no-mmap, keeps them there: nothing is freed) and are read back if
+        used again. No-op for an array outside the mapping, or where madvise is refused."""
         start = array.ctypes.data - self.data.ctypes.data
         if self._mapping is None or start < 0 or start + array.nbytes > self.data.nbytes:
             return
         page = mmap.PAGESIZE
         first, end = -(-start // page) * page, (start + array.nbytes) // page * page
         if end > first:
-            self._mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+            try:
+                self._mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
+            except (AttributeError, OSError):   # no madvise here (Windows), or refused: keep them
+                pass
 
     def _read(self, buf):
         """Read the header, metadata and tensor infos from the file's bytes `buf`, each

@@ -40,7 +40,10 @@ def _weight(ctx, w):
     columns in the leaf over the whole matrix."""
     if isinstance(w, ColumnSlice):
         whole = ctx.from_buffer(w.whole.data, w.type, w.whole.shape, name=w.name)
-        return ops.view(whole, w.shape, whole.strides, offset=w.offset)
+        part = ops.view(whole, w.shape, whole.strides, offset=w.offset)
+        if w.rows8 is not None:
+            part.set_rows8(w.rows8)
+        return part
     return ctx.from_buffer(w.data, w.type, w.shape, name=w.name, rows8=w.rows8)
 
 

@@ -84,28 +84,29 @@ class LlamaWeights:
                    output=output, rope_freqs=rope_freqs)
 
 
+# LayerWeights' fields that are mul_mat's left operand
+MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
 def with_rows8(weights, release=None):
-    """`weights` (LlamaWeights) with every Q4_0 or Q4_K matrix of a multiple of 8 rows that only
-    MUL_MAT reads given its rows interleaved by eight (Weight.rows8, a copy in memory):
-    the layout the SIMD kernels read fastest (docs/llama.md, "Weights in memory"). The
-    token embeddings are not (get_rows reads them; when the output matrix is they, it is
-    left as it is too). release(data), if given, is called on each matrix's own bytes
-    once copied (GGUFModelFile.release_pages: only the scalar kernels read them then)."""
+    """`weights` (LlamaWeights) with every Q4_0 or Q4_K matrix of a multiple of 8 rows
+    given its rows interleaved by eight (Weight.rows8, a copy in memory): the layout
+    MUL_MAT's SIMD kernels read fastest (docs/llama.md, "Weights in memory"). The token
+    embeddings are not (get_rows reads them); an output matrix tied to them is, as a
+    matrix of its own. A ColumnSlice (a process's share of a matrix split by its columns)
+    gets its columns packed and interleaved. release(data), if given, is called on each
+    whole matrix's bytes once copied (GGUFModelFile.release_pages: the scalar kernels, a
+    BLAS profile and get_rows of tied embeddings read them back from the file)."""
     def interleaved(w):
-        if (w is None or isinstance(w, ColumnSlice) or w is weights.token_embd
-                or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8):
+        if w is None or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8:
             return w
-        copy = dataclasses.replace(w, rows8=interleave_rows8(w.data, w.type))
-        if release is not None:
+        copy = dataclasses.replace(w, rows8=interleave_rows8(np.ascontiguousarray(w.data), w.type))
+        if release is not None and not isinstance(w, ColumnSlice):   # a slice shares its pages
             release(w.data)
         return copy
     layers = tuple(LayerWeights(**{name: interleaved(w) if name in MATMUL_FIELDS else w
                                    for name, w in vars(lw).items()}) for lw in weights.layers)
     return dataclasses.replace(weights, layers=layers, output=interleaved(weights.output))
-
-
-# LayerWeights' fields that are mul_mat's left operand
-MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class ColumnSlice:
     whole: object     # the Weight (N, K)
     start: int
     n: int
+    rows8: object = None   # Q4_0, Q4_K: the slice's rows packed and interleaved (with_rows8)
 
     @property
     def name(self):

@@ -47,6 +47,8 @@ def add_arguments(parser):
     parser.add_argument("--busy", type=busy_count, default=0, metavar="N",
                         help="also run every test with N other processes spinning on the CPU "
                              "(a machine in use), and report both")
+    parser.add_argument("--no-repack", dest="repack", action="store_false",
+                        help="keep the file's weight layout (Q4_0, Q4_K not interleaved at load)")
     parser.add_argument("--tp", action="store_true",
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel); -t is then each process's threads")
@@ -137,7 +139,7 @@ def bench_model(args):
     args.model = args.model or default_model_path()
     # timed past the training context without a word, as llama-bench does
     llm, _ = open_llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
-                        **kv_options(args), tp=args.tp)
+                        **kv_options(args), repack=args.repack, tp=args.tp)
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n, d) for d in args.n_depth for n in n_prompts if n > 0] + \

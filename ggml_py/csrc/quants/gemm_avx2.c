@@ -589,12 +589,13 @@ static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
  * rows were eight streams). Outputs equal vec_dot's bit for bit: each block's
  * exact integer sum, then one fma a block in vec_dot's order. */
 
-/* Below GGML_PY_PANEL_MIN_M activation rows: up to four (nc) at a time, the values
+/* Below GGML_PY_PANEL_MIN_M activation rows: up to ROWS8_FEW (nc) at a time, the values
  * unpacked in registers once per block for them. */
+#define ROWS8_FEW 4
 INLINE void rows8_few_body(int nc, int64_t nb, const char *x, const char *y, size_t by, const int32_t *ysum,
                            float *d, int64_t ldd) {
     const __m256i low = _mm256_set1_epi8(0xF);
-    __m256 acc[GGML_PY_WIDE_R1];   /* lane r: row r against activation row c */
+    __m256 acc[ROWS8_FEW];   /* lane r: row r against activation row c */
     for (int c = 0; c < nc; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++, x += ROWS8_BLOCK) {
         const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) x));
@@ -610,7 +611,7 @@ INLINE void rows8_few_body(int nc, int64_t nb, const char *x, const char *y, siz
             memcpy(y4, yb->qs, sizeof(y4));
             __m256i sum = _mm256_set1_epi32(-8 * ysum[c * nb + ib]);   /* (q - 8) . y */
             if (!BYTE_DOT_IS_ONE_INSTRUCTION) {
-                /* summed in int16 (values < 16: |sum| <= 8 * 2 * 15 * 128 < 2^15), one madd */
+                /* summed in int16 (values < 16: |sum| <= 8 * 2 * 15 * 127 < 2^15), one madd */
                 __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(y4[0]));
                 for (int g = 1; g < 8; g++) {
                     s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[g], _mm256_set1_epi32(y4[g])));
@@ -635,10 +636,10 @@ static void gemm_q4_0_rows8(int64_t n, int nr0, int nr1, const char *x, size_t b
         legacy_panel(0, 1, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
         return;
     }
-    for (int c = 0; c < nr1; c += GGML_PY_WIDE_R1) {   /* one specialization per count */
+    for (int c = 0; c < nr1; c += ROWS8_FEW) {   /* one specialization per count */
         const char *yc = y + c * by;
         const int32_t *sc = ysum + c * nb;
-        switch (GGML_PY_MIN(GGML_PY_WIDE_R1, nr1 - c)) {
+        switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c)) {
             case 1:  rows8_few_body(1, nb, x, yc, by, sc, d + c * ldd, ldd); break;
             case 2:  rows8_few_body(2, nb, x, yc, by, sc, d + c * ldd, ldd); break;
             case 3:  rows8_few_body(3, nb, x, yc, by, sc, d + c * ldd, ldd); break;
