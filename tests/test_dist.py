@@ -8,6 +8,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -252,6 +253,23 @@ def test_main_prints_what_one_process_prints():
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     assert two.stdout == one.stdout and one.stdout.startswith("ROMEO.")
     assert two.stderr.count("system_info") == 1          # rank 0 alone logs
+    assert "rank 1" not in two.stderr
+
+
+@needs_mpi
+def test_the_other_ranks_log_when_asked():
+    """--tp-log: rank 1 says on stderr what it holds and how long it served; stdout is
+    still one process's."""
+    args = ["-m", default_model_path(), "-p", "ROMEO.", "-n", "8", "--temp", "0", "--tp"]
+    quiet = mpiexec(sys.executable, "-m", "ggml_py.cli.main", *args)
+    told = mpiexec(sys.executable, "-m", "ggml_py.cli.main", *args, "--tp-log")
+    assert quiet.returncode == 0 and told.returncode == 0, told.stderr
+    assert told.stdout == quiet.stdout
+    # (the two processes' lines may meet mid-line in the one pipe: searched, not split)
+    assert re.search(r"rank 1 of 2: \d+ of \d+ query heads, \d+ of \d+ KV heads, [\d.]+ MiB of "
+                     r"weights, \d+ threads?\n", told.stderr), told.stderr
+    assert re.search(r"rank 1: served rank 0's steps for [\d.]+ s\n", told.stderr), told.stderr
+    assert "rank 0 of" not in told.stderr
 
 
 @needs_mpi

@@ -92,7 +92,7 @@ def main(argv=None):
     llm, warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
                                n_batch=args.batch_size, **kv_options(args),
                                use_mmap=args.use_mmap, repack=args.repack, tp=args.tp,
-                               n_seq_max=args.parallel)
+                               tp_log=args.tp_log, n_seq_max=args.parallel)
     for message in warnings:
         log(f"batched: warning: {message}")
     log(f"batched: {len(prompts)} sequences, {args.parallel} at once, n_ctx = {llm.n_ctx()} "

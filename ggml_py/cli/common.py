@@ -244,6 +244,9 @@ def add_model_arguments(parser, ctx_default):
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel; N must divide the model's KV heads); rank 0 prints, "
                              "the others compute their share")
+    parser.add_argument("--tp-log", action="store_true",
+                        help="with --tp: the other processes also log to stderr (what each "
+                             "holds, how long it served), each line starting 'rank N:'")
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
@@ -329,7 +332,7 @@ def serving_rank():
 
 
 def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool_contexts=None,
-               tp=False, **kwargs):
+               tp=False, tp_log=False, **kwargs):
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
@@ -340,7 +343,8 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     context itself, so a pool past the training context is not warned about.
 
     tp (--tp): under mpiexec with more than one process, the model is split over them;
-    only rank 0 returns (the others serve its steps and then end the process)."""
+    only rank 0 returns (the others serve its steps and then end the process; tp_log,
+    --tp-log: they say on stderr what they hold and how long they served)."""
     comm = world() if tp else None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
@@ -352,7 +356,7 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
             n_ctx *= pool_contexts
         llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
     if llm.rank > 0:
-        serve_and_exit(llm)
+        serve_and_exit(llm, log=tp_log)
     if pool_contexts is not None:
         caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
     messages = []

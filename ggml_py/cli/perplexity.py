@@ -62,7 +62,8 @@ def main(argv=None):
 
     llm, load_warnings = open_llama(args.model, args.ctx_size, args.ctx_default, n_threads=args.threads,
                                     n_batch=args.batch_size, **kv_options(args),
-                                    use_mmap=args.use_mmap, repack=args.repack, tp=args.tp)
+                                    use_mmap=args.use_mmap, repack=args.repack, tp=args.tp,
+                                    tp_log=args.tp_log)
     log(f"system_info: n_threads = {llm.n_threads()} / {gg.default_threads()} | {gg.system_info()}")
     log(f"perplexity: loaded {args.model} in {1e3 * llm.timings.load_s:.2f} ms")
     for message in load_warnings:

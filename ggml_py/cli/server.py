@@ -69,7 +69,7 @@ def main(argv=None):
     model = args.model or default_model_path()
     load_args = {"n_threads": args.threads, "n_batch": args.batch_size, **kv_options(args),
                  "use_mmap": args.use_mmap, "repack": args.repack, "n_seq_max": args.parallel,
-                 "pool_contexts": args.parallel, "tp": args.tp}
+                 "pool_contexts": args.parallel, "tp": args.tp, "tp_log": args.tp_log}
     if args.tp and serving_rank():
         # another rank of a split model: no HTTP, its share of rank 0's steps (then exits)
         open_llama(model, args.ctx_size, args.ctx_default, **load_args)

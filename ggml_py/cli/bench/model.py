@@ -52,6 +52,9 @@ def add_arguments(parser):
     parser.add_argument("--tp", action="store_true",
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel); -t is then each process's threads")
+    parser.add_argument("--tp-log", action="store_true",
+                        help="with --tp: the other processes also log to stderr (what each "
+                             "holds, how long it served), each line starting 'rank N:'")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -139,7 +142,7 @@ def bench_model(args):
     args.model = args.model or default_model_path()
     # timed past the training context without a word, as llama-bench does
     llm, _ = open_llama(args.model, n_ctx=n_ctx, n_threads=threads[0], n_batch=args.batch_size,
-                        **kv_options(args), repack=args.repack, tp=args.tp)
+                        **kv_options(args), repack=args.repack, tp=args.tp, tp_log=args.tp_log)
     f = llm.model.file
     model_name = f"llama {size_label(f.n_params)} {f.file_type_name()}"
     tests = [("pp", n, d) for d in args.n_depth for n in n_prompts if n > 0] + \
