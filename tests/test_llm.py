@@ -323,8 +323,9 @@ def test_a_context_past_the_training_context_is_warned_about():
     # as llama.cpp warns; the model's own context (512) or less is quiet
     with pytest.warns(gg.TrainingContextWarning,
                       match=r"^n_ctx \(1024\) > n_ctx_train \(512\) -- possible "
-                                         r"training context overflow$"):
+                                         r"training context overflow$") as caught:
         gg.Llama(model_path("f32"), n_ctx=1024, n_threads=1).close()
+    assert caught[0].filename == __file__    # the caller's line, not the library's
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gg.Llama(model_path("f32"), n_ctx=512, n_threads=1).close()

@@ -63,6 +63,8 @@ class Llama(_Llama):
     host shared among the ranks on it.
     """
 
+    _init_frames = 1   # its warnings point at the caller's line, past this __init__
+
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
                  clock=time.perf_counter, kv_type_v=None, attention="auto", comm=None, repack=True):

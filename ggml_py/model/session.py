@@ -153,6 +153,8 @@ class Llama:
     as llama.cpp warns.
     """
 
+    _init_frames = 0   # __init__s of subclasses between the caller and this one's warnings
+
     def __init__(self, model_path=None, n_ctx=None, n_threads=None, n_batch=512, kv_type="f16",
                  kv_pad=KV_PAD, make_cache=None, use_mmap=True, n_seq_max=DEFAULT_SEQ_MAX,
                  clock=time.perf_counter, kv_type_v=None, attention="auto", repack=True):
@@ -202,7 +204,7 @@ class Llama:
         if self.n_ctx() > self.config.n_ctx_train:
             warnings.warn(f"n_ctx ({self.n_ctx()}) > n_ctx_train ({self.config.n_ctx_train}) "
                           f"-- possible training context overflow", TrainingContextWarning,
-                          stacklevel=2)
+                          stacklevel=2 + self._init_frames)
         # its start: now, after the load
         self.timings = Timings(load_s=clock() - t0, clock=clock)
 
