@@ -104,8 +104,10 @@ class LlamaModel:
         self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config, self.weights = self._load(self.file)
+        self._threads = thread_count(n_threads or None, "LlamaModel")
         if repack:
-            self.weights = with_rows8(self.weights, release=self.file.release_pages)
+            self.weights = with_rows8(self.weights, release=self.file.release_pages,
+                                      n_threads=self._threads)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
         if attention == "graph" and not {kv_type, kv_type_v or kv_type} <= set(GRAPH_KV_TYPES):
             raise ValueError(f"attention='graph' reads F16 and F32 caches, not "
@@ -115,7 +117,6 @@ class LlamaModel:
             self._cache = make_cache(self.config, self.n_ctx, kv_type)
         else:
             self._cache = make_cache(self.config, self.n_ctx, kv_type, kv_type_v)
-        self._threads = thread_count(n_threads or None, "LlamaModel")
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements

@@ -2,6 +2,7 @@
 config), and the matrix products they make."""
 import dataclasses
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,7 +89,7 @@ class LlamaWeights:
 MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
-def with_rows8(weights, release=None):
+def with_rows8(weights, release=None, n_threads=1):
     """`weights` (LlamaWeights) with every Q4_0 or Q4_K matrix of a multiple of 8 rows
     given its rows interleaved by eight (Weight.rows8, a copy in memory): the layout
     MUL_MAT's SIMD kernels read fastest (docs/llama.md, "Weights in memory"). The token
@@ -96,7 +97,8 @@ def with_rows8(weights, release=None):
     matrix of its own. A ColumnSlice (a process's share of a matrix split by its columns)
     gets its columns packed and interleaved. release(data), if given, is called on each
     whole matrix's bytes once copied (GGUFModelFile.release_pages: the scalar kernels, a
-    BLAS profile and get_rows of tied embeddings read them back from the file)."""
+    BLAS profile and get_rows of tied embeddings read them back from the file). The copies
+    are made on n_threads threads (the copying releases the GIL)."""
     def interleaved(w):
         if w is None or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8:
             return w
@@ -104,9 +106,15 @@ def with_rows8(weights, release=None):
         if release is not None and not isinstance(w, ColumnSlice):   # a slice shares its pages
             release(w.data)
         return copy
-    layers = tuple(LayerWeights(**{name: interleaved(w) if name in MATMUL_FIELDS else w
-                                   for name, w in vars(lw).items()}) for lw in weights.layers)
-    return dataclasses.replace(weights, layers=layers, output=interleaved(weights.output))
+    # the copies' first touch of their memory (page faults), not the copying, takes most of
+    # the time: threads share it out
+    with ThreadPoolExecutor(max(1, n_threads)) as pool:
+        layers = [{name: pool.submit(interleaved, w) if name in MATMUL_FIELDS else w
+                   for name, w in vars(lw).items()} for lw in weights.layers]
+        output = pool.submit(interleaved, weights.output)
+        layers = tuple(LayerWeights(**{name: w.result() if isinstance(w, Future) else w
+                                       for name, w in lw.items()}) for lw in layers)
+        return dataclasses.replace(weights, layers=layers, output=output.result())
 
 
 @dataclass(frozen=True)
