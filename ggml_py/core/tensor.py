@@ -104,7 +104,8 @@ class Tensor(_core.TensorBase):
         gg.interleave_rows8 returns them (kept alive with the tensor): MUL_MAT's SIMD kernels
         read that copy instead, faster; every other op, and the scalar kernels, read the
         tensor's own data. The copy's bytes are taken as they are (they must be those
-        weights); its shape and layout are checked (ValueError)."""
+        weights, and a later change to the tensor's own bytes does not reach them); its
+        shape and layout are checked (ValueError)."""
         rows8 = np.asarray(rows8)
         if self.type not in ROWS8_TYPES or self.ndim != 2 or self.shape[0] % 8:
             raise ValueError(f"{where}: rows8 is for a Q4_0 or Q4_K matrix of a multiple of 8 "
