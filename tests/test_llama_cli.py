@@ -64,6 +64,19 @@ def test_main_generates_and_prints_timings():
     assert again.stdout == proc.stdout             # same seed, same text
 
 
+@pytest.mark.parametrize("kind", ["q4_0", "q4_k"])
+def test_main_no_repack_prints_the_same_text(kind):
+    """--no-repack keeps the file's layout (no interleaved copy): the same text, and the
+    same as gg.Llama(repack=False) says it is."""
+    args = ("-m", model_path(kind), "-p", "The cat", "-n", 8, "--temp", 0, "-c", 64, "--ignore-eos")
+    packed, plain = main(*args), main(*args, "--no-repack")
+    assert packed.returncode == 0 and plain.returncode == 0, plain.stderr
+    assert plain.stdout == packed.stdout and packed.stdout.startswith(" The cat")
+    llm = gg.Llama(model_path(kind), n_ctx=64, repack=False)
+    assert llm.model.weights.layers[0].wq.rows8 is None
+    assert gg.Llama(model_path(kind), n_ctx=64).model.weights.layers[0].wq.rows8 is not None
+
+
 def test_main_greedy_equals_api():
     prompt_file = scratch_path("prompt.txt")
     with open(prompt_file, "w") as f:
