@@ -13,8 +13,9 @@
  *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
  *               TILE_M src1 rows; a Q4_0 or Q4_K src0 that carries rows8 (its
- *               rows interleaved by eight) through one kernel over that copy,
- *               eight neighbouring rows at every M.
+ *               rows interleaved by eight) through one kernel over that copy at
+ *               every M, two groups of eight neighbouring rows half the matrix
+ *               apart an item (compute_rows8).
  *   blas        COMPUTE (one thread, workers sleep): de-quantize a src0 batch to
  *               f32 in the work buffer, then one sgemm per src1 batch.
  *   blas-split  INIT (parallel): de-quantize all of src0 into the work buffer;
@@ -39,7 +40,7 @@ _Static_assert(TILE_M <= GGML_PY_PANEL_COLS, "a panel takes a whole block of src
 static ggml_py_gemm_tile_fn (*tile_for_type)(int type, int64_t m) = NULL;
 static ggml_py_gemm_panel_fn (*panel_for_type)(int type, int64_t m) = NULL;
 static ggml_py_gemm_tile_fn (*wide_for_type)(int type, int64_t m) = NULL;
-static ggml_py_gemm_panel_fn (*rows8_for_type)(int type) = NULL;
+static ggml_py_gemm_rows8_fn (*rows8_for_type)(int type) = NULL;
 
 /* Called by ggml_py_select_kernels: blocked SIMD kernels, or vec_dot everywhere. */
 void ggml_py_mul_mat_select(int simd) {
@@ -160,7 +161,7 @@ static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
 /* The CPU profile's kernel over src0's rows8 (its rows interleaved by eight, read
  * instead of its data: packed rows, whatever src0's own row stride) at every M, or
  * NULL: src0 has none, or the scalar twins run. */
-static ggml_py_gemm_panel_fn rows8_for(const struct ggml_py_tensor *node) {
+static ggml_py_gemm_rows8_fn rows8_for(const struct ggml_py_tensor *node) {
     const struct ggml_py_tensor *src0 = node->src[0];
     if (!src0->rows8 || !rows8_for_type || !src1_needs_conversion(node)) return NULL;
     const bool one_matrix = src0->ne[2] == 1 && src0->ne[3] == 1 && src0->ne[1] % 8 == 0;
@@ -273,6 +274,39 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     return b;
 }
 
+/* The CPU profile over src0's rows8 (a single matrix, its rows interleaved by eight):
+ * work items (batch, block of TILE_M src1 rows, r), r fastest, each two groups of eight
+ * rows, r and r + h (h: half the groups, rounded up; the last item's second group may
+ * not exist). A thread taking consecutive items reads two sequential streams of the
+ * copy, one from each half (one stream alone kept too few reads in flight). */
+static void compute_rows8(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst,
+                          ggml_py_gemm_rows8_fn kernel) {
+    const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
+    GGML_PY_BINARY_LOCALS(src0, src1, dst);
+    /* eight interleaved rows take eight packed rows' bytes: group g starts at row 8g's */
+    const size_t group_bytes = 8 * ggml_py_row_size(src0->type, ne00);
+    const int64_t groups = ne01 / 8, h = (groups + 1) / 2;
+    const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
+    const int64_t n_items = h * blocks_m * ne12 * ne13;
+    const int64_t ldd = (int64_t) (nb1 / sizeof(float));
+    struct ggml_py_items taken = { 0, 0 };
+    struct mul_mat_batch b = { NULL, NULL, 0, NULL };
+    int64_t b_index = -1;   /* the batch b describes */
+    for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
+        const int64_t r = item % h, tm = (item / h) % blocks_m;
+        if (item / (h * blocks_m) != b_index) {
+            b_index = item / (h * blocks_m);
+            b = batch_at(params, dst, b_index);
+        }
+        const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
+        const char *x = (const char *) src0->rows8 + r * group_bytes;
+        const char *x2 = r + h < groups ? x + h * group_bytes : NULL;
+        float *d = (float *) (b.d + m0 * nb1) + 8 * r;
+        const int32_t *ysum = b.ysum ? b.ysum + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
+        kernel(ne00, (int) (m_end - m0), x, x2, b.y + m0 * b.by, b.by, ysum, d, x2 ? d + 8 * h : NULL, ldd);
+    }
+}
+
 /* Work items: (batch, block of TILE_M src1 rows, row group r), r fastest. With a
  * blocked kernel, group r is src0 rows r, r + q, r + 2q and r + 3q (q a quarter of
  * the rows, rounded up): a thread taking consecutive groups reads four sequential
@@ -288,14 +322,13 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
  * wide tile (Q4_0, Q8_0 below M = 8) takes eight far-apart rows as a tile takes four. A
  * panel kernel (Q4_0, Q8_0, Q4_K - Q6_K from M = 8) takes group r as rows 8r .. 8r + 7
  * and all of the item's src1 rows: it interleaves the rows once per item, and they
- * are written side by side. Where src0 has its rows interleaved already (rows8), one
- * kernel reads them as a panel does, at every M. */
+ * are written side by side. A src0 with its rows interleaved already (rows8) goes to
+ * compute_rows8. */
 static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const ggml_py_vec_dot_fn vec_dot = ggml_py_get_type_traits(src0->type)->vec_dot;
-    const ggml_py_gemm_panel_fn rows8 = rows8_for(dst);
-    const ggml_py_gemm_panel_fn panel = rows8 ? rows8 : panel_for(dst);
+    const ggml_py_gemm_panel_fn panel = panel_for(dst);
     const ggml_py_gemm_tile_fn wide = !panel && wide_for_type ? wide_for_type(src0->type, ne11) : NULL;
     const ggml_py_gemm_tile_fn tile = wide ? wide : !panel && tile_for_type ? tile_for_type(src0->type, ne11) : NULL;
     const int64_t group = panel ? GGML_PY_PANEL_ROWS : wide ? GGML_PY_WIDE_R0
@@ -317,9 +350,7 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         }
         const int64_t first = tile ? r : r * group;
         const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
-        /* eight interleaved rows take eight packed rows' bytes: group r starts at row 8r's */
-        const char *x = rows8 ? (const char *) src0->rows8 + first * ggml_py_row_size(src0->type, ne00)
-                              : b.x + first * nb01;
+        const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
         const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */
@@ -434,7 +465,11 @@ void ggml_py_compute_mul_mat(const struct ggml_py_compute_params *params, struct
 #endif
         default:
             if (params->stage == GGML_PY_STAGE_INIT && src1_needs_conversion(dst)) convert_src1(params, dst);
-            if (params->stage == GGML_PY_STAGE_COMPUTE) compute_cpu(params, dst);
+            if (params->stage == GGML_PY_STAGE_COMPUTE) {
+                const ggml_py_gemm_rows8_fn rows8 = rows8_for(dst);
+                if (rows8) compute_rows8(params, dst, rows8);
+                else compute_cpu(params, dst);
+            }
             return;
     }
 }
