@@ -2,7 +2,6 @@
 config), and the matrix products they make."""
 import dataclasses
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,7 +106,9 @@ def with_rows8(weights, release=None, n_threads=1):
             release(w.data)
         return copy
     # the copies' first touch of their memory (page faults), not the copying, takes most of
-    # the time: threads share it out
+    # the time: threads share it out (imported here: concurrent.futures registers fork
+    # handlers of its own, which a program that never repacks need not carry)
+    from concurrent.futures import Future, ThreadPoolExecutor
     with ThreadPoolExecutor(max(1, n_threads)) as pool:
         layers = [{name: pool.submit(interleaved, w) if name in MATMUL_FIELDS else w
                    for name, w in vars(lw).items()} for lw in weights.layers]
