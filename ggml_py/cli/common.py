@@ -236,17 +236,12 @@ def add_model_arguments(parser, ctx_default):
     parser.add_argument("--no-mmap", dest="use_mmap", action="store_false",
                         help="read the model into memory instead of mapping it (then changing "
                              "the file while the program runs does not reach it)")
-    parser.add_argument("--no-repack", dest="repack", action="store_false",
-                        help="keep the file's weight layout: Q4_0 and Q4_K matrices are not "
-                             "copied with their rows interleaved at load (faster start, slower "
-                             "decoding)")
+    add_repack_argument(parser)
     parser.add_argument("--tp", action="store_true",
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel; N must divide the model's KV heads); rank 0 prints, "
                              "the others compute their share")
-    parser.add_argument("--tp-log", action="store_true",
-                        help="with --tp: the other processes also log to stderr (what each "
-                             "holds, how long it served), each line starting 'rank N:'")
+    add_tp_log_argument(parser)
     parser.add_argument("--tune", action="store_true",
                         help="bench the model's matrix shapes at start-up and schedule MUL_MAT "
                              "profiles with the results (with --tune-file: bench, save, exit)")
@@ -257,6 +252,21 @@ def add_model_arguments(parser, ctx_default):
 
 KV_TYPE_CHOICES = ("f32", "f16", "q8_0", "q4_0", "int8")
 ATTENTION_CHOICES = ("auto", "graph", "slim", "flash")
+
+
+def add_repack_argument(parser):
+    """--no-repack (args.repack): the programs' switch for Llama(repack=)."""
+    parser.add_argument("--no-repack", dest="repack", action="store_false",
+                        help="keep the file's weight layout: Q4_0 and Q4_K matrices are not "
+                             "copied with their rows interleaved at load (faster start, slower "
+                             "decoding)")
+
+
+def add_tp_log_argument(parser):
+    """--tp-log (args.tp_log): open_llama's tp_log."""
+    parser.add_argument("--tp-log", action="store_true",
+                        help="with --tp: the other processes also log to stderr (what each "
+                             "holds, how long it served), each line starting 'rank N:'")
 
 
 def add_kv_arguments(parser):

@@ -274,6 +274,35 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     return b;
 }
 
+/* The work items of the CPU profile: (batch, block of TILE_M src1 rows, r), r fastest
+ * over q values (what r names is the caller's), and the batch the last one fell in. */
+struct mul_mat_items {
+    int64_t q, blocks_m, n_items;
+    struct mul_mat_batch b;   /* where the batch of the last item placed lies */
+    int64_t b_index;          /* that batch */
+};
+
+static struct mul_mat_items items_of(const struct ggml_py_tensor *dst, int64_t q) {
+    const struct ggml_py_tensor *src1 = dst->src[1];
+    struct mul_mat_items it = { q, (src1->ne[1] + TILE_M - 1) / TILE_M, 0, { NULL, NULL, 0, NULL }, -1 };
+    it.n_items = it.q * it.blocks_m * src1->ne[2] * src1->ne[3];
+    return it;
+}
+
+/* Item `item`'s r, and its src1 rows [*m0, *m_end); it->b describes its batch (found
+ * again only when the batch changes). */
+static int64_t place_item(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *dst,
+                          struct mul_mat_items *it, int64_t item, int64_t *m0, int64_t *m_end) {
+    const int64_t batch = item / (it->q * it->blocks_m);
+    if (batch != it->b_index) {
+        it->b_index = batch;
+        it->b = batch_at(params, dst, batch);
+    }
+    *m0 = (item / it->q) % it->blocks_m * TILE_M;
+    *m_end = GGML_PY_MIN(*m0 + TILE_M, dst->src[1]->ne[1]);
+    return item % it->q;
+}
+
 /* The CPU profile over src0's rows8 (a single matrix, its rows interleaved by eight):
  * work items (batch, block of TILE_M src1 rows, r), r fastest, each two groups of eight
  * rows, r and r + h (h: half the groups, rounded up; the last item's second group may
@@ -286,19 +315,13 @@ static void compute_rows8(const struct ggml_py_compute_params *params, struct gg
     /* eight interleaved rows take eight packed rows' bytes: group g starts at row 8g's */
     const size_t group_bytes = 8 * ggml_py_row_size(src0->type, ne00);
     const int64_t groups = ne01 / 8, h = (groups + 1) / 2;
-    const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
-    const int64_t n_items = h * blocks_m * ne12 * ne13;
     const int64_t ldd = (int64_t) (nb1 / sizeof(float));
+    struct mul_mat_items it = items_of(dst, h);
     struct ggml_py_items taken = { 0, 0 };
-    struct mul_mat_batch b = { NULL, NULL, 0, NULL };
-    int64_t b_index = -1;   /* the batch b describes */
-    for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
-        const int64_t r = item % h, tm = (item / h) % blocks_m;
-        if (item / (h * blocks_m) != b_index) {
-            b_index = item / (h * blocks_m);
-            b = batch_at(params, dst, b_index);
-        }
-        const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
+    for (int64_t item; (item = ggml_py_next_item(params, it.n_items, &taken)) >= 0;) {
+        int64_t m0, m_end;
+        const int64_t r = place_item(params, dst, &it, item, &m0, &m_end);
+        const struct mul_mat_batch b = it.b;
         const char *x = (const char *) src0->rows8 + r * group_bytes;
         const char *x2 = r + h < groups ? x + h * group_bytes : NULL;
         float *d = (float *) (b.d + m0 * nb1) + 8 * r;
@@ -336,23 +359,17 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
     const int64_t cols = wide ? GGML_PY_WIDE_R1 : GGML_PY_GEMM_R1;   /* src1 rows of a tile */
     const int64_t q = (ne01 + group - 1) / group;                    /* groups */
     const int64_t step = tile ? q : 1;                               /* between their rows */
-    const int64_t blocks_m = (ne11 + TILE_M - 1) / TILE_M;
-    const int64_t n_items = q * blocks_m * ne12 * ne13;
     const int64_t ldd = (int64_t) (nb1 / sizeof(float));
+    struct mul_mat_items it = items_of(dst, q);
     struct ggml_py_items taken = { 0, 0 };
-    struct mul_mat_batch b = { NULL, NULL, 0, NULL };
-    int64_t b_index = -1;   /* the batch b describes */
-    for (int64_t item; (item = ggml_py_next_item(params, n_items, &taken)) >= 0;) {
-        const int64_t r = item % q, tm = (item / q) % blocks_m;
-        if (item / (q * blocks_m) != b_index) {
-            b_index = item / (q * blocks_m);
-            b = batch_at(params, dst, b_index);
-        }
+    for (int64_t item; (item = ggml_py_next_item(params, it.n_items, &taken)) >= 0;) {
+        int64_t m0, m_end;
+        const int64_t r = place_item(params, dst, &it, item, &m0, &m_end);
+        const struct mul_mat_batch b = it.b;
         const int64_t first = tile ? r : r * group;
         const int nr0 = (int) GGML_PY_MIN(group, (ne01 - first + step - 1) / step);   /* rows < N */
         const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
-        const int64_t m0 = tm * TILE_M, m_end = GGML_PY_MIN(m0 + TILE_M, ne11);
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */
             const int32_t *ysum = b.ysum ? b.ysum + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
             panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by, ysum,

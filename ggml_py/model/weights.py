@@ -101,7 +101,7 @@ def with_rows8(weights, release=None, n_threads=1):
     def interleaved(w):
         if w is None or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8:
             return w
-        copy = dataclasses.replace(w, rows8=interleave_rows8(np.ascontiguousarray(w.data), w.type))
+        copy = dataclasses.replace(w, rows8=interleave_rows8(w.data, w.type))   # packs a slice
         if release is not None and not isinstance(w, ColumnSlice):   # a slice shares its pages
             release(w.data)
         return copy

@@ -20,7 +20,8 @@ from ggml_py.cli.bench.mulmat import read_bandwidth
 
 import ggml_py as gg
 from ggml_py.model.bundled import default_model_path
-from ggml_py.cli.common import (add_kv_arguments, count_list, file_name, kv_options, open_llama,
+from ggml_py.cli.common import (add_kv_arguments, add_repack_argument, add_tp_log_argument,
+                                count_list, file_name, kv_options, open_llama,
                                 positive_int, thread_list)
 from ggml_py.cli.common import run as run_reporting_errors
 
@@ -47,14 +48,11 @@ def add_arguments(parser):
     parser.add_argument("--busy", type=busy_count, default=0, metavar="N",
                         help="also run every test with N other processes spinning on the CPU "
                              "(a machine in use), and report both")
-    parser.add_argument("--no-repack", dest="repack", action="store_false",
-                        help="keep the file's weight layout (Q4_0, Q4_K not interleaved at load)")
+    add_repack_argument(parser)
     parser.add_argument("--tp", action="store_true",
                         help="under mpiexec -n N: split the model over the N processes (tensor "
                              "parallel); -t is then each process's threads")
-    parser.add_argument("--tp-log", action="store_true",
-                        help="with --tp: the other processes also log to stderr (what each "
-                             "holds, how long it served), each line starting 'rank N:'")
+    add_tp_log_argument(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
