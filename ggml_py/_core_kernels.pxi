@@ -46,11 +46,20 @@ def dequantize_rows(int type, const uint8_t[:, ::1] buf, float[:, ::1] out):
 
 
 def interleave_rows8(int type, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, int64_t n):
-    """Q4_0 or Q4_K rows of n values (src: one row of blocks each) into dst (the same
-    shape), interleaved by eight as MUL_MAT's rows8 kernels read them
-    (ggml_py_q4_0_interleave_rows8, ggml_py_q4_K_interleave_rows8)."""
-    if type != GGML_PY_TYPE_Q4_0 and type != GGML_PY_TYPE_Q4_K:
-        raise ValueError("interleave_rows8: Q4_0 or Q4_K only")
+    """Q4_0, Q4_K, Q5_K or Q6_K rows of n values (src: one row of blocks each) into dst
+    (the same shape), interleaved by eight as MUL_MAT's rows8 kernels read them
+    (ggml_py_q4_0_interleave_rows8 and the K-quants' in include/ggml_py_quants.h)."""
+    cdef void (*interleave)(const void *, void *, int64_t, int64_t) noexcept nogil
+    if type == GGML_PY_TYPE_Q4_0:
+        interleave = ggml_py_q4_0_interleave_rows8
+    elif type == GGML_PY_TYPE_Q4_K:
+        interleave = ggml_py_q4_K_interleave_rows8
+    elif type == GGML_PY_TYPE_Q5_K:
+        interleave = ggml_py_q5_K_interleave_rows8
+    elif type == GGML_PY_TYPE_Q6_K:
+        interleave = ggml_py_q6_K_interleave_rows8
+    else:
+        raise ValueError("interleave_rows8: Q4_0, Q4_K, Q5_K or Q6_K only")
     cdef Py_ssize_t n_rows = src.shape[0]
     if n % ggml_py_get_type_traits(type).blck_size or n_rows % 8 or \
             <size_t> src.shape[1] != ggml_py_row_size(type, n) or \
@@ -59,10 +68,7 @@ def interleave_rows8(int type, const uint8_t[:, ::1] src, uint8_t[:, ::1] dst, i
     if n_rows == 0 or n == 0:
         return
     with nogil:
-        if type == GGML_PY_TYPE_Q4_0:
-            ggml_py_q4_0_interleave_rows8(&src[0, 0], &dst[0, 0], n_rows, n)
-        else:
-            ggml_py_q4_K_interleave_rows8(&src[0, 0], &dst[0, 0], n_rows, n)
+        interleave(&src[0, 0], &dst[0, 0], n_rows, n)
 
 
 def kernel_pair(int type):

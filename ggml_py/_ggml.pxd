@@ -12,6 +12,8 @@ cdef extern from "ggml_py.h" nogil:
         GGML_PY_TYPE_COUNT
         GGML_PY_TYPE_Q4_0
         GGML_PY_TYPE_Q4_K
+        GGML_PY_TYPE_Q5_K
+        GGML_PY_TYPE_Q6_K
         GGML_PY_OP_COUNT
         GGML_PY_STATUS_OK
         GGML_PY_STATUS_ABORTED
@@ -147,6 +149,8 @@ cdef extern from "ggml_py_quants.h" nogil:
     int ggml_py_get_kernel_pair(int type, ggml_py_kernel_pair *out)
     void ggml_py_q4_0_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n)
     void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n)
+    void ggml_py_q5_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n)
+    void ggml_py_q6_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n)
 
 
 cdef extern from "vec.h" nogil:

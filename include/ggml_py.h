@@ -156,7 +156,7 @@ struct ggml_py_tensor {
     int32_t op_params[GGML_PY_MAX_OP_PARAMS];
     struct ggml_py_tensor *src[GGML_PY_MAX_SRC];
     void   *data;
-    /* NULL, or (a Q4_0 or Q4_K matrix of a multiple of 8 rows) the same weights with
+    /* NULL, or (a Q4_0 or Q4_K - Q6_K matrix of a multiple of 8 rows) the same weights with
      * their rows packed and interleaved by eight (ggml_py_q4_0_interleave_rows8): MUL_MAT's
      * SIMD kernels read these instead of data, every other reader reads data. */
     const void *rows8;

@@ -159,8 +159,16 @@ void ggml_py_q4_0_interleave_rows8(const void *src, void *dst, int64_t n_rows, i
  * byte 2r), their dmin (16 + 2r), for k = 0 .. 2 their 32-bit words k of the packed scales
  * and mins (32 + 32k + 4r), then for j = 0 .. 31 their bytes qs[4j .. 4j + 3] (128 + 32j +
  * 4r): low nibbles values 4(j % 8) .. of sub-block 2(j / 8), high nibbles of the next one.
- * The scales' unpacking is then the same 32-bit lane operations for the eight rows. */
+ * The scales' unpacking is then the same 32-bit lane operations for the eight rows.
+ * Q5_K (1408 bytes) as Q4_K with its qh words between: qh[4k .. 4k + 3] at 128 + 32k + 4r
+ * (k = 0 .. 7: the fifth bits of qs word j with j % 8 = k), qs at 384 + 32j + 4r.
+ * Q6_K (1680 bytes) in the order its kernels read it: the rows' scales[4k .. 4k + 3] at
+ * 32k + 4r (k = 0 .. 3), their d (128 + 2r), then per half h = 0, 1 and j = 0 .. 7 the
+ * three words of values 4j .. 4j + 3 of each 32 in that half, 96 bytes at 144 + 96 (8h + j):
+ * ql[64h + 4j ..] (4r), ql[64h + 32 + 4j ..] (32 + 4r), qh[32h + 4j ..] (64 + 4r). */
 void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n);
+void ggml_py_q5_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n);
+void ggml_py_q6_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n);
 
 /* activation quantizers: llama.cpp's x86 rounding (see quants_legacy.c) */
 void ggml_py_quantize_row_q8_0_act_ref(const float *x, void *y, int64_t n);

@@ -36,6 +36,10 @@ SPECS = {
     "q4_0": RandomLlamaSpec(n_vocab=N_VOCAB, weight_type="Q4_0", seed=4),
     "q4_k": RandomLlamaSpec(n_vocab=N_VOCAB, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
                             weight_type="Q4_K", seed=5),
+    "q5_k": RandomLlamaSpec(n_vocab=N_VOCAB, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                            weight_type="Q5_K", seed=7),
+    "q6_k": RandomLlamaSpec(n_vocab=N_VOCAB, n_embd=256, n_head=4, n_head_kv=2, n_ff=512,
+                            weight_type="Q6_K", seed=8),
     # heads not n_embd / n_head wide (attention.key_length, as Mistral Nemo): Q is 4 x 24
     "heads": RandomLlamaSpec(n_vocab=N_VOCAB, head_dim=24, seed=6),
 }

@@ -225,16 +225,38 @@ def interleave_rows8_reference(raw):
     return np.concatenate([scales, values.reshape(n // 8, n_blocks, 128)], axis=2).reshape(n, -1)
 
 
-def interleave_q4_K_rows8_reference(raw):
-    """The same for Q4_K super-blocks: the eight d, the eight dmin, then each later 32-bit
-    word of the block (scales and mins, then qs) for the eight rows."""
+def interleave_k_rows8_reference(raw):
+    """The same for Q4_K and Q5_K super-blocks: the eight d, the eight dmin, then each
+    later 32-bit word of the block for the eight rows."""
     n, n_blocks, size = raw.shape
     groups = raw.reshape(n // 8, 8, n_blocks, size).transpose(0, 2, 1, 3)   # (g, b, r, bytes)
-    words = groups.reshape(n // 8, n_blocks, 8, size // 4, 4).transpose(0, 1, 3, 2, 4)   # (g, b, word, r, 4)
-    parts = [groups[..., 0:2], groups[..., 2:4]]
-    out = np.concatenate([p.reshape(n // 8, n_blocks, 16) for p in parts]
-                         + [words[:, :, 1:].reshape(n // 8, n_blocks, (size // 4 - 1) * 32)], axis=2)
+    words = groups[..., 4:].reshape(n // 8, n_blocks, 8, size // 4 - 1, 4).transpose(0, 1, 3, 2, 4)
+    parts = [groups[..., 0:2].reshape(n // 8, n_blocks, 16), groups[..., 2:4].reshape(n // 8, n_blocks, 16),
+             words.reshape(n // 8, n_blocks, -1)]
+    return np.concatenate(parts, axis=2).reshape(n, -1)
+
+
+def interleave_q6_K_rows8_reference(raw):
+    """Q6_K's, byte by byte: the eight rows' scale words, their d, then per half h and
+    j < 8 the words ql[64h + 4j], ql[64h + 32 + 4j] and qh[32h + 4j] of the eight rows."""
+    n, n_blocks, _ = raw.shape
+    out = np.zeros((n // 8, n_blocks, 1680), np.uint8)
+    for g, b, r in np.ndindex(n // 8, n_blocks, 8):
+        block, o = raw[8 * g + r, b], out[g, b]
+        ql, qh, scales, d = block[:128], block[128:192], block[192:208], block[208:210]
+        for k in range(4):
+            o[32 * k + 4 * r:32 * k + 4 * r + 4] = scales[4 * k:4 * k + 4]
+        o[128 + 2 * r:130 + 2 * r] = d
+        for h, j in np.ndindex(2, 8):
+            at = 144 + 96 * (8 * h + j) + 4 * r
+            for i, word in enumerate((ql[64 * h + 4 * j:], ql[64 * h + 32 + 4 * j:], qh[32 * h + 4 * j:])):
+                o[at + 32 * i:at + 32 * i + 4] = word[:4]
     return out.reshape(n, -1)
+
+
+# the K-quants with a rows8 layout: block bytes, numpy's reading of the layout
+K_ROWS8 = {gg.Q4_K: (144, interleave_k_rows8_reference), gg.Q5_K: (176, interleave_k_rows8_reference),
+           gg.Q6_K: (210, interleave_q6_K_rows8_reference)}
 
 
 def test_interleave_rows8_layout():
@@ -242,9 +264,10 @@ def test_interleave_rows8_layout():
     got = gg.interleave_rows8(raw.reshape(24, -1), gg.Q4_0)
     assert got.shape == (24, 5 * 18) and got.dtype == np.uint8
     np.testing.assert_array_equal(got, interleave_rows8_reference(raw))
-    raw_k = np.random.default_rng(1).integers(0, 256, (16, 3, 144), dtype=np.uint8)
-    np.testing.assert_array_equal(gg.interleave_rows8(raw_k.reshape(16, -1), "q4_K"),
-                                  interleave_q4_K_rows8_reference(raw_k))
+    for t, (size, reference) in K_ROWS8.items():
+        raw_k = np.random.default_rng(1).integers(0, 256, (16, 3, size), dtype=np.uint8)
+        np.testing.assert_array_equal(gg.interleave_rows8(raw_k.reshape(16, -1), t), reference(raw_k),
+                                      err_msg=t.name)
     with pytest.raises(ValueError, match="multiple of 8"):
         gg.interleave_rows8(raw.reshape(24, -1)[:12], gg.Q4_0)
     with pytest.raises(ValueError, match="Q8_0 has no interleaved layout"):
@@ -262,21 +285,21 @@ def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 33])
-def test_q4_K_rows8_equal_scalar_twin_on_raw_bytes(m):
-    """Q4_K the same way (below M = 8 up to two activation rows a pass): on random
-    super-block bytes (every scale and min bit pattern, d and dmin finite), rows of two
-    groups and of two panel chunks, every output equals the scalar twin's vec_dot bit for
-    bit."""
-    t = gg.Q4_K
+@pytest.mark.parametrize("t", list(K_ROWS8), ids=lambda t: t.name)
+def test_k_quant_rows8_equal_scalar_twin_on_raw_bytes(t, m):
+    """The K-quants the same way (below M = 8 up to two activation rows a pass): on random
+    super-block bytes (every scale, min and value bit pattern, d and dmin finite), rows of
+    two groups and of two panel chunks, every output equals the scalar twin's vec_dot bit
+    for bit."""
     rng = np.random.default_rng(m)
-    raw = rng.integers(0, 256, (16, 17, 144), dtype=np.uint8)
+    raw = rng.integers(0, 256, (16, 17, K_ROWS8[t][0]), dtype=np.uint8)
     halves = raw[..., K_QUANT_HALVES[t]]
-    halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (2,))
+    halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
     assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=True)
 
 
 @pytest.mark.parametrize("m", [1, 9])
-@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [gg.Q4_0, *K_ROWS8], ids=lambda t: t.name)
 def test_rows8_is_what_the_simd_kernels_read(t, m):
     """A rows8 copy that lies (zeros) shows which bytes a product read: the SIMD kernels
     read rows8, the scalar twins (and every other op) the weights themselves."""
@@ -297,7 +320,7 @@ def test_rows8_is_what_the_simd_kernels_read(t, m):
 
 
 @pytest.mark.parametrize("m", [1, 9])
-@pytest.mark.parametrize("t", [gg.Q4_0, gg.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [gg.Q4_0, *K_ROWS8], ids=lambda t: t.name)
 def test_rows8_of_some_columns_of_a_wider_matrix(t, m):
     """A view of some columns of a wider matrix (a process's share of a matrix split by its
     input columns) given those columns packed and interleaved (set_rows8) multiplies as the
@@ -326,9 +349,9 @@ def test_rows8_of_some_columns_of_a_wider_matrix(t, m):
 def test_rows8_checked():
     raw = q4_0_raw(16, 4, np.random.default_rng(6)).reshape(16, -1)
     ctx = gg.Context(mem_size=1 << 20)
-    with pytest.raises(ValueError, match="rows8 is for a Q4_0 or Q4_K matrix of a multiple of 8"):
+    with pytest.raises(ValueError, match="rows8 is for a Q4_0, Q4_K, Q5_K or Q6_K matrix of a multiple of 8"):
         ctx.from_buffer(raw[:12], gg.Q4_0, (12, 128), rows8=gg.interleave_rows8(raw, gg.Q4_0)[:12])
-    with pytest.raises(ValueError, match="rows8 is for a Q4_0 or Q4_K matrix"):
+    with pytest.raises(ValueError, match="rows8 is for a Q4_0, Q4_K, Q5_K or Q6_K matrix"):
         ctx.from_buffer(np.zeros((16, 136), np.uint8), gg.Q8_0, (16, 128), rows8=np.zeros((16, 136), np.uint8))
     with pytest.raises(ValueError, match="rows8 must be the contiguous uint8 array"):
         ctx.from_buffer(raw, gg.Q4_0, (16, 128), rows8=gg.interleave_rows8(raw, gg.Q4_0)[:, :36])

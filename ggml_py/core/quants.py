@@ -47,11 +47,11 @@ def dequantize(buf, type, shape):
 
 
 # the types whose rows MUL_MAT's SIMD kernels can read interleaved by eight
-ROWS8_TYPES = (Type.Q4_0, Type.Q4_K)
+ROWS8_TYPES = (Type.Q4_0, Type.Q4_K, Type.Q5_K, Type.Q6_K)
 
 
 def interleave_rows8(blocks, type):
-    """Q4_0 or Q4_K weights (N, bytes of a row: N rows, N a multiple of 8) -> a new array
+    """Q4_0, Q4_K, Q5_K or Q6_K weights (N, bytes of a row: N rows, N a multiple of 8) -> a new array
     of the same shape and bytes, their rows interleaved by eight: the layout MUL_MAT's
     SIMD kernels read fastest (include/ggml_py_quants.h, ggml_py_q4_0_interleave_rows8).
     Pass it beside the weights as Context.from_buffer(..., rows8=...)."""

@@ -99,7 +99,7 @@ class Tensor(_core.TensorBase):
         return [TaskProfile._from_raw(r) for r in self._op_profiles_raw()]
 
     def set_rows8(self, rows8, where="set_rows8"):
-        """Give this Q4_0 or Q4_K matrix (a leaf or a view: e.g. some columns of a wider
+        """Give this Q4_0, Q4_K, Q5_K or Q6_K matrix (a leaf or a view: e.g. some columns of a wider
         one) a second copy of its weights, packed rows interleaved by eight as
         gg.interleave_rows8 returns them (kept alive with the tensor): MUL_MAT's SIMD kernels
         read that copy instead, faster; every other op, and the scalar kernels, read the
@@ -108,8 +108,8 @@ class Tensor(_core.TensorBase):
         shape and layout are checked (ValueError)."""
         rows8 = np.asarray(rows8)
         if self.type not in ROWS8_TYPES or self.ndim != 2 or self.shape[0] % 8:
-            raise ValueError(f"{where}: rows8 is for a Q4_0 or Q4_K matrix of a multiple of 8 "
-                             f"rows, not {self.type.name} {self.shape}")
+            raise ValueError(f"{where}: rows8 is for a Q4_0, Q4_K, Q5_K or Q6_K matrix of a "
+                             f"multiple of 8 rows, not {self.type.name} {self.shape}")
         if (rows8.dtype != np.uint8 or not rows8.flags.c_contiguous
                 or rows8.shape != (self.shape[0], row_bytes(self.type, self.shape[1]))
                 or rows8.ctypes.data % data_alignment(self.type)):
@@ -191,7 +191,7 @@ class Context(_core.Context):
         buffer in this machine's byte order; raw bytes (uint8, ...) may hold
         any type (quantized blocks, BF16 bits).
 
-        rows8: for a Q4_0 or Q4_K matrix of a multiple of 8 rows, the same weights
+        rows8: for a Q4_0, Q4_K, Q5_K or Q6_K matrix of a multiple of 8 rows, the same weights
         as gg.interleave_rows8(buffer, type) gives them (kept alive too): MUL_MAT's
         SIMD kernels read that copy instead, faster (every other op, and the scalar
         kernels, read `buffer`).

@@ -43,14 +43,15 @@ ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m);
 /* The wide tile for weights of `type` against m activation rows, or NULL. */
 ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m);
 /* A rows8 kernel: for the eight rows of `type` interleaved by eight at x (a tensor's rows8:
- * ggml_py_q4_0_interleave_rows8, ggml_py_q4_K_interleave_rows8) d[j * ldd + i] = dot(row i,
- * y + j * by) for i < 8 and j < nr1 (any number of activation rows), and the same for the
- * eight at x2 into d2 unless x2 is NULL: two groups read side by side (two streams of
- * memory in flight). ysum: as a panel's (Q4_0's only). Equal to vec_dot bit for bit. */
+ * ggml_py_q4_0_interleave_rows8 and the K-quants' beside it in ggml_py_quants.h)
+ * d[j * ldd + i] = dot(row i, y + j * by) for i < 8 and j < nr1 (any number of activation
+ * rows), and the same for the eight at x2 into d2 unless x2 is NULL: two groups read side
+ * by side (two streams of memory in flight). ysum: as a panel's (Q4_0's only). Equal to
+ * vec_dot bit for bit. */
 typedef void (*ggml_py_gemm_rows8_fn)(int64_t n, int nr1, const char *x, const char *x2, const char *y,
                                       size_t by, const int32_t *ysum, float *d, float *d2, int64_t ldd);
 
-/* The rows8 kernel of `type`, or NULL for a type without one (all but Q4_0 and Q4_K). */
+/* The rows8 kernel of `type`, or NULL for a type without one (all but Q4_0 and Q4_K - Q6_K). */
 ggml_py_gemm_rows8_fn ggml_py_gemm_rows8_avx2(int type);
 /* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);

@@ -141,10 +141,10 @@ class Llama:
     use_mmap: map the file's weights (the default, as llama.cpp); False reads the whole
     file into memory, so that changing the file later does not reach the model (mapped,
     a file changed in place makes the next evaluation raise ModelLoadError).
-    repack: also hold each Q4_0 and Q4_K matrix with its rows interleaved by eight, the
-    layout the SIMD kernels read fastest (the default, as llama.cpp repacks at load; a
-    mapped file's pages of them are let go); False keeps the file's layout: no copy at load,
-    slower decoding.
+    repack: also hold each Q4_0, Q4_K, Q5_K and Q6_K matrix with its rows interleaved by
+    eight, the layout the SIMD kernels read fastest (the default, as llama.cpp repacks at
+    load; a mapped file's pages of them are let go); False keeps the file's layout: no copy
+    at load, slower decoding.
     clock: what the timings are read from, a function returning seconds (default
     time.perf_counter; tests give one they step by hand).
     Raises ModelLoadError (a ValueError) naming the file if it cannot be used, and

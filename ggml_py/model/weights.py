@@ -89,7 +89,7 @@ MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def with_rows8(weights, release=None, n_threads=1):
-    """`weights` (LlamaWeights) with every Q4_0 or Q4_K matrix of a multiple of 8 rows
+    """`weights` (LlamaWeights) with every Q4_0, Q4_K, Q5_K or Q6_K matrix of a multiple of 8 rows
     given its rows interleaved by eight (Weight.rows8, a copy in memory): the layout
     MUL_MAT's SIMD kernels read fastest (docs/llama.md, "Weights in memory"). The token
     embeddings are not (get_rows reads them); an output matrix tied to them is, as a
@@ -127,7 +127,7 @@ class ColumnSlice:
     whole: object     # the Weight (N, K)
     start: int
     n: int
-    rows8: object = None   # Q4_0, Q4_K: the slice's rows packed and interleaved (with_rows8)
+    rows8: object = None   # Q4_0, Q4_K - Q6_K: the slice's rows packed and interleaved (with_rows8)
 
     @property
     def name(self):

@@ -579,6 +579,15 @@ static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
     legacy_panel(1, 0, n, nr0, nr1, x, bx, y, by, NULL, d, ldd);
 }
 
+/* The rows8 kernels below M = 8 ask for their stream ROWS8_PREFETCH bytes ahead, part
+ * `i` of `n` of each block (xb, `block` bytes) as they go: the hardware prefetchers alone
+ * kept too few reads in flight (docs/benchmarks.md, "Interleaved rows"). */
+#define ROWS8_PREFETCH 2048
+
+INLINE void rows8_prefetch(const char *xb, size_t block, int i, int n) {
+    for (size_t l = block * i / n; l < block * (i + 1) / n; l += 64) _mm_prefetch(xb + ROWS8_PREFETCH + l, _MM_HINT_T0);
+}
+
 /* ---- Q4_0 rows interleaved by eight (a tensor's rows8) ----
  *
  * Eight neighbouring rows as a panel takes them, read from one sequential stream
@@ -604,6 +613,7 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
     for (int64_t ib = 0; ib < nb; ib++) {
         for (int t = 0; t < ng; t++) {
             const char *xb = x[t] + ib * ROWS8_BLOCK;
+            rows8_prefetch(xb, ROWS8_BLOCK, 0, 1);
             const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb));
             __m256i v[8];   /* v[g] lane r: row r's values 4g .. 4g + 3 */
             for (int j = 0; j < 4; j++) {
@@ -777,14 +787,25 @@ INLINE void k4_panel_chunk(int five_bits, int nc, int nbc, const struct k_panel 
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
-/* ---- Q4_K rows interleaved by eight (a tensor's rows8) ----
+/* ---- Q4_K and Q5_K rows interleaved by eight (a tensor's rows8) ----
  *
  * As Q4_0's: eight neighbouring rows read from one stream laid out for them
- * (ggml_py_q4_K_interleave_rows8). The packed scales and mins of the eight rows are
- * unpacked together (ggml_py_k4_scales_mins's steps in each row's lane), a sub-block's
- * scale reaches its row's lanes by one byte shuffle, and the products land in the
- * rows' own lanes; the integer sums and the float step are vec_dot_q4_K's. */
+ * (ggml_py_q4_K_interleave_rows8, ggml_py_q5_K_interleave_rows8). The packed scales and
+ * mins of the eight rows are unpacked together (ggml_py_k4_scales_mins's steps in each
+ * row's lane), a sub-block's scale reaches its row's lanes by one byte shuffle, and the
+ * products land in the rows' own lanes; the integer sums and the float step are
+ * vec_dot_q4_K's (vec_dot_q5_K's). Q5_K's fifth bits come from the qh word that lies in
+ * the same lanes as the values. */
 #define K4_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_K))   /* a super-block of eight rows */
+#define K5_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q5_K))
+#define K5_ROWS8_QH 128                                    /* Q5_K's qh words */
+#define K_ROWS8_QS(five_bits) ((five_bits) ? 384 : 128)   /* the qs words */
+
+/* Bit `bit` of each byte of h, at bit 4 of that byte (the fifth bit of a Q5_K value). */
+INLINE __m256i k5_bit_at_4(__m256i h, int bit) {
+    const __m256i at4 = bit <= 4 ? _mm256_slli_epi16(h, 4 - bit) : _mm256_srli_epi16(h, bit - 4);
+    return _mm256_and_si256(at4, _mm256_set1_epi8(0x10));
+}
 
 /* sc[h] lane r: row r's 6-bit scales 4h .. 4h + 3 (a byte each), mn[h] its mins. */
 INLINE void k4_rows8_scales(const char *xb, __m256i sc[2], __m256i mn[2]) {
@@ -826,10 +847,11 @@ INLINE __m256i k4_rows8_mins(const __m256i mn[2], int k) {
 
 /* Super-blocks [b0, b0 + nbc) of eight rows8 rows (x: the group's first byte) into
  * k4_interleave's panel. */
-INLINE void k4_rows8_interleave(const char *x, int64_t b0, int nbc, struct k_panel *p) {
+INLINE void k4_rows8_interleave(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel *p) {
     const __m256i low = _mm256_set1_epi8(0xF);
+    const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
     for (int b = 0; b < nbc; b++) {
-        const char *xb = x + (b0 + b) * K4_ROWS8_BLOCK;
+        const char *xb = x + (b0 + b) * block;
         __m256i sc[2], mn[2];
         k4_rows8_scales(xb, sc, mn);
         for (int s = 0; s < 8; s++) p->sc[8 * b + s] = k4_rows8_scale(sc, s);
@@ -837,15 +859,21 @@ INLINE void k4_rows8_interleave(const char *x, int64_t b0, int nbc, struct k_pan
         _mm256_store_ps(p->dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb)));
         _mm256_store_ps(p->dm + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + 16))));
         for (int j = 0; j < 32; j++) {   /* sub-blocks 2 (j / 8) and 2 (j / 8) + 1, group j % 8 */
-            const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + 128 + 32 * j));
-            p->w[64 * b + 8 * (2 * (j / 8)) + j % 8] = _mm256_and_si256(v, low);
-            p->w[64 * b + 8 * (2 * (j / 8) + 1) + j % 8] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + K_ROWS8_QS(five_bits) + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five_bits) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *) (xb + K5_ROWS8_QH + 32 * (j % 8)));
+                lo = _mm256_or_si256(lo, k5_bit_at_4(h, 2 * (j / 8)));
+                hi = _mm256_or_si256(hi, k5_bit_at_4(h, 2 * (j / 8) + 1));
+            }
+            p->w[64 * b + 8 * (2 * (j / 8)) + j % 8] = lo;
+            p->w[64 * b + 8 * (2 * (j / 8) + 1) + j % 8] = hi;
         }
     }
 }
 
-/* A panel of nr0 rows bx apart (rows8: eight Q4_K rows interleaved at x) against nr1
- * activation rows. */
+/* A panel of nr0 rows bx apart (rows8: eight Q4_K or Q5_K rows interleaved at x) against
+ * nr1 activation rows. */
 INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1, const char *x, size_t bx,
                           const char *y, size_t by, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
@@ -854,7 +882,7 @@ INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1,
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        if (rows8) k4_rows8_interleave(x, b0, nbc, &p);
+        if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, &p);
         else k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         int c = 0;
@@ -874,40 +902,51 @@ static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
 
 /* Below GGML_PY_PANEL_MIN_M activation rows: up to two (nc) at a time, the values
  * unpacked in registers once per super-block for them; ng (1 or 2) groups side by side,
- * x[t] into d[t], as Q4_0's. */
-INLINE void k4_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], const char *y, size_t by,
-                              float *const d[2], int64_t ldd) {
+ * x[t] into d[t], as Q4_0's. Products are summed in int16 over a sub-block's eight
+ * groups (Q4_K: 16 a lane, under 2^15) or four (Q5_K's values < 32), as the panel. */
+INLINE void k4_rows8_few_body(int five_bits, int ng, int nc, int64_t nb, const char *const x[2], const char *y,
+                              size_t by, float *const d[2], int64_t ldd) {
     const __m256i low = _mm256_set1_epi8(0xF);
+    const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
+    const int g_run = five_bits ? 4 : 8;
     __m256 acc[2][2];   /* lane r: row r of group t against activation row c */
     for (int t = 0; t < ng; t++)
         for (int c = 0; c < nc; c++) acc[t][c] = _mm256_setzero_ps();
     for (int64_t ib = 0; ib < nb; ib++) {
         for (int t = 0; t < ng; t++) {
-            const char *xb = x[t] + ib * K4_ROWS8_BLOCK;
+            const char *xb = x[t] + ib * block;
             __m256i sc[2], mn[2], isum[2];
             k4_rows8_scales(xb, sc, mn);
             for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
             for (int q = 0; q < 4; q++) {   /* sub-blocks 2q (low nibbles) and 2q + 1 (high) */
-                __m256i lo16[2], hi16[2];   /* products summed in int16: 16 a lane, under 2^15 */
-                for (int c = 0; c < nc; c++) lo16[c] = hi16[c] = _mm256_setzero_si256();
-                for (int j = 0; j < 8; j++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + 128 + 32 * (8 * q + j)));
-                    const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                    for (int c = 0; c < nc; c++) {
-                        const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 64 * q + 4 * j;
-                        int32_t ylo, yhi;
-                        memcpy(&ylo, q8, 4);
-                        memcpy(&yhi, q8 + 32, 4);
-                        lo16[c] = _mm256_add_epi16(lo16[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ylo)));
-                        hi16[c] = _mm256_add_epi16(hi16[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(yhi)));
-                        KEEP_IN_REGISTER(lo16[c]);
-                        KEEP_IN_REGISTER(hi16[c]);
-                    }
-                }
+                rows8_prefetch(xb, block, q, 4);
                 const __m256i s_lo = k4_rows8_scale(sc, 2 * q), s_hi = k4_rows8_scale(sc, 2 * q + 1);
-                for (int c = 0; c < nc; c++) {
-                    isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(lo16[c], s_lo),
-                                                                         _mm256_madd_epi16(hi16[c], s_hi)));
+                for (int j0 = 0; j0 < 8; j0 += g_run) {
+                    __m256i lo16[2], hi16[2];
+                    for (int c = 0; c < nc; c++) lo16[c] = hi16[c] = _mm256_setzero_si256();
+                    for (int j = j0; j < j0 + g_run; j++) {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + K_ROWS8_QS(five_bits) + 32 * (8 * q + j)));
+                        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                        if (five_bits) {
+                            const __m256i h = _mm256_loadu_si256((const __m256i *) (xb + K5_ROWS8_QH + 32 * j));
+                            lo = _mm256_or_si256(lo, k5_bit_at_4(h, 2 * q));
+                            hi = _mm256_or_si256(hi, k5_bit_at_4(h, 2 * q + 1));
+                        }
+                        for (int c = 0; c < nc; c++) {
+                            const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 64 * q + 4 * j;
+                            int32_t ylo, yhi;
+                            memcpy(&ylo, q8, 4);
+                            memcpy(&yhi, q8 + 32, 4);
+                            lo16[c] = _mm256_add_epi16(lo16[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ylo)));
+                            hi16[c] = _mm256_add_epi16(hi16[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(yhi)));
+                            KEEP_IN_REGISTER(lo16[c]);
+                            KEEP_IN_REGISTER(hi16[c]);
+                        }
+                    }
+                    for (int c = 0; c < nc; c++) {
+                        isum[c] = _mm256_add_epi32(isum[c], _mm256_add_epi32(_mm256_madd_epi16(lo16[c], s_lo),
+                                                                             _mm256_madd_epi16(hi16[c], s_hi)));
+                    }
                 }
             }
             const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb));
@@ -934,14 +973,14 @@ INLINE void k4_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2]
     for (int t = 0; t < ng; t++) store_rows8(acc[t], GGML_PY_PANEL_ROWS, nc, d[t], ldd, 1);
 }
 
-/* The rows8 contract (mul_mat.h): x, x2 eight interleaved Q4_K rows each (x2 may be NULL). */
-static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
+/* The rows8 contract (mul_mat.h) for Q4_K and Q5_K: x, x2 eight interleaved rows each
+ * (x2 may be NULL). */
+INLINE void gemm_k4_rows8(int five_bits, int64_t n, int nr1, const char *x, const char *x2, const char *y,
+                          size_t by, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
     if (nr1 >= GGML_PY_PANEL_MIN_M) {
-        gemm_k4_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
-        if (x2) gemm_k4_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, d2, ldd);
+        gemm_k4_panel(five_bits, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
+        if (x2) gemm_k4_panel(five_bits, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, d2, ldd);
         return;
     }
     const int ng = x2 ? 2 : 1;
@@ -949,13 +988,25 @@ static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, c
     for (int c = 0; c < nr1; c += 2) {   /* one specialization per count */
         float *const dc[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
         if (nr1 - c >= 2) {
-            if (ng == 2) k4_rows8_few_body(2, 2, nb, groups, y + c * by, by, dc, ldd);
-            else k4_rows8_few_body(1, 2, nb, groups, y + c * by, by, dc, ldd);
+            if (ng == 2) k4_rows8_few_body(five_bits, 2, 2, nb, groups, y + c * by, by, dc, ldd);
+            else k4_rows8_few_body(five_bits, 1, 2, nb, groups, y + c * by, by, dc, ldd);
         } else {
-            if (ng == 2) k4_rows8_few_body(2, 1, nb, groups, y + c * by, by, dc, ldd);
-            else k4_rows8_few_body(1, 1, nb, groups, y + c * by, by, dc, ldd);
+            if (ng == 2) k4_rows8_few_body(five_bits, 2, 1, nb, groups, y + c * by, by, dc, ldd);
+            else k4_rows8_few_body(five_bits, 1, 1, nb, groups, y + c * by, by, dc, ldd);
         }
     }
+}
+
+static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    gemm_k4_rows8(0, n, nr1, x, x2, y, by, d, d2, ldd);
+}
+
+static void gemm_q5_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;
+    gemm_k4_rows8(1, n, nr1, x, x2, y, by, d, d2, ldd);
 }
 
 static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
@@ -1044,22 +1095,170 @@ INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const ch
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
-static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
+/* ---- Q6_K rows interleaved by eight (a tensor's rows8) ----
+ *
+ * The eight rows' super-blocks side by side in the order the kernels read them
+ * (ggml_py_q6_K_interleave_rows8): the two ql words and the qh word that hold four
+ * values of each kind lie in the same lanes, so the values ggml_py_q6_K_half makes of
+ * them come out in each row's lane, and a sub-block's int8 scale reaches its row's
+ * lanes by one byte shuffle (into the high byte of an int16, then an arithmetic shift:
+ * sign-extended). The integer sums and the float step are the panel's (vec_dot_q6_K's). */
+#define Q6_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q6_K))   /* a super-block of eight rows */
+#define Q6_ROWS8_D 128                                     /* the eight d */
+#define Q6_ROWS8_VALUES 144                                /* the value words, 96 bytes a group */
+
+/* Bytes a and b of each 32-bit lane of v, into the high bytes of its two int16 halves */
+#define Q6_BYTES_LANES(a, b) -128, a, -128, b, -128, 4 + a, -128, 4 + b, -128, 8 + a, -128, 8 + b, \
+    -128, 12 + a, -128, 12 + b
+#define Q6_BYTES_MASK(a, b) { Q6_BYTES_LANES(a, b), Q6_BYTES_LANES(a, b) }
+static const int8_t q6_bytes_masks[6][32] = {
+    Q6_BYTES_MASK(0, 0), Q6_BYTES_MASK(1, 1), Q6_BYTES_MASK(2, 2), Q6_BYTES_MASK(3, 3),   /* one scale */
+    Q6_BYTES_MASK(0, 1), Q6_BYTES_MASK(2, 3),                                           /* pairs */
+};
+INLINE __m256i q6_bytes16(__m256i v, int mask) {
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(v, _mm256_loadu_si256((const __m256i *) q6_bytes_masks[mask])), 8);
+}
+
+/* Row r's scale of sub-block s in int16 lanes 2r, 2r + 1 (the panel's sc), from the
+ * super-block xb's scale words. */
+INLINE __m256i q6_rows8_scale(const char *xb, int s) {
+    return q6_bytes16(_mm256_loadu_si256((const __m256i *) (xb + 32 * (s / 4))), s % 4);
+}
+
+/* Row r's scales 2k and 2k + 1 in int16 lanes 2r, 2r + 1 (the panel's sp). */
+INLINE __m256i q6_rows8_pair(const char *xb, int k) {
+    return q6_bytes16(_mm256_loadu_si256((const __m256i *) (xb + 32 * (k / 2))), 4 + k % 2);
+}
+
+/* Values 128h + 32m + 4j .. + 3 (m = 0 .. 3: unsigned, 0 .. 63) in each row's lane, from
+ * group 8h + j's words (w: its 96 bytes). */
+INLINE __m256i q6_rows8_values(const char *w, int m) {
+    const __m256i low = _mm256_set1_epi8(0xF), high = _mm256_set1_epi8(0x30);
+    const __m256i l = _mm256_loadu_si256((const __m256i *) (w + 32 * (m % 2)));
+    const __m256i q = _mm256_loadu_si256((const __m256i *) (w + 64));
+    const __m256i lo = m < 2 ? _mm256_and_si256(l, low) : _mm256_and_si256(_mm256_srli_epi16(l, 4), low);
+    const __m256i hi = m == 0 ? _mm256_slli_epi16(q, 4) : m == 1 ? _mm256_slli_epi16(q, 2)
+                     : m == 2 ? q : _mm256_srli_epi16(q, 2);
+    return _mm256_or_si256(lo, _mm256_and_si256(hi, high));
+}
+
+/* Super-blocks [b0, b0 + nbc) of eight rows8 rows (x: the group's first byte) into
+ * q6_K_interleave's panel. */
+INLINE void q6_rows8_interleave(const char *x, int64_t b0, int nbc, struct q6_panel *p) {
+    for (int b = 0; b < nbc; b++) {
+        const char *xb = x + (b0 + b) * Q6_ROWS8_BLOCK;
+        for (int s = 0; s < 16; s++) p->sc[16 * b + s] = q6_rows8_scale(xb, s);
+        for (int k = 0; k < 8; k++) p->sp[8 * b + k] = q6_rows8_pair(xb, k);
+        _mm256_store_ps(p->dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + Q6_ROWS8_D))));
+        for (int h = 0; h < 2; h++) {
+            for (int j = 0; j < 8; j++) {
+                const char *w = xb + Q6_ROWS8_VALUES + 96 * (8 * h + j);
+                for (int m = 0; m < 4; m++) p->w[64 * b + 8 * (4 * h + m) + j] = q6_rows8_values(w, m);
+            }
+        }
+    }
+}
+
+/* A panel of nr0 rows bx apart (rows8: eight rows interleaved at x) against nr1
+ * activation rows. */
+INLINE void gemm_q6_panel(int rows8, int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                          size_t by, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
     _Alignas(32) struct q6_panel p;
     __m256 acc[GGML_PY_PANEL_COLS];
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        q6_K_interleave(nr0, x, bx, b0, nbc, &p);
+        if (rows8) q6_rows8_interleave(x, b0, nbc, &p);
+        else q6_K_interleave(nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         int c = 0;
         for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) q6_K_panel_chunk(PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
         if (c < nr1) q6_K_panel_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c);
     }
     store_rows8(acc, nr0, nr1, d, ldd, 1);
+}
+
+static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
+                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    gemm_q6_panel(0, n, nr0, nr1, x, bx, y, by, d, ldd);
+}
+
+/* Below GGML_PY_PANEL_MIN_M activation rows: up to two (nc) at a time, the values
+ * unpacked in registers once per super-block for them; ng (1 or 2) groups side by side,
+ * x[t] into d[t], as Q4_K's. Products (values < 64) are summed in int16 over two groups,
+ * then times their sub-block's scale, as the panel. */
+INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], const char *y, size_t by,
+                              float *const d[2], int64_t ldd) {
+    __m256 acc[2][2];   /* lane r: row r of group t against activation row c */
+    for (int t = 0; t < ng; t++)
+        for (int c = 0; c < nc; c++) acc[t][c] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib++) {
+        for (int t = 0; t < ng; t++) {
+            const char *xb = x[t] + ib * Q6_ROWS8_BLOCK;
+            __m256i isum[2];
+            for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                for (int j0 = 0; j0 < 8; j0 += 2) {   /* groups j0, j0 + 1: half a sub-block of each kind */
+                    const char *w = xb + Q6_ROWS8_VALUES + 96 * (8 * h + j0);
+                    rows8_prefetch(xb, Q6_ROWS8_BLOCK, 4 * h + j0 / 2, 8);
+                    for (int m = 0; m < 4; m++) {      /* sub-block 8h + 2m + j0 / 4 */
+                        const __m256i v0 = q6_rows8_values(w, m), v1 = q6_rows8_values(w + 96, m);
+                        const __m256i sc = q6_rows8_scale(xb, 8 * h + 2 * m + j0 / 4);
+                        for (int c = 0; c < nc; c++) {
+                            const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 128 * h + 32 * m + 4 * j0;
+                            int32_t y0, y1;
+                            memcpy(&y0, q8, 4);
+                            memcpy(&y1, q8 + 4, 4);
+                            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, _mm256_set1_epi32(y0)),
+                                                                 _mm256_maddubs_epi16(v1, _mm256_set1_epi32(y1)));
+                            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, sc));
+                        }
+                    }
+                }
+            }
+            const __m256 dx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + Q6_ROWS8_D)));
+            for (int c = 0; c < nc; c++) {
+                const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + ib;
+                /* 32 * sum of scale j * bsums[j]: the offset, as q6_K_panel_chunk */
+                __m256i off = _mm256_setzero_si256();
+                for (int k = 0; k < 8; k++) {
+                    int32_t pair;
+                    memcpy(&pair, yb->bsums + 2 * k, 4);
+                    off = _mm256_add_epi32(off, _mm256_madd_epi16(q6_rows8_pair(xb, k), _mm256_set1_epi32(pair)));
+                }
+                const __m256i is = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
+                const __m256 dd = _mm256_mul_ps(dx, _mm256_set1_ps(yb->d));
+                acc[t][c] = _mm256_add_ps(acc[t][c], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is)));
+            }
+        }
+    }
+    for (int t = 0; t < ng; t++) store_rows8(acc[t], GGML_PY_PANEL_ROWS, nc, d[t], ldd, 1);
+}
+
+/* The rows8 contract (mul_mat.h): x, x2 eight interleaved Q6_K rows each (x2 may be NULL). */
+static void gemm_q6_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;   /* the blocks' bsums */
+    const int64_t nb = n / GGML_PY_QK_K;
+    if (nr1 >= GGML_PY_PANEL_MIN_M) {
+        gemm_q6_panel(1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
+        if (x2) gemm_q6_panel(1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, d2, ldd);
+        return;
+    }
+    const int ng = x2 ? 2 : 1;
+    const char *const groups[2] = { x, x2 };
+    for (int c = 0; c < nr1; c += 2) {   /* one specialization per count */
+        float *const dc[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
+        if (nr1 - c >= 2) {
+            if (ng == 2) q6_rows8_few_body(2, 2, nb, groups, y + c * by, by, dc, ldd);
+            else q6_rows8_few_body(1, 2, nb, groups, y + c * by, by, dc, ldd);
+        } else {
+            if (ng == 2) q6_rows8_few_body(2, 1, nb, groups, y + c * by, by, dc, ldd);
+            else q6_rows8_few_body(1, 1, nb, groups, y + c * by, by, dc, ldd);
+        }
+    }
 }
 
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
@@ -1086,6 +1285,8 @@ ggml_py_gemm_rows8_fn ggml_py_gemm_rows8_avx2(int type) {
     switch (type) {
         case GGML_PY_TYPE_Q4_0: return gemm_q4_0_rows8;
         case GGML_PY_TYPE_Q4_K: return gemm_q4_K_rows8;
+        case GGML_PY_TYPE_Q5_K: return gemm_q5_K_rows8;
+        case GGML_PY_TYPE_Q6_K: return gemm_q6_K_rows8;
         default:                return NULL;
     }
 }

@@ -399,18 +399,49 @@ void ggml_py_quantize_row_q4_K_ref(const float *x, void *vy, int64_t n) {
     }
 }
 
+/* Eight rows' super-blocks of `block` bytes side by side: for each fp16 half of the
+ * block's first `head` bytes the eight rows' halves (16 bytes), then each later 32-bit
+ * word for the eight rows (32 bytes) (include/ggml_py_quants.h). */
+static void k_interleave_rows8(const uint8_t *x, uint8_t *out, int64_t n_rows, int64_t nb, size_t block,
+                               size_t head) {
+    const size_t words = (block - head) / 4;
+    for (int64_t g = 0; g < n_rows / 8; g++) {
+        for (int64_t b = 0; b < nb; b++, out += 8 * block) {
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *xb = x + ((8 * g + r) * nb + b) * block;
+                for (size_t h = 0; h < head; h += 2) memcpy(out + 8 * h + 2 * r, xb + h, 2);
+                for (size_t k = 0; k < words; k++) memcpy(out + 8 * head + 32 * k + 4 * r, xb + head + 4 * k, 4);
+            }
+        }
+    }
+}
+
 void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
+    k_interleave_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q4_K), 4);
+}
+
+void ggml_py_q5_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
+    k_interleave_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q5_K), 4);
+}
+
+void ggml_py_q6_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
     const int64_t nb = n / GGML_PY_QK_K;
-    const ggml_py_block_q4_K *x = src;
+    const ggml_py_block_q6_K *x = src;
     uint8_t *out = dst;
     for (int64_t g = 0; g < n_rows / 8; g++) {
-        for (int64_t b = 0; b < nb; b++, out += 8 * sizeof(ggml_py_block_q4_K)) {
+        for (int64_t b = 0; b < nb; b++, out += 8 * sizeof(ggml_py_block_q6_K)) {
             for (int r = 0; r < 8; r++) {
-                const ggml_py_block_q4_K *xb = x + (8 * g + r) * nb + b;
-                memcpy(out + 2 * r, &xb->d, 2);
-                memcpy(out + 16 + 2 * r, &xb->dmin, 2);
-                for (int k = 0; k < 3; k++) memcpy(out + 32 + 32 * k + 4 * r, xb->scales + 4 * k, 4);
-                for (int j = 0; j < 32; j++) memcpy(out + 128 + 32 * j + 4 * r, xb->qs + 4 * j, 4);
+                const ggml_py_block_q6_K *xb = x + (8 * g + r) * nb + b;
+                for (int k = 0; k < 4; k++) memcpy(out + 32 * k + 4 * r, xb->scales + 4 * k, 4);
+                memcpy(out + 128 + 2 * r, &xb->d, 2);
+                for (int h = 0; h < 2; h++) {
+                    for (int j = 0; j < 8; j++) {   /* the words of four values of each kind */
+                        uint8_t *o = out + 144 + 96 * (8 * h + j) + 4 * r;
+                        memcpy(o, xb->ql + 64 * h + 4 * j, 4);
+                        memcpy(o + 32, xb->ql + 64 * h + 32 + 4 * j, 4);
+                        memcpy(o + 64, xb->qh + 32 * h + 4 * j, 4);
+                    }
+                }
             }
         }
     }
