@@ -156,9 +156,10 @@ struct ggml_py_tensor {
     int32_t op_params[GGML_PY_MAX_OP_PARAMS];
     struct ggml_py_tensor *src[GGML_PY_MAX_SRC];
     void   *data;
-    /* NULL, or (a Q4_0 or Q4_K - Q6_K matrix of a multiple of 8 rows) the same weights with
-     * their rows packed and interleaved by eight (ggml_py_q4_0_interleave_rows8): MUL_MAT's
-     * SIMD kernels read these instead of data, every other reader reads data. */
+    /* NULL, or (a Q4_0, Q4_K, Q5_K or Q6_K matrix of a multiple of 8 rows) the same weights
+     * with their rows packed and interleaved by eight (ggml_py_q4_0_interleave_rows8 and the
+     * K-quants' beside it in ggml_py_quants.h): MUL_MAT's SIMD kernels read these instead of
+     * data, every other reader reads data. */
     const void *rows8;
     struct ggml_py_task_profile profile;       /* how the executor runs it     */
     char    name[GGML_PY_MAX_NAME];

@@ -103,7 +103,7 @@ def test_quantized_models_within_activation_quantization(kind, references):
 
 @pytest.mark.parametrize("kind", ["q4_0", "q4_k", "q5_k", "q6_k"])
 def test_rows_interleaved_give_the_same_logits(kind):
-    """repack (the default) gives each Q4_0 / Q4_K - Q6_K matrix a copy with its rows interleaved
+    """repack (the default) gives each Q4_0, Q4_K, Q5_K and Q6_K matrix a copy with its rows interleaved
     by eight, which MUL_MAT's SIMD kernels read instead: the logits are those of the file's
     own layout bit for bit, prefill and decode; the embeddings (get_rows) keep theirs."""
     plain = LlamaModel(model_path(kind), n_ctx=64, kv_type=Type.F32, n_threads=2, repack=False)

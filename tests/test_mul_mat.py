@@ -142,16 +142,17 @@ def test_cpu_products_equal_vec_dot(t, n):
     assert_cpu_equals_vec_dot(t, w, 4, (1, 3, 5, 35), rng)
 
 
-def assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=False):
+def assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=False, x=None):
     """The CPU profile of mul_mat(raw blocks of type t, shaped (n rows, n_blocks, block
-    bytes); rows8: given their rows interleaved by eight too) against m random activation
-    rows: every output equals the scalar twin's vec_dot of its row and the SIMD-quantized
-    activation row, bit for bit, at 1 and 2 threads."""
+    bytes); rows8: given their rows interleaved by eight too) against m activation rows
+    (x, or random): every output equals the scalar twin's vec_dot of its row and the
+    SIMD-quantized activation row, bit for bit, at 1 and 2 threads."""
     from ggml_py.core import quants as Q
     n, n_blocks = raw.shape[:2]
     k = gg.type_traits(t)["blck_size"] * n_blocks
     vt = Q.vec_dot_type(t)
-    x = rng.standard_normal((m, k)).astype(np.float32)
+    if x is None:
+        x = rng.standard_normal((m, k)).astype(np.float32)
     ctx = gg.Context(mem_size=4 << 20)
     interleaved = gg.interleave_rows8(raw.reshape(n, -1), t) if rows8 else None
     y = gg.mul_mat(ctx.from_buffer(raw.reshape(-1), t, (n, k), rows8=interleaved), ctx.from_numpy(x))
@@ -296,6 +297,21 @@ def test_k_quant_rows8_equal_scalar_twin_on_raw_bytes(t, m):
     halves = raw[..., K_QUANT_HALVES[t]]
     halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
     assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=True)
+
+
+@pytest.mark.parametrize("m", [1, 9])
+@pytest.mark.parametrize("t", [gg.Q4_0, *K_ROWS8], ids=lambda t: t.name)
+def test_rows8_at_the_int16_bounds(t, m):
+    """Every value and scale bit set against activations of -1 (quantized to -127, whose
+    block sums take Q4_0's and Q6_K's offsets and the mins): the products the kernels sum
+    in int16 come nearest 2^15 there, and a sum over one group too many would wrap."""
+    rng = np.random.default_rng(m)
+    traits = gg.type_traits(t)
+    raw = np.full((24, 3, traits["type_size"]), 0xFF, np.uint8)
+    halves = raw[..., {gg.Q4_0: slice(0, 2), **K_QUANT_HALVES}[t]]
+    halves.view(np.float16)[...] = rng.uniform(0.5, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
+    x = -np.ones((m, 3 * traits["blck_size"]), np.float32)
+    assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=True, x=x)
 
 
 @pytest.mark.parametrize("m", [1, 9])

@@ -257,9 +257,9 @@ ATTENTION_CHOICES = ("auto", "graph", "slim", "flash")
 def add_repack_argument(parser):
     """--no-repack (args.repack): the programs' switch for Llama(repack=)."""
     parser.add_argument("--no-repack", dest="repack", action="store_false",
-                        help="keep the file's weight layout: Q4_0 and Q4_K - Q6_K matrices are not "
-                             "copied with their rows interleaved at load (faster start, slower "
-                             "decoding)")
+                        help="keep the file's weight layout: Q4_0, Q4_K, Q5_K and Q6_K matrices "
+                             "are not copied with their rows interleaved at load (faster start, "
+                             "slower decoding)")
 
 
 def add_tp_log_argument(parser):

@@ -12,7 +12,7 @@
  *               through a wide 8 x 4 kernel below M = 8 where it has one (Q4_0, Q8_0), else of four
  *               through a blocked 4 x 2 kernel where it has one, else
  *               VEC_DOT_ROWS neighbouring rows by vec_dot, against blocks of
- *               TILE_M src1 rows; a Q4_0 or Q4_K - Q6_K src0 that carries rows8 (its
+ *               TILE_M src1 rows; a Q4_0, Q4_K, Q5_K or Q6_K src0 that carries rows8 (its
  *               rows interleaved by eight) through one kernel over that copy at
  *               every M, two groups of eight neighbouring rows half the matrix
  *               apart an item (compute_rows8).

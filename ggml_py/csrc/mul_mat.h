@@ -51,7 +51,7 @@ ggml_py_gemm_tile_fn ggml_py_gemm_wide_avx2(int type, int64_t m);
 typedef void (*ggml_py_gemm_rows8_fn)(int64_t n, int nr1, const char *x, const char *x2, const char *y,
                                       size_t by, const int32_t *ysum, float *d, float *d2, int64_t ldd);
 
-/* The rows8 kernel of `type`, or NULL for a type without one (all but Q4_0 and Q4_K - Q6_K). */
+/* The rows8 kernel of `type`, or NULL for a type without one (all but Q4_0, Q4_K, Q5_K and Q6_K). */
 ggml_py_gemm_rows8_fn ggml_py_gemm_rows8_avx2(int type);
 /* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);

@@ -43,7 +43,7 @@ class Weight:
     type: Type
     shape: tuple
     data: np.ndarray     # a read-only view of the mapped file (or a small converted copy)
-    rows8: np.ndarray = None   # Q4_0, Q4_K - Q6_K: the same weights interleaved for MUL_MAT (gg.interleave_rows8)
+    rows8: np.ndarray = None   # Q4_0, Q4_K, Q5_K, Q6_K: the same weights interleaved for MUL_MAT (gg.interleave_rows8)
 
     @property
     def nbytes(self):

@@ -99,8 +99,8 @@ class LlamaModel:
                  kv_type_v=None, attention="auto", repack=True):
         """path: the GGUF file, or a GGUFModelFile already open; n_ctx: see context_size;
         clock: what build_s is timed with (seconds); kv_type_v: V's cache type (None:
-        kv_type); attention: one of ATTENTION_MODES; repack: Q4_0 and Q4_K - Q6_K matrices also
-        held with their rows interleaved for MUL_MAT (weights.with_rows8)."""
+        kv_type); attention: one of ATTENTION_MODES; repack: Q4_0, Q4_K, Q5_K and Q6_K
+        matrices also held with their rows interleaved for MUL_MAT (weights.with_rows8)."""
         self.attention = check_attention(attention, "LlamaModel")
         self.file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path, use_mmap=use_mmap)
         self.config, self.weights = self._load(self.file)

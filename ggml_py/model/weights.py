@@ -127,7 +127,7 @@ class ColumnSlice:
     whole: object     # the Weight (N, K)
     start: int
     n: int
-    rows8: object = None   # Q4_0, Q4_K - Q6_K: the slice's rows packed and interleaved (with_rows8)
+    rows8: object = None   # Q4_0, Q4_K, Q5_K, Q6_K: the slice's rows packed and interleaved (with_rows8)
 
     @property
     def name(self):

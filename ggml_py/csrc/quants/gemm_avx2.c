@@ -903,7 +903,8 @@ static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
 /* Below GGML_PY_PANEL_MIN_M activation rows: up to two (nc) at a time, the values
  * unpacked in registers once per super-block for them; ng (1 or 2) groups side by side,
  * x[t] into d[t], as Q4_0's. Products are summed in int16 over a sub-block's eight
- * groups (Q4_K: 16 a lane, under 2^15) or four (Q5_K's values < 32), as the panel. */
+ * groups (Q4_K: 16 products an int16 lane, |sum| <= 16 * 15 * 128 = 30720 < 2^15) or four
+ * (Q5_K's values < 32: 8 * 31 * 128 = 31744), as the panel. */
 INLINE void k4_rows8_few_body(int five_bits, int ng, int nc, int64_t nb, const char *const x[2], const char *y,
                               size_t by, float *const d[2], int64_t ldd) {
     const __m256i low = _mm256_set1_epi8(0xF);
@@ -1107,7 +1108,8 @@ INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const ch
 #define Q6_ROWS8_D 128                                     /* the eight d */
 #define Q6_ROWS8_VALUES 144                                /* the value words, 96 bytes a group */
 
-/* Bytes a and b of each 32-bit lane of v, into the high bytes of its two int16 halves */
+/* Bytes a and b of each 32-bit lane of v, into the high bytes of its two int16 halves (the low
+ * bytes zeroed), for an arithmetic shift right by 8 to sign-extend them. */
 #define Q6_BYTES_LANES(a, b) -128, a, -128, b, -128, 4 + a, -128, 4 + b, -128, 8 + a, -128, 8 + b, \
     -128, 12 + a, -128, 12 + b
 #define Q6_BYTES_MASK(a, b) { Q6_BYTES_LANES(a, b), Q6_BYTES_LANES(a, b) }
@@ -1187,8 +1189,8 @@ static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
 
 /* Below GGML_PY_PANEL_MIN_M activation rows: up to two (nc) at a time, the values
  * unpacked in registers once per super-block for them; ng (1 or 2) groups side by side,
- * x[t] into d[t], as Q4_K's. Products (values < 64) are summed in int16 over two groups,
- * then times their sub-block's scale, as the panel. */
+ * x[t] into d[t], as Q4_K's. Products (values < 64) are summed in int16 over two groups
+ * (|sum| <= 4 * 63 * 128 = 32256 < 2^15), then times their sub-block's scale, as the panel. */
 INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], const char *y, size_t by,
                               float *const d[2], int64_t ldd) {
     __m256 acc[2][2];   /* lane r: row r of group t against activation row c */
