@@ -974,42 +974,6 @@ INLINE void k4_rows8_few_body(int five_bits, int ng, int nc, int64_t nb, const c
     for (int t = 0; t < ng; t++) store_rows8(acc[t], GGML_PY_PANEL_ROWS, nc, d[t], ldd, 1);
 }
 
-/* The rows8 contract (mul_mat.h) for Q4_K and Q5_K: x, x2 eight interleaved rows each
- * (x2 may be NULL). */
-INLINE void gemm_k4_rows8(int five_bits, int64_t n, int nr1, const char *x, const char *x2, const char *y,
-                          size_t by, float *d, float *d2, int64_t ldd) {
-    const int64_t nb = n / GGML_PY_QK_K;
-    if (nr1 >= GGML_PY_PANEL_MIN_M) {
-        gemm_k4_panel(five_bits, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
-        if (x2) gemm_k4_panel(five_bits, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, d2, ldd);
-        return;
-    }
-    const int ng = x2 ? 2 : 1;
-    const char *const groups[2] = { x, x2 };
-    for (int c = 0; c < nr1; c += 2) {   /* one specialization per count */
-        float *const dc[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
-        if (nr1 - c >= 2) {
-            if (ng == 2) k4_rows8_few_body(five_bits, 2, 2, nb, groups, y + c * by, by, dc, ldd);
-            else k4_rows8_few_body(five_bits, 1, 2, nb, groups, y + c * by, by, dc, ldd);
-        } else {
-            if (ng == 2) k4_rows8_few_body(five_bits, 2, 1, nb, groups, y + c * by, by, dc, ldd);
-            else k4_rows8_few_body(five_bits, 1, 1, nb, groups, y + c * by, by, dc, ldd);
-        }
-    }
-}
-
-static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
-    gemm_k4_rows8(0, n, nr1, x, x2, y, by, d, d2, ldd);
-}
-
-static void gemm_q5_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;
-    gemm_k4_rows8(1, n, nr1, x, x2, y, by, d, d2, ldd);
-}
-
 static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
                             size_t by, const int32_t *ysum, float *d, int64_t ldd) {
     (void) ysum;
@@ -1239,14 +1203,30 @@ INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2]
     for (int t = 0; t < ng; t++) store_rows8(acc[t], GGML_PY_PANEL_ROWS, nc, d[t], ldd, 1);
 }
 
-/* The rows8 contract (mul_mat.h): x, x2 eight interleaved Q6_K rows each (x2 may be NULL). */
-static void gemm_q6_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
+/* ---- the K-quants' rows8 kernels ---- */
+
+#define K_ROWS8_Q6 2   /* kind: 0 Q4_K, 1 Q5_K (k4's five_bits), K_ROWS8_Q6 */
+
+INLINE void k_rows8_panel(int kind, int64_t n, int nr1, const char *x, const char *y, size_t by, float *d,
+                          int64_t ldd) {
+    if (kind == K_ROWS8_Q6) gemm_q6_panel(1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
+    else gemm_k4_panel(kind, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
+}
+
+INLINE void k_rows8_few_body(int kind, int ng, int nc, int64_t nb, const char *const x[2], const char *y,
+                             size_t by, float *const d[2], int64_t ldd) {
+    if (kind == K_ROWS8_Q6) q6_rows8_few_body(ng, nc, nb, x, y, by, d, ldd);
+    else k4_rows8_few_body(kind, ng, nc, nb, x, y, by, d, ldd);
+}
+
+/* The rows8 contract (mul_mat.h) for the K-quants: x, x2 eight interleaved rows each (x2
+ * may be NULL); the panels from M = 8, below it up to two activation rows a pass. */
+INLINE void gemm_k_rows8(int kind, int64_t n, int nr1, const char *x, const char *x2, const char *y,
+                         size_t by, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
     if (nr1 >= GGML_PY_PANEL_MIN_M) {
-        gemm_q6_panel(1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, d, ldd);
-        if (x2) gemm_q6_panel(1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, d2, ldd);
+        k_rows8_panel(kind, n, nr1, x, y, by, d, ldd);
+        if (x2) k_rows8_panel(kind, n, nr1, x2, y, by, d2, ldd);
         return;
     }
     const int ng = x2 ? 2 : 1;
@@ -1254,13 +1234,32 @@ static void gemm_q6_K_rows8(int64_t n, int nr1, const char *x, const char *x2, c
     for (int c = 0; c < nr1; c += 2) {   /* one specialization per count */
         float *const dc[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
         if (nr1 - c >= 2) {
-            if (ng == 2) q6_rows8_few_body(2, 2, nb, groups, y + c * by, by, dc, ldd);
-            else q6_rows8_few_body(1, 2, nb, groups, y + c * by, by, dc, ldd);
+            if (ng == 2) k_rows8_few_body(kind, 2, 2, nb, groups, y + c * by, by, dc, ldd);
+            else k_rows8_few_body(kind, 1, 2, nb, groups, y + c * by, by, dc, ldd);
         } else {
-            if (ng == 2) q6_rows8_few_body(2, 1, nb, groups, y + c * by, by, dc, ldd);
-            else q6_rows8_few_body(1, 1, nb, groups, y + c * by, by, dc, ldd);
+            if (ng == 2) k_rows8_few_body(kind, 2, 1, nb, groups, y + c * by, by, dc, ldd);
+            else k_rows8_few_body(kind, 1, 1, nb, groups, y + c * by, by, dc, ldd);
         }
     }
+}
+
+/* ysum: unused, the Q8_K blocks carry their bsums */
+static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;
+    gemm_k_rows8(0, n, nr1, x, x2, y, by, d, d2, ldd);
+}
+
+static void gemm_q5_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;
+    gemm_k_rows8(1, n, nr1, x, x2, y, by, d, d2, ldd);
+}
+
+static void gemm_q6_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
+                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+    (void) ysum;
+    gemm_k_rows8(K_ROWS8_Q6, n, nr1, x, x2, y, by, d, d2, ldd);
 }
 
 ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {

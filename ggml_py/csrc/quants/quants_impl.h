@@ -72,4 +72,24 @@ static inline float ggml_py_signed_absmax(const float *x, int n) {
     return max;
 }
 
+/* Eight rows' blocks of `block` bytes side by side (a rows8 layout, include/ggml_py_quants.h):
+ * for each fp16 half of the block's first `head` bytes the eight rows' halves (16 bytes),
+ * then each later 32-bit word for the eight rows (32 bytes). n_rows a multiple of 8, nb
+ * blocks a row. */
+static inline void ggml_py_interleave_words_rows8(const void *src, void *dst, int64_t n_rows, int64_t nb,
+                                                  size_t block, size_t head) {
+    const uint8_t *x = src;
+    uint8_t *out = dst;
+    const size_t words = (block - head) / 4;
+    for (int64_t g = 0; g < n_rows / 8; g++) {
+        for (int64_t b = 0; b < nb; b++, out += 8 * block) {
+            for (int r = 0; r < 8; r++) {
+                const uint8_t *xb = x + ((8 * g + r) * nb + b) * block;
+                for (size_t h = 0; h < head; h += 2) memcpy(out + 8 * h + 2 * r, xb + h, 2);
+                for (size_t k = 0; k < words; k++) memcpy(out + 8 * head + 32 * k + 4 * r, xb + head + 4 * k, 4);
+            }
+        }
+    }
+}
+
 #endif /* GGML_PY_QUANTS_IMPL_H */

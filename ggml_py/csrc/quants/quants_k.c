@@ -399,29 +399,12 @@ void ggml_py_quantize_row_q4_K_ref(const float *x, void *vy, int64_t n) {
     }
 }
 
-/* Eight rows' super-blocks of `block` bytes side by side: for each fp16 half of the
- * block's first `head` bytes the eight rows' halves (16 bytes), then each later 32-bit
- * word for the eight rows (32 bytes) (include/ggml_py_quants.h). */
-static void k_interleave_rows8(const uint8_t *x, uint8_t *out, int64_t n_rows, int64_t nb, size_t block,
-                               size_t head) {
-    const size_t words = (block - head) / 4;
-    for (int64_t g = 0; g < n_rows / 8; g++) {
-        for (int64_t b = 0; b < nb; b++, out += 8 * block) {
-            for (int r = 0; r < 8; r++) {
-                const uint8_t *xb = x + ((8 * g + r) * nb + b) * block;
-                for (size_t h = 0; h < head; h += 2) memcpy(out + 8 * h + 2 * r, xb + h, 2);
-                for (size_t k = 0; k < words; k++) memcpy(out + 8 * head + 32 * k + 4 * r, xb + head + 4 * k, 4);
-            }
-        }
-    }
-}
-
 void ggml_py_q4_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
-    k_interleave_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q4_K), 4);
+    ggml_py_interleave_words_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q4_K), 4);
 }
 
 void ggml_py_q5_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
-    k_interleave_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q5_K), 4);
+    ggml_py_interleave_words_rows8(src, dst, n_rows, n / GGML_PY_QK_K, sizeof(ggml_py_block_q5_K), 4);
 }
 
 void ggml_py_q6_K_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {

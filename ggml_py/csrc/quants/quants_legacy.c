@@ -169,18 +169,7 @@ void ggml_py_dequantize_row_q4_0(const void *vx, float *y, int64_t n) {
 }
 
 void ggml_py_q4_0_interleave_rows8(const void *src, void *dst, int64_t n_rows, int64_t n) {
-    const int64_t nb = n / GGML_PY_QK4_0;
-    const ggml_py_block_q4_0 *x = src;
-    uint8_t *out = dst;
-    for (int64_t g = 0; g < n_rows / 8; g++) {
-        for (int64_t b = 0; b < nb; b++, out += 8 * sizeof(ggml_py_block_q4_0)) {
-            for (int r = 0; r < 8; r++) {
-                const ggml_py_block_q4_0 *xb = x + (8 * g + r) * nb + b;
-                memcpy(out + 2 * r, &xb->d, 2);
-                for (int j = 0; j < 4; j++) memcpy(out + 16 + 32 * j + 4 * r, xb->qs + 4 * j, 4);
-            }
-        }
-    }
+    ggml_py_interleave_words_rows8(src, dst, n_rows, n / GGML_PY_QK4_0, sizeof(ggml_py_block_q4_0), 2);
 }
 
 void ggml_py_dequantize_row_q4_1(const void *vx, float *y, int64_t n) {
