@@ -79,6 +79,8 @@ def model_checks(llm, path):
                                           context_shift=True, keep=2, ignore_eos=True))
     b = llm.batch(n_ctx_seq=64, keep=1)
     sids = [b.add(p, max_tokens=80, temperature=0, ignore_eos=True) for p in prompts]
+    b.step()     # one more starts on the second's first page, which the shifts copy on every rank
+    sids.append(b.add(prompts[1] + " ROMEO.", max_tokens=80, temperature=0, ignore_eos=True))
     while b.running:
         b.step()
     out["batch"] = [b.sequence(s).text for s in sids]

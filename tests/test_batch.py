@@ -34,7 +34,7 @@ def logits_log(monkeypatch):
 
 def run_alone(llm, prompt, log, **kwargs):
     """(text, tokens, logits rows) of prompt run alone in a batch."""
-    b = llm.batch(**{k: kwargs.pop(k) for k in ("n_ctx_seq", "keep") if k in kwargs})
+    b = llm.batch(**{k: kwargs.pop(k) for k in ("n_ctx_seq", "keep", "share_prefix") if k in kwargs})
     sid = b.add(prompt, **kwargs)
     while b.running:
         b.step()
@@ -220,6 +220,144 @@ def test_the_pool(rng):
         PagedKVCache(1, 16, 1, 32, type=gg.Q5_0)
 
 
+HEAD = ("First Citizen.\nBefore we proceed any further, hear me speak.\n\nAll.\nSpeak, speak.\n\n"
+        "First Citizen.\nYou are all resolved rather to die than to famish?\n\n")
+
+
+def test_a_common_prefix_is_read_once_and_the_text_is_unchanged(logits_log):
+    llm = gg.Llama(n_ctx=256, n_threads=2, n_seq_max=3)
+    prompts = [HEAD + "All.\nResolved.", HEAD + "Second Citizen.\nWe", HEAD + "MENENIUS."]
+    settings = [dict(max_tokens=10, temperature=0), dict(max_tokens=12, temperature=0.8, seed=5),
+                dict(max_tokens=6, temperature=0)]
+    alone = [run_alone(llm, p, logits_log, share_prefix=False, **kw) for p, kw in zip(prompts, settings)]
+    assert llm.kv_pool().pages_idle == 0            # (nothing named without share_prefix)
+    b = llm.batch()
+    sids = [b.add(prompts[0], **settings[0])]
+    b.step()                                         # the first reads the common prefix ...
+    sids += [b.add(p, **kw) for p, kw in zip(prompts[1:], settings[1:])]
+    b.step()                                         # ... the others start on its pages
+    n_head = len(llm.tokenize(HEAD)) // 16 * 16
+    assert b.n_shared_tokens >= 2 * (n_head - 16)
+    pages = sum(-(-b.sequence(sid).n_cached // 16) for sid in sids)
+    assert llm.kv_pages_used() == pages - b.n_shared_tokens // 16     # a shared page counts once
+    while b.running:
+        b.step()
+    for sid, (text, tokens, rows) in zip(sids, alone):
+        assert (b.sequence(sid).text, b.sequence(sid).tokens) == (text, tokens)
+        got = logits_log[(b, sid)]
+        assert all(np.array_equal(a.view(np.uint32), r.view(np.uint32)) for a, r in zip(got, rows))
+    # the pages stay named when nobody holds them: a later batch finds them
+    assert llm.kv_pages_used() == 0 and llm.kv_pool().pages_idle >= n_head // 16
+    b2 = llm.batch()
+    sid = b2.add(prompts[2], **settings[2])
+    while b2.running:
+        b2.step()
+    assert b2.n_shared_tokens >= n_head - 16
+    assert (b2.sequence(sid).text, b2.sequence(sid).tokens) == alone[2][:2]
+    for other in (llm.batch(share_prefix=False), llm.batch(invariant=False)):
+        other.add(prompts[2], **settings[2])       # (rows of invariant batches are theirs)
+        other.step()
+        assert other.n_shared_tokens == 0
+        other.close()
+
+
+def test_prompts_that_arrive_together_read_their_common_pages_once(logits_log):
+    llm = gg.Llama(n_ctx=256, n_threads=1, n_seq_max=4)
+    kw = [dict(max_tokens=8, temperature=0.8, seed=seed) for seed in range(4)]
+    alone = [run_alone(llm, HEAD, logits_log, share_prefix=False, **k) for k in kw]
+    b = llm.batch()
+    sids = [b.add(HEAD, **k) for k in kw]           # one prompt, four seeds (ggml-batched -np 4)
+    b.step()
+    assert llm.kv_pages_used() == -(-len(llm.tokenize(HEAD)) // 16)   # the first reads it
+    while b.running:
+        b.step()
+    assert b.n_shared_tokens == 3 * ((len(llm.tokenize(HEAD)) - 1) // 16 * 16)
+    for sid, (text, tokens, rows) in zip(sids, alone):
+        assert (b.sequence(sid).text, b.sequence(sid).tokens) == (text, tokens)
+        assert all(np.array_equal(a.view(np.uint32), r.view(np.uint32))
+                   for a, r in zip(logits_log[(b, sid)], rows))
+
+
+def test_a_sequence_shifting_its_context_copies_the_pages_it_shares(logits_log):
+    llm = gg.Llama(n_ctx=256, n_threads=2, n_seq_max=2)
+    a_kw, c_kw = dict(max_tokens=60, temperature=0), dict(max_tokens=40, temperature=0)
+    a_alone = run_alone(llm, HEAD + "All.", logits_log, share_prefix=False, n_ctx_seq=80, keep=4, **a_kw)
+    c_alone = run_alone(llm, HEAD + "MENENIUS.", logits_log, share_prefix=False, n_ctx_seq=80, keep=4, **c_kw)
+    b = llm.batch(n_ctx_seq=80, keep=4)
+    a = b.add(HEAD + "All.", **a_kw)
+    b.step()
+    c = b.add(HEAD + "MENENIUS.", **c_kw)
+    while b.running:
+        b.step()
+    assert b.n_shared_tokens > 0
+    assert len(b.sequence(a).tokens) == 60          # shifted past its 80-token context
+    assert (b.sequence(a).text, b.sequence(a).tokens) == a_alone[:2]
+    assert (b.sequence(c).text, b.sequence(c).tokens) == c_alone[:2]
+
+
+def test_the_pool_shares_named_pages(rng):
+    pool = PagedKVCache(1, 32, 1, 8, type=gg.F32, page_size=4)     # 8 pages of 4
+    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 32, 8)).astype(np.float32)
+    ids = list(range(100, 110))
+    pool.reserve("a", 10)
+    pool.advance("a", 10, ids)                       # pages 0 and 1 full: named
+    assert pool.attach_prefix("b", ids) == 8         # (its last token left to compute)
+    assert list(pool.slots("b", 0, 8)) == list(pool.slots("a", 0, 8))
+    assert pool.attach_prefix("c", ids[:8]) == 4 and pool.attach_prefix("d", [1, 2, 3, 4, 5]) == 0
+    assert pool.pages_used == 3                      # a page held by several counts once
+    with pytest.raises(ValueError, match="already holds"):
+        pool.attach_prefix("a", ids)
+    for seq in "abcd":
+        pool.free(seq)
+    assert (pool.pages_used, pool.pages_idle, pool.pages_free) == (0, 2, 8)
+    assert pool.attach_prefix("e", ids) == 8 and pool.pages_idle == 0
+    pool.free("e")
+    pool.reserve("f", 24)                            # the six free pages first ...
+    assert pool.pages_idle == 2
+    pool.reserve("g", 4)                             # ... then the oldest idle one (the last
+    assert pool.pages_idle == 1 and pool.pages_free == 1     # page of the prefix) loses its name
+    assert pool.attach_prefix("h", ids) == 4
+    for seq in "fgh":
+        pool.free(seq)
+    # a page about to be written loses its name, and so do the pages named after it
+    other = list(range(200, 210))
+    pool.reserve("a", 10)
+    pool.advance("a", 10, other)
+    pool.truncate("a", 4)                            # its second page is idle, still named
+    assert pool.pages_idle == 2
+    pool.shift("a", 1, 2, lambda rows, n: None)
+    assert pool.pages_idle == 1 and pool.attach_prefix("i", other) == 0
+
+
+def test_a_shift_copies_a_shared_page_first_and_a_full_pool_changes_nothing(rng):
+    pool = PagedKVCache(1, 20, 1, 8, type=gg.F32, page_size=4)     # 5 pages of 4
+    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 20, 8)).astype(np.float32)
+    ids = list(range(9))
+    pool.reserve("a", 8)
+    pool.advance("a", 8, ids)
+    assert pool.attach_prefix("b", ids) == 8
+    pool.reserve("b", 1)
+    pool.advance("b", 1, ids)
+    before = pool.k[0].copy(), pool.v[0].copy()
+    a_slots, b_slots = pool.slots("a", 0, 8), pool.slots("b", 0, 9)
+    pool.reserve("c", 8)                             # the pool is full: b cannot copy its pages
+    with pytest.raises(KVPoolFull):
+        pool.shift("b", 1, 4, lambda rows, n: None)
+    assert list(pool.slots("b", 0, 9)) == list(b_slots) and pool.length("b") == 9
+    pool.free("c")
+    pool.shift("b", 1, 4, lambda rows, n: None)      # writes positions 1..4 of b
+    assert list(pool.slots("a", 0, 8)) == list(a_slots)
+    assert np.array_equal(pool.k[0][a_slots], before[0][a_slots])      # a's rows untouched
+    assert np.array_equal(pool.v[0][a_slots], before[1][a_slots])
+    assert not set(pool.slots("b", 0, 5)) & set(a_slots)
+    new = pool.slots("b", 0, 5)
+    assert np.array_equal(pool.k[0][new], before[0][b_slots[[0, 5, 6, 7, 8]]])
+    assert np.array_equal(pool.v[0][new], before[1][b_slots[[0, 5, 6, 7, 8]]])
+    pool.advance("b", 0, ids)
+    pool.free("a")
+    assert pool.attach_prefix("x", [0, 5, 6, 7, 8, 9]) == 0   # moved rows are never named
+
+
 def test_two_batches_of_one_llama_share_the_pool_without_mixing(logits_log):
     llm = gg.Llama(n_ctx=256, n_threads=1)
     alone = [run_alone(llm, p, logits_log, max_tokens=8, temperature=0)[:2] for p in PROMPTS[:2]]
@@ -334,3 +472,15 @@ def test_ggml_bench_batch_prints_the_table_and_json(tmp_path):
     assert [r["n_seq"] for r in rows] == [1, 3] and rows[0]["vs_single"] == 1.0
     assert all(r["decode_ts"] > 0 and r["kv_bytes"] > 0 for r in rows)
     assert rows[1]["kv_bytes"] > rows[0]["kv_bytes"]        # KV grows with live tokens
+    proc = run_program("ggml_py.cli.bench", "batch", "-np", "3", "-n", "2", "-t", "1",
+                       "--prefix", "40", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("|   3 |"))
+    shared = int(row.split("|")[3])
+    assert shared >= 3 * 32          # the first run's pages of the common 40, found again
+    proc = run_program("ggml_py.cli.bench", "batch", "-np", "3", "-n", "2", "-t", "1",
+                       "--prefix", "40", "--no-share-prefix", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["results"][-1]["shared_tokens"] == 0
+    proc = run_program("ggml_py.cli.bench", "batch", "--prefix", "-1", cwd=tmp_path)
+    assert proc.returncode == 1 and "--prefix: expected a count >= 0" in proc.stderr

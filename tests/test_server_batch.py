@@ -113,3 +113,27 @@ def test_a_client_that_drops_a_whole_response_is_cancelled_too(gated):
     gone = 'ggml_server_http_requests_total{path="/v1/completions",status="499"}'
     wait_until(lambda: metrics(live.url).get(gone) == 1, "the server to see the client gone")
     cancelled_and_freed(live, gate, 1)
+
+
+def test_a_system_prompt_sent_again_is_read_from_shared_pages():
+    live = LiveServer(bundled_llama(n_seq_max=2, n_ctx=512)).wait_ready()
+    try:
+        client = live.client()
+        system = ("You are a player of Shakespeare's company. Answer every question in verse, "
+                  "as the characters of the plays would.")
+        texts = []
+        for question in ("Who is Romeo?", "Who is Romeo?", "Who is Juliet?"):
+            before = metrics(live.url)
+            r = client.chat.completions.create(model=MODEL_ID, max_tokens=12, temperature=0,
+                                               messages=[{"role": "system", "content": system},
+                                                         {"role": "user", "content": question}])
+            after = metrics(live.url)
+            texts.append((r.choices[0].message.content,
+                          after.get("ggml_server_prompt_tokens_shared_total", 0)
+                          - before.get("ggml_server_prompt_tokens_shared_total", 0)))
+        assert texts[0][1] == 0                        # the first reads its whole prompt
+        assert texts[1][1] >= 16 and texts[2][1] >= 16      # the others start on its pages
+        assert texts[1][0] == texts[0][0]              # and give the same text
+        assert metrics(live.url)["ggml_server_kv_pages_idle"] > 0
+    finally:
+        live.stop()

@@ -214,11 +214,11 @@ class Llama(_Llama):
         finally:
             steps.close()
 
-    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True):
+    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True, share_prefix=True):
         if self.comm is None:
-            return super().batch(n_ctx_seq, keep, context_shift, invariant)
+            return super().batch(n_ctx_seq, keep, context_shift, invariant, share_prefix)
         return SplitBatch(self, self._n_seq_max, self.n_batch, n_ctx_seq=n_ctx_seq, keep=keep,
-                          context_shift=context_shift, invariant=invariant)
+                          context_shift=context_shift, invariant=invariant, share_prefix=share_prefix)
 
 
 class SplitBatch(Batch):

@@ -121,6 +121,8 @@ class ShardModel(LlamaModel):
                 getattr(self._cache, name)(*values)
         elif kind == "pool_shift":
             pool().move_rows(*args, self._rerope())
+        elif kind == "pool_copy":
+            pool().copy_rows(*args)
         elif kind == "threads":
             self.n_threads = args[0]
         elif kind == "tune":
@@ -166,19 +168,12 @@ class MirroredKVCache:
 
 class MirroredPool:
     """Rank 0's paged KV cache: which pages a sequence holds is rank 0's business (the
-    slots travel with each step), but a context shift moves rows, which every rank
-    makes in its pool."""
+    slots travel with each step), but the rows a context shift moves and a shared page's
+    copy are made on every rank, in its pool (the pool's mirror orders them)."""
 
     def __init__(self, pool, channel):
         self._pool, self._channel = pool, channel
+        pool.mirror = channel.send
 
     def __getattr__(self, name):
         return getattr(self._pool, name)
-
-    def shift(self, seq, keep, n_discard, rerope):
-        """PagedKVCache.shift, its row moves made on every rank."""
-        n = self._pool.length(seq)
-        if 0 <= keep and n_discard > 0 and keep + n_discard <= n:    # (else shift refuses)
-            self._channel.send("pool_shift", self._pool.slots(seq, keep + n_discard, n),
-                               self._pool.slots(seq, keep, n - n_discard), n_discard)
-        self._pool.shift(seq, keep, n_discard, rerope)

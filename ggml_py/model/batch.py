@@ -19,6 +19,10 @@ Sequences wait when n_seq_max are running or the pool has no room for their prom
 When the pool fills during a step the youngest running sequence is preempted: its
 pages go back and it waits to be read again (prompt and generated tokens), which gives
 the same tokens as if it had gone on (its sampler goes on where it was).
+
+With share_prefix (the default), a sequence starts on the pool's pages that already
+hold its first tokens (kv_paged.py: a prompt's common beginning is read once and held
+once) and names the pages it fills for the next ones.
 """
 from collections import deque
 from dataclasses import dataclass, field
@@ -63,7 +67,7 @@ class Batch:
     """The step scheduler of a Llama (made by llm.batch()): add, step, cancel."""
 
     def __init__(self, llm, n_seq_max, n_batch, n_ctx_seq=None, keep=0, context_shift=True,
-                 invariant=True):
+                 invariant=True, share_prefix=True):
         self.llm, self.model, self.tokenizer = llm, llm.model, llm.tokenizer
         self.cache = llm.kv_pool()
         self.n_seq_max, self.n_batch = n_seq_max, n_batch
@@ -71,10 +75,15 @@ class Batch:
                                      else self.cache.n_slots, low=2, high=self.cache.n_slots)
         self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
+        self.share_prefix = bool(share_prefix)
+        # rows of invariant batches are shared among them only (the others' products round
+        # with the step's shape)
+        self._namespace = 0 if self.invariant else 1
         self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
+        self.n_shared_tokens = 0     # prompt tokens found in shared pages (not computed)
 
     # ---- the interface ------------------------------------------------------------
 
@@ -161,11 +170,32 @@ class Batch:
         """Start waiting sequences, oldest first, while there is room for their prompt."""
         while self._waiting and len(self._running) < self.n_seq_max:
             s = self._waiting[0]
-            n = len(s.ids) - s.n_cached
-            if self.cache.pages_needed(s.id, n) > self.cache.pages_free:
+            shared = 0
+            if self.share_prefix and s.n_cached == 0:
+                if self._reading_its_prefix(s):
+                    break                 # a step later it takes those pages instead
+                shared = s.n_cached = self.cache.attach_prefix(s.id, s.ids, self._namespace)
+            if self.cache.pages_needed(s.id, len(s.ids) - s.n_cached) > self.cache.pages_free:
+                self.cache.free(s.id)
+                s.n_cached = 0
                 break
+            self.n_shared_tokens += shared
             self._waiting.popleft()
             self._running.append(s)
+
+    def _reading_its_prefix(self, s):
+        """True while a running sequence has yet to write whole pages that s's tokens
+        begin with (prompts admitted together: the first reads them, the others wait a
+        step or two and share its pages)."""
+        page, moved = self.cache.page_size, self.cache.moved
+        last = (len(s.ids) - 1) // page * page      # s computes its last token itself
+        for r in self._running:
+            common = 0
+            while common < last and r.ids[common:common + page] == s.ids[common:common + page]:
+                common += page
+            if common and r.n_cached < common and r.id not in moved:
+                return True
+        return False
 
     def _plan(self):
         """[(sequence, n tokens to feed)]: one token for each generating sequence, then
@@ -248,7 +278,7 @@ class Batch:
         g.out_rows[:] = [out_rows[i] for i in wanted] if wanted else [R - 1]
         logits = self.model.run_step(g)
         for s, n in plan:
-            self.cache.advance(s.id, n)
+            self.cache.advance(s.id, n, s.ids if self.share_prefix else None, self._namespace)
             s.n_cached += n
         self.n_steps += 1
         self.step_rows.append(R)

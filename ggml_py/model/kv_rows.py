@@ -148,6 +148,13 @@ class KVRows:
         else:
             self.k[il][slots] = quantize(rows, t)
 
+    def copy(self, il, src, dst):
+        """Copy layer il's K and V rows (and scales) from slots src to slots dst."""
+        self.k[il][dst] = self.k[il][src]
+        if self.k_scales is not None:
+            self.k_scales[il][dst] = self.k_scales[il][src]
+        self.move(il, src, dst)
+
     def move(self, il, src, dst):
         """Copy layer il's V rows (and scales) from slots src to slots dst."""
         self.v[il][dst] = self.v[il][src]

@@ -599,14 +599,16 @@ class Llama:
         """Pages of the batch pool (n_ctx tokens in pages of PAGE_SIZE)."""
         return -(-self.n_ctx() // PAGE_SIZE)
 
-    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True):
+    def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True, share_prefix=True):
         """A step scheduler over many sequences (a Batch: add, step, cancel; see
         ggml_py/model/batch.py). n_ctx_seq: the most tokens one sequence holds (None:
         the whole pool); past it a sequence drops half of its tokens after the first
         `keep` and goes on (context_shift), or ends ("length"). invariant: a sequence's
-        logits are bitwise the same whatever else is in the batch (docs/batching.md)."""
+        logits are bitwise the same whatever else is in the batch (docs/batching.md).
+        share_prefix: a sequence starts on the pool's pages that already hold its first
+        tokens, and leaves the pages it fills for the next ones to share."""
         return Batch(self, self._n_seq_max, self.n_batch, n_ctx_seq=n_ctx_seq, keep=keep,
-                     context_shift=context_shift, invariant=invariant)
+                     context_shift=context_shift, invariant=invariant, share_prefix=share_prefix)
 
     def generate_batch(self, prompts, **kwargs):
         """The text generated for each prompt (a list of texts or token-id lists), all

@@ -2,6 +2,7 @@
 
     ggml_server_http_requests_total{path, status}   responses by route and status code
     ggml_server_prompt_tokens_total                 prompt tokens added to the batch
+    ggml_server_prompt_tokens_shared_total          of those, found in shared KV pages (not computed)
     ggml_server_generated_tokens_total              tokens generated
     ggml_server_steps_total                         batch steps that ran
     ggml_server_step_sequences                      histogram: sequences given a token per step
@@ -12,6 +13,7 @@
     ggml_server_sequences_running                   sequences in the batch, generating
     ggml_server_sequences_waiting                   admitted, waiting for room (the queue)
     ggml_server_kv_pages_used, _kv_pages_total      the paged KV cache's pool
+    ggml_server_kv_pages_idle                       pages nobody holds that keep a prefix's rows
 """
 from prometheus_client import (
     CollectorRegistry,
@@ -35,6 +37,9 @@ class ServerMetrics:
                             ["path", "status"], registry=r)
         self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "prompt tokens added to the batch",
                                      registry=r)
+        self.prompt_tokens_shared = Counter(PREFIX + "prompt_tokens_shared",
+                                            "prompt tokens found in shared KV pages (not computed)",
+                                            registry=r)
         self.generated_tokens = Counter(PREFIX + "generated_tokens", "tokens generated",
                                         registry=r)
         self.steps = Counter(PREFIX + "steps", "batch steps run", registry=r)
@@ -57,6 +62,8 @@ class ServerMetrics:
                                   lambda: scheduler.n_waiting),
             "kv_pages_used": ("KV cache pages in use", lambda: scheduler.pages_used),
             "kv_pages_total": ("KV cache pages in the pool", lambda: scheduler.pages_total),
+            "kv_pages_idle": ("KV cache pages nobody holds that keep a prefix's rows",
+                              lambda: scheduler.pages_idle),
         }
         for name, (doc, read) in gauges.items():
             Gauge(PREFIX + name, doc, registry=r).set_function(read)

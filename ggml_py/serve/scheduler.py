@@ -72,7 +72,8 @@ class Scheduler:
         self._live = {}               # sid -> Job (in the batch, not finished)
         self.n_running = self.n_waiting = 0
         self.draining_since = None    # time.monotonic() of the shutdown's start
-        self.pages_used = self.pages_total = 0
+        self.pages_used = self.pages_total = self.pages_idle = 0
+        self._shared_counted = 0      # the batch's shared prompt tokens already counted
         self._recent = collections.deque()    # (time, tokens) of recent steps
         self._thread = threading.Thread(target=self._main, name="ggml-server-scheduler",
                                         daemon=True)
@@ -289,6 +290,10 @@ class Scheduler:
         try:
             running = self.batch.running - self.batch.waiting
             self.pages_used = self.llm.kv_pages_used()
+            self.pages_idle = self.llm.kv_pool().pages_idle
+            shared, self._shared_counted = self.batch.n_shared_tokens - self._shared_counted, \
+                self.batch.n_shared_tokens
+            self.metrics.prompt_tokens_shared.inc(shared)
         except Exception:       # noqa: BLE001 - gauges must not end the scheduler
             return
         with self._lock:

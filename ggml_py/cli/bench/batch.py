@@ -6,6 +6,11 @@ ignored), once to build the graphs and once timed. Reported per B: prompt tokens
 aggregate decode tokens/s (all sequences), its ratio to B = 1 measured in the same
 run, each sequence's time per token, graph-building time per step, and the KV pages
 the sequences held at most.
+
+--prefix N puts the same N tokens of the held-out text before every prompt (a system
+prompt): with prefix sharing (the default; --no-share-prefix turns it off) the timed run
+finds them in the pages the first run left named, and "shared" counts the prompt
+tokens it did not compute.
 """
 import json
 import time
@@ -36,6 +41,10 @@ def add_arguments(parser):
                         help="tokens generated per sequence (default 128)")
     parser.add_argument("-t", "--threads", type=positive_int, default=None,
                         help="threads (default: physical cores)")
+    parser.add_argument("--prefix", type=int, default=0, metavar="N",
+                        help="the same N tokens before every prompt (default 0)")
+    parser.add_argument("--no-share-prefix", dest="share_prefix", action="store_false",
+                        help="compute and hold every prompt's tokens itself")
     add_kv_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--plot", default=None, metavar="PNG",
@@ -48,21 +57,23 @@ def run(args):
     return run_reporting_errors(PROG, bench_batch, args)
 
 
-def prompts(llm, n):
-    """n prompts of PROMPT_TOKENS ids each (BOS, then consecutive windows of the held-out text)."""
+def prompts(llm, n, prefix=0):
+    """n prompts of PROMPT_TOKENS ids each (BOS, then consecutive windows of the held-out
+    text), each after the same `prefix` ids (the text after the windows)."""
     step = PROMPT_TOKENS - 1
     with open(default_text_path(), encoding="utf-8") as f:
-        ids = llm.tokenize(f.read(n * step * 8 + 1024), add_bos=False)   # enough characters
-    if len(ids) < n * step:
+        ids = llm.tokenize(f.read((n * step + prefix) * 8 + 1024), add_bos=False)   # enough
+    if len(ids) < n * step + prefix:
         raise ValueError(f"the held-out text has {len(ids)} tokens, too few for {n} prompts")
     bos = [llm.token_bos()] if llm.token_bos() is not None else []
-    return [bos + ids[i * step:(i + 1) * step] for i in range(n)]
+    head = ids[n * step:n * step + prefix]
+    return [bos + head + ids[i * step:(i + 1) * step] for i in range(n)]
 
 
-def time_batch(llm, n_seq, n_gen):
+def time_batch(llm, n_seq, n_gen, prefix=0, share_prefix=True):
     """One run of n_seq sequences: a dict of its timings."""
-    b = llm.batch()
-    for p in prompts(llm, n_seq):
+    b = llm.batch(share_prefix=share_prefix)
+    for p in prompts(llm, n_seq, prefix):
         b.add(p, max_tokens=n_gen, temperature=0, ignore_eos=True)
     model = llm.model
     build0, t0 = model.build_s, time.perf_counter()
@@ -77,7 +88,8 @@ def time_batch(llm, n_seq, n_gen):
     t2 = time.perf_counter()
     decode_steps = b.n_steps - steps0
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "decode_steps": decode_steps,
-            "build_s": model.build_s - build0, "steps": b.n_steps, "max_pages": pages}
+            "build_s": model.build_s - build0, "steps": b.n_steps, "max_pages": pages,
+            "shared_tokens": b.n_shared_tokens}
 
 
 def bench_batch(args):
@@ -85,17 +97,20 @@ def bench_batch(args):
     if args.plot is not None:
         from ggml_py.cli.tune import plot_path
         args.plot = plot_path(args.plot)     # checked before the work
+    if args.prefix < 0:
+        raise ValueError(f"--prefix: expected a count >= 0, got {args.prefix}")
     sizes = sorted(set(args.parallel) | {1})
-    n_ctx = max(sizes) * (PROMPT_TOKENS + args.n_gen + 16)
+    n_ctx = max(sizes) * (PROMPT_TOKENS + args.prefix + args.n_gen + 16)
     model = args.model or default_model_path()
     llm, _ = open_llama(model, n_ctx=n_ctx, n_threads=args.threads, n_seq_max=max(sizes),
                         **kv_options(args))
     rows = []
     for n_seq in sizes:
-        time_batch(llm, n_seq, args.n_gen)         # builds the graphs the timed run uses
-        r = time_batch(llm, n_seq, args.n_gen)
-        r.update(n_seq=n_seq, n_gen=args.n_gen, n_threads=llm.n_threads(),
-                 prefill_ts=n_seq * PROMPT_TOKENS / r["prefill_s"],
+        run = {"prefix": args.prefix, "share_prefix": args.share_prefix}
+        time_batch(llm, n_seq, args.n_gen, **run)  # builds the graphs the timed run uses
+        r = time_batch(llm, n_seq, args.n_gen, **run)
+        r.update(n_seq=n_seq, n_gen=args.n_gen, n_threads=llm.n_threads(), **run,
+                 prefill_ts=n_seq * (PROMPT_TOKENS + args.prefix) / r["prefill_s"],
                  decode_ts=n_seq * args.n_gen / r["decode_s"],
                  ms_per_token=1e3 * r["decode_s"] / args.n_gen,
                  build_ms_per_step=1e3 * r["build_s"] / r["steps"],
@@ -109,7 +124,7 @@ def bench_batch(args):
         print(json.dumps({"system_info": gg.system_info(), "model": model, "results": rows},
                          indent=1))
     else:
-        print_table(rows, model, llm)
+        print_table(rows, model, llm, args)
     if args.plot is not None:
         plot(rows, args.plot, model)
     return 0
@@ -121,15 +136,17 @@ def kv_bytes_per_token(llm):
     return pool.nbytes // pool.n_slots
 
 
-def print_table(rows, model, llm):
+def print_table(rows, model, llm, args):
     """The Markdown table of the results."""
-    print(f"model {model}, {llm.n_threads()} threads, prompts of {PROMPT_TOKENS} tokens, "
+    head = (f", after the same {args.prefix} (prefix sharing {'on' if args.share_prefix else 'off'})"
+            if args.prefix else "")
+    print(f"model {model}, {llm.n_threads()} threads, prompts of {PROMPT_TOKENS} tokens{head}, "
           f"greedy\n")
-    print("|   B | prompt t/s | decode t/s (all) | x B=1 | ms/token/seq | build ms/step | KV MiB |")
-    print("|----:|-----------:|-----------------:|------:|-------------:|--------------:|-------:|")
+    print("|   B | prompt t/s | shared | decode t/s (all) | x B=1 | ms/token/seq | build ms/step | KV MiB |")
+    print("|----:|-----------:|-------:|-----------------:|------:|-------------:|--------------:|-------:|")
     for r in rows:
-        print(f"| {r['n_seq']:>3} | {r['prefill_ts']:>10.1f} | {r['decode_ts']:>16.1f} | "
-              f"{r['vs_single']:>5.2f} | {r['ms_per_token']:>12.2f} | "
+        print(f"| {r['n_seq']:>3} | {r['prefill_ts']:>10.1f} | {r['shared_tokens']:>6} | "
+              f"{r['decode_ts']:>16.1f} | {r['vs_single']:>5.2f} | {r['ms_per_token']:>12.2f} | "
               f"{r['build_ms_per_step']:>13.2f} | {r['kv_bytes'] / 2**20:>6.1f} |", flush=True)
     print(f"\n{gg.system_info()}")
 
