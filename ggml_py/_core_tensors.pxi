@@ -131,6 +131,18 @@ cdef class TensorBase:
                                f"set its profile before or after the compute")
         _profile_from_tuple(&self.t.profile, id, name, stages)
 
+    def _op_param_i32(self, int i):
+        if not 0 <= i < GGML_PY_MAX_OP_PARAMS:
+            raise IndexError(f"op param {i}: there are {GGML_PY_MAX_OP_PARAMS}")
+        return self.t.op_params[i]
+
+    def _set_op_param_i32(self, int i, int32_t value):
+        if not 0 <= i < GGML_PY_MAX_OP_PARAMS:
+            raise IndexError(f"op param {i}: there are {GGML_PY_MAX_OP_PARAMS}")
+        if self.n_computing:
+            raise RuntimeError("op params: this node is being computed")
+        self.t.op_params[i] = value
+
     def _default_profile_raw(self):
         cdef ggml_py_task_profile p = ggml_py_default_profile(self.t)
         return _profile_to_tuple(&p)

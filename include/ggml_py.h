@@ -144,6 +144,8 @@ struct ggml_py_comm {
 enum ggml_py_attention_profile {
     GGML_PY_ATTENTION_SLIM  = 0,   /* the whole score row-block, softmax in place, times V */
     GGML_PY_ATTENTION_FLASH = 1,   /* key tiles, online softmax (running max and sum)     */
+    GGML_PY_ATTENTION_AUTO  = 2,   /* each token by its own list: slim up to op_params[1]
+                                      keys (0: the built-in limit; < 0: none), flash past it */
 };
 
 /* ---- tensors --------------------------------------------------------------- */

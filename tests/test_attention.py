@@ -14,7 +14,7 @@ from ggml_py.core import system
 pytestmark = pytest.mark.kernels
 
 TYPES = [gg.F32, gg.F16, gg.Q8_0, gg.Q4_0, gg.I8]
-PROFILES = ["slim", "flash"]
+PROFILES = ["auto", "slim", "flash"]
 
 
 def make_index(lists):
@@ -202,7 +202,7 @@ def test_slim_and_flash_agree(rng):
     q = rng.standard_normal((4, 8, 64)).astype(np.float32)
     k = 2 * rng.standard_normal((500, 128)).astype(np.float32)
     lists = [list(range(n)) for n in (1, 64, 129, 500)]
-    slim, flash = (run(q, k, k, lists, 0.2, gg.F16, p) for p in PROFILES)
+    slim, flash = (run(q, k, k, lists, 0.2, gg.F16, p) for p in ("slim", "flash"))
     np.testing.assert_allclose(slim, flash, atol=1e-5, rtol=1e-5)
 
 
@@ -224,6 +224,32 @@ def test_a_token_is_the_same_whatever_else_is_in_the_batch(rng, type, profile):
     run_of = [mine[:170], mine[:171], mine[:172], mine, mine[:10], mine[:300]]
     seq = run(q[[5, 6, 7, 0, 1, 2]], k, v, run_of, 0.125, type, profile)
     assert same_bits(alone[0], seq[3])
+
+
+@pytest.mark.parametrize("limit", [0, 100, -1])
+def test_auto_takes_slim_or_flash_by_each_tokens_own_list(rng, limit):
+    """auto: a token's result is slim's up to the limit (0: the built-in one, 8192 keys for
+    32 rows of scores in 1 MiB; -1: none) and flash's past it, whatever the rest of the node
+    holds."""
+    H, Hkv, D, slots = 8, 2, 32, 9000
+    k = rng.standard_normal((slots, Hkv * D)).astype(np.float32)
+    v = rng.standard_normal((slots, Hkv * D)).astype(np.float32)
+    q = rng.standard_normal((6, H, D)).astype(np.float32)
+    order = list(rng.permutation(slots))
+    lists = [order[:n] for n in (99, 100, 101, 40, 8192, 8193)]
+
+    def computed(profile, tokens):
+        out, _, _ = attention_node(q[tokens], k, v, [lists[t] for t in tokens], 0.125, gg.F16, profile)
+        if profile == "auto":
+            out._set_op_param_i32(1, limit)
+        return compute(out, threads=(1, 2))
+    whole = computed("auto", range(6))
+    slim, flash = computed("slim", range(6)), computed("flash", range(6))
+    edge = {0: 8192, -1: 0}.get(limit, limit)
+    for t, slots_of in enumerate(lists):
+        assert same_bits(whole[t], (slim if len(slots_of) <= edge else flash)[t]), t
+        assert same_bits(whole[t], computed("auto", [t])[0]), t       # alone: the same bits
+    assert not same_bits(slim[5], flash[5])     # (the two ways do differ in the last bits)
 
 
 def test_set_rows_into_i8_writes_int8_and_a_scale_per_group(rng):

@@ -74,6 +74,11 @@ def test_a_sequence_yields_in_a_batch_exactly_what_it_yields_alone(kind, kv_type
         assert len(got) == len(rows)
         assert all(np.array_equal(a.view(np.uint32), r.view(np.uint32)) for a, r in zip(got, rows))
     assert llm.kv_pages_used() == 0           # every finished sequence gave its pages back
+    # auto picks slim or flash per token, by its own list: never by the step's other lists
+    from ggml_py.core.types import Op
+    profiles = {t.profile.name for g in llm.model._graphs.values() for t in g.graph.nodes
+                if t.op == Op.ATTENTION}
+    assert profiles == {"auto" if attention == "auto" else attention}
 
 
 def test_generate_batch_gives_generates_text_when_greedy():

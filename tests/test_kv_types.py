@@ -207,12 +207,16 @@ def test_tune_files_hold_attention_times_the_planner_uses(tmp_path):
     assert a.key == (32, 4, 2, Type.F16, Type.I8) and a.tokens == [1, 4] and a.lengths == [16, 64]
     est = loaded.attention_estimates(32, 4, 2, Type.F16, Type.I8, 1, 40, 1)
     assert [name for _, name in est] == sorted(a.times_us, key=lambda p: a.estimate(p, 1, 40, 1))
-    # the planner takes the fastest where the shape was benched, the rule elsewhere
-    fastest = est[0][1]
+    # the planner's auto takes slim up to the list length where flash is faster for one
+    # query token (the bench's estimates), where the shape was benched; the rule elsewhere
     _, node, graph = attention_case(shape, 1, 40, np.random.default_rng(0))
     rows = graph.plan(n_threads=1, tune=loaded).rows
     row = next(r for r in rows if r.op == Op.ATTENTION)
-    assert row.reason == "tuned" and node.profile.name == fastest
+    assert row.reason == "tuned" and node.profile.name == "auto"
+    limit = max(0, node._op_param_i32(1))     # (-1: flash for every token)
+    for length in range(1, node.src[1].shape[0] + 1):
+        fastest = loaded.attention_estimates(32, 4, 2, Type.F16, Type.I8, 1, length, 1)[0][1]
+        assert (length <= limit) == (fastest == "slim"), (length, limit)
     _, _, graph2 = attention_case((32, 4, 4, Type.F16, Type.F16), 1, 40, np.random.default_rng(0))
     assert next(r for r in graph2.plan(n_threads=1, tune=loaded).rows if r.op == Op.ATTENTION).reason \
         == "fallback"

@@ -225,26 +225,51 @@ def choose_mul_mat_profile(node, n_threads, tune):
 
 
 def choose_attention_profile(node, n_threads, tune):
-    """Set an ATTENTION node's profile (slim or flash) from tune data where its shape
-    (head size, heads, KV heads, K and V types) was benched at n_threads, else by the
-    rule (slim while its score buffer is small: ggml_py_attention_default_profile_index).
+    """Set an ATTENTION node's profile to 'auto': each token takes slim or flash by the
+    length of its own list (never by the rest of its step, so batches stay bitwise
+    invariant), slim up to a limit. The limit is where flash overtakes slim in tune data
+    where the node's shape (head size, heads, KV heads, K and V types) was benched at
+    n_threads, for one query token; else the built-in one (slim while a block's scores
+    fill at most 1 MiB: ops_attention.c).
 
     Returns (reason, estimated µs or None). The longest list a token can have stands
     for the context length (the window of a single sequence, or the lists of a step).
     """
     q, k, v, index = node.src[:4]
     T, H, D = q.shape
-    longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+    node._plan_profile(next(p for p in node.profiles() if p.name == "auto"))
     estimates = getattr(tune, "attention_estimates", None)
     if estimates is not None:
-        own = {p.name: p for p in node.profiles()}
-        for estimate, name in estimates(D, H, k.shape[1] // D, k.type, v.type, T, longest,
-                                        n_threads):
-            if name in own:
-                node._plan_profile(own[name])
-                return "tuned", estimate
-    node._plan_profile(node.default_profile())
+        def fastest(t, length):
+            found = estimates(D, H, k.shape[1] // D, k.type, v.type, t, length, n_threads)
+            return found[0] if found else None
+        if fastest(1, 1) is not None:
+            limit = _slim_limit(lambda length: fastest(1, length)[1] == "slim", k.shape[0])
+            node._set_op_param_i32(1, limit if limit > 0 else -1)     # (-1: flash for all)
+            longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+            times = dict((name, us) for us, name in
+                         estimates(D, H, k.shape[1] // D, k.type, v.type, T, longest, n_threads))
+            return "tuned", times.get("slim" if longest <= limit else "flash")
+    node._set_op_param_i32(1, 0)
     return "fallback", None
+
+
+def _slim_limit(slim_is_faster, n_slots):
+    """The longest list (0 .. n_slots) up to which slim_is_faster(length) holds, the
+    estimates being linear in the length (one crossing at most): 0 where flash is
+    faster from the start."""
+    if slim_is_faster(n_slots):
+        return max(1, n_slots)
+    if not slim_is_faster(1):
+        return 0
+    low, high = 1, n_slots           # slim_is_faster(low), not slim_is_faster(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if slim_is_faster(mid):
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 def _elements(tensor):

@@ -18,6 +18,10 @@
  *          scores, softmax in place, times V; no correction (SlimAttention)
  *   flash  tiles of KEYS keys: scores of the tile, a running max and sum per row, the
  *          accumulated output rescaled when the max grows (online softmax)
+ *   auto   each token by the length of its own list: slim up to a limit (op_params[1] > 0;
+ *          < 0: none, flash for all; 0: the keys whose scores fill SLIM_MAX_SCORE_BYTES),
+ *          flash past it - never by the other tokens of the step, so that a batch stays
+ *          bitwise invariant
  * Each item is computed by one thread start to end, and each row's numbers by operations
  * that do not depend on the other rows of the item (attn.h): a token's result depends on its
  * own query row and slots only - not on the other tokens of the batch, the thread count or
@@ -29,12 +33,16 @@
 #define ROWS 32   /* query rows per work item (heads x tokens), G when G is larger */
 #define KEYS 64   /* keys per tile: flash's tile, and slim's passes over the keys */
 
+/* auto's default limit: slim while a block's score buffer stays small (docs/attention.md) */
+#define SLIM_MAX_SCORE_BYTES (1 << 20)
+
 struct attn_shape {
     int64_t D, H, T, Hkv, G;
     int64_t tokens;      /* tokens per work item */
     int64_t rows;        /* rows per work item: G * tokens */
     int64_t n_slots;     /* slots in the pools */
     int64_t longest;     /* the longest list a token can have */
+    int64_t slim_limit;  /* auto: slim for a token with at most this many slots */
 };
 
 static struct attn_shape shape_of(const struct ggml_py_tensor *node) {
@@ -46,6 +54,8 @@ static struct attn_shape shape_of(const struct ggml_py_tensor *node) {
     s.rows = s.G * s.tokens;
     s.n_slots = k->ne[1];
     s.longest = GGML_PY_MAX(0, GGML_PY_MIN(s.n_slots, index->ne[0] - 2 * s.T));
+    s.slim_limit = node->op_params[1] > 0 ? node->op_params[1] : node->op_params[1] < 0 ? 0
+                 : (int64_t) (SLIM_MAX_SCORE_BYTES / (sizeof(float) * s.rows));
     return s;
 }
 
@@ -58,7 +68,8 @@ struct attn_scratch {
 };
 
 static size_t scratch_bytes(const struct attn_shape *s, int profile, int64_t *lds) {
-    *lds = profile == GGML_PY_ATTENTION_FLASH ? KEYS : (s->longest + 7) / 8 * 8;
+    const int64_t slim = profile == GGML_PY_ATTENTION_AUTO ? GGML_PY_MIN(s->longest, s->slim_limit) : s->longest;
+    *lds = profile == GGML_PY_ATTENTION_FLASH ? KEYS : GGML_PY_MAX(KEYS, (slim + 7) / 8 * 8);
     return (size_t) s->rows * (ggml_py_attn_q_bytes(s->D) +
                                sizeof(float) * ((size_t) *lds + (size_t) s->D + 2));
 }
@@ -223,10 +234,13 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
             ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
             continue;
         }
-        /* runs of tokens with the same list */
+        /* runs of tokens with the same list (and, for auto, the same way) */
         for (int64_t t0 = blk * s.tokens, t1; t0 < t_end; t0 = t1) {
             int64_t longest = index[2 * t0 + 1];
-            for (t1 = t0 + 1; t1 < t_end && index[2 * t1] == index[2 * t0]; t1++)
+            const int flash = profile == GGML_PY_ATTENTION_AUTO ? longest > s.slim_limit
+                                                                : profile == GGML_PY_ATTENTION_FLASH;
+            for (t1 = t0 + 1; t1 < t_end && index[2 * t1] == index[2 * t0] &&
+                              (profile != GGML_PY_ATTENTION_AUTO || (index[2 * t1 + 1] > s.slim_limit) == flash); t1++)
                 longest = GGML_PY_MAX(longest, index[2 * t1 + 1]);
             const int32_t *slots = index + index[2 * t0];
             struct attn_run run = {
@@ -238,7 +252,7 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
                                                    (t0 + r / G) * q->nb[2]);
                 kern.q_prep(k->type, D, qr, w.q + r * qb);
             }
-            if (profile == GGML_PY_ATTENTION_FLASH) run_flash(&run, &s, &w, &kern, scale);
+            if (flash) run_flash(&run, &s, &w, &kern, scale);
             else run_slim(&run, &s, &w, &kern, scale);
             for (int64_t r = 0; r < run.nr; r++) {
                 float *out = (float *) ((char *) dst->data + (g * G + r % G) * dst->nb[1] + (t0 + r / G) * dst->nb[2]);
@@ -248,25 +262,21 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
     }
 }
 
-/* slim while its score buffer stays small, flash past that (docs/attention.md) */
-#define SLIM_MAX_SCORE_BYTES (1 << 20)
-
 int ggml_py_attention_profiles(const struct ggml_py_tensor *node,
                                struct ggml_py_task_profile out[GGML_PY_MAX_PROFILES]) {
     GGML_PY_UNUSED(node);
-    const char *names[2] = { "slim", "flash" };
-    const int ids[2] = { GGML_PY_ATTENTION_SLIM, GGML_PY_ATTENTION_FLASH };
-    for (int i = 0; i < 2; i++) {
+    const char *names[3] = { "auto", "slim", "flash" };     /* the default first */
+    const int ids[3] = { GGML_PY_ATTENTION_AUTO, GGML_PY_ATTENTION_SLIM, GGML_PY_ATTENTION_FLASH };
+    for (int i = 0; i < 3; i++) {
         memset(&out[i], 0, sizeof(out[i]));
         out[i].id = ids[i];
         strncpy(out[i].name, names[i], sizeof(out[i].name) - 1);
         out[i].stages[GGML_PY_STAGE_COMPUTE] = (struct ggml_py_stage_flags) { .valid = 1, .parallel = 1 };
     }
-    return 2;
+    return 3;
 }
 
 int ggml_py_attention_default_profile_index(const struct ggml_py_tensor *node) {
-    if (node->src[0] == NULL || node->src[1] == NULL || node->src[3] == NULL) return 0;
-    const struct attn_shape s = shape_of(node);
-    return (size_t) s.rows * (size_t) s.longest * sizeof(float) > SLIM_MAX_SCORE_BYTES ? 1 : 0;
+    GGML_PY_UNUSED(node);
+    return 0;   /* auto */
 }
