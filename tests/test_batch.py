@@ -283,6 +283,20 @@ def test_prompts_that_arrive_together_read_their_common_pages_once(logits_log):
                    for a, r in zip(logits_log[(b, sid)], rows))
 
 
+def test_rows_planned_otherwise_are_not_shared():
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+
+    def shared():
+        b = llm.batch()
+        b.add(HEAD + "All.", max_tokens=2, temperature=0)
+        while b.running:
+            b.step()
+        return b.n_shared_tokens
+    assert shared() == 0 and shared() > 0      # the second finds the first's pages
+    llm.set_tune(None)                         # planned again: attention's limit may move
+    assert shared() == 0
+
+
 def test_a_sequence_shifting_its_context_copies_the_pages_it_shares(logits_log):
     llm = gg.Llama(n_ctx=256, n_threads=2, n_seq_max=2)
     a_kw, c_kw = dict(max_tokens=60, temperature=0), dict(max_tokens=40, temperature=0)

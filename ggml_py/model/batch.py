@@ -76,9 +76,6 @@ class Batch:
         self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
         self.share_prefix = bool(share_prefix)
-        # rows of invariant batches are shared among them only (the others' products round
-        # with the step's shape)
-        self._namespace = 0 if self.invariant else 1
         self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
@@ -183,6 +180,13 @@ class Batch:
             self._waiting.popleft()
             self._running.append(s)
 
+    @property
+    def _namespace(self):
+        """Where this batch's rows are named: invariant batches share among themselves
+        only (the others' products round with the step's shape), and only rows computed
+        under the same plans (a new thread count or tune data may round otherwise)."""
+        return (self.invariant, self.model.replans)
+
     def _reading_its_prefix(self, s):
         """True while a running sequence has yet to write whole pages that s's tokens
         begin with (prompts admitted together: the first reads them, the others wait a
@@ -208,7 +212,7 @@ class Batch:
                 break
             if s not in self._running:        # preempted while planning this step
                 continue
-            if s.n_cached + 1 > self.n_ctx_seq and not self._shift(s):
+            if s.n_cached + 1 > self.n_ctx_seq and not self._shift(s, plan):
                 continue
             n = min(len(s.ids) - s.n_cached, budget)
             if not self._reserve(s, n, plan):
@@ -225,28 +229,45 @@ class Batch:
                 self.cache.reserve(s.id, n)
                 return True
             except KVPoolFull:
-                planned = {p.id for p, _ in plan}
-                victims = [v for v in reversed(self._running) if v is not s and v.id not in planned]
-                victim = victims[0] if victims else s
-                self._preempt(victim)
-                if victim is s:
+                victims = self._victims(s, plan)
+                self._preempt(victims[0] if victims else s)
+                if not victims:
                     return False
 
+    def _victims(self, s, plan):
+        """The running sequences other than s and not in this step's plan, youngest first."""
+        planned = {p.id for p, _ in plan}
+        return [v for v in reversed(self._running) if v is not s and v.id not in planned]
+
     def _preempt(self, s):
-        """Give back s's pages; it waits (first in line) to be read again."""
+        """Give back s's pages; it waits (first in line) to be read again. One that was
+        due to shift its context is read again shifted (its kept rows computed afresh at
+        their new positions, not rotated: they may round differently)."""
+        if len(s.ids) > self.n_ctx_seq and self.context_shift:
+            del s.ids[s.n_kept:s.n_kept + discard_count(len(s.ids) - 1, s.n_kept)]
         self.cache.free(s.id)
         s.n_cached = 0
         self._running.remove(s)
         self._waiting.appendleft(s)
 
-    def _shift(self, s):
+    def _shift(self, s, plan):
         """Make room in s's own context: drop half of its tokens after the kept ones
-        (llama.cpp's context shift); False (and s finished) when it may not shift."""
+        (llama.cpp's context shift); False when it may not shift (s finished), or when
+        the pool has no room for the shared pages it must copy first and no sequence
+        outside this step's plan to preempt (s waits)."""
         if not self.context_shift:
             self._finish(s, "length")
             return False
         n_discard = discard_count(s.n_cached, s.n_kept)
-        self.cache.shift(s.id, s.n_kept, n_discard, self._rerope)
+        while True:
+            try:
+                self.cache.shift(s.id, s.n_kept, n_discard, self._rerope)
+                break
+            except KVPoolFull:
+                victims = self._victims(s, plan)
+                if not victims:
+                    return False          # it stays, unfed, until the pages' holders move on
+                self._preempt(victims[0])
         del s.ids[s.n_kept:s.n_kept + n_discard]
         s.n_cached -= n_discard
         return True

@@ -60,8 +60,8 @@ class PagedKVCache:
         self._tables = {}      # sequence id -> its pages, in position order
         self._lengths = {}     # sequence id -> positions held (0..n-1)
         self._holders = {}     # page -> how many sequences hold it
-        # prefix sharing: a named page is found by (the page before it, or -1 - namespace
-        # for a first page; its tokens)
+        # prefix sharing: a named page is found by (the page before it, or ("start",
+        # namespace) for a first page; its tokens)
         self._named = {}       # name -> page
         self._name_of = {}     # page -> name
         self._children = {}    # page -> the pages named after it
@@ -125,11 +125,11 @@ class PagedKVCache:
         """Give seq, which holds nothing yet, the named pages that hold the longest
         prefix of its token ids `ids` in whole pages, leaving at least its last token to
         be computed. Returns the positions it now holds (a multiple of page_size).
-        Pages are found only in the namespace (an int >= 0) they were named in: rows
+        Pages are found only in the namespace (any hashable) they were named in: rows
         computed one way are not mixed with rows computed another."""
         if self._tables.get(seq):
             raise ValueError(f"attach_prefix: sequence {seq} already holds positions")
-        table, parent = self._tables.setdefault(seq, []), -1 - namespace
+        table, parent = self._tables.setdefault(seq, []), ("start", namespace)
         for p in range((len(ids) - 1) // self.page_size):
             page = self._named.get((parent, tuple(ids[p * self.page_size:(p + 1) * self.page_size])))
             if page is None:
@@ -158,7 +158,7 @@ class PagedKVCache:
             return
         table = self._tables[seq]
         for p in range(first, self._lengths[seq] // self.page_size):
-            parent = table[p - 1] if p else -1 - namespace
+            parent = table[p - 1] if p else ("start", namespace)
             if p and parent not in self._name_of:
                 return                   # (another page holds that prefix's name)
             name = (parent, tuple(ids[p * self.page_size:(p + 1) * self.page_size]))
@@ -170,6 +170,8 @@ class PagedKVCache:
         """Forget seq's positions >= n; pages no longer needed go back to the pool (a
         page kept in part is first made seq's own: KVPoolFull, nothing changed, when
         that needs a page the pool does not have)."""
+        if seq not in self._lengths:
+            return
         n = max(0, min(n, self.length(seq)))
         if n % self.page_size:
             self._make_own(seq, n // self.page_size, n // self.page_size + 1)
@@ -195,8 +197,8 @@ class PagedKVCache:
         n = self.length(seq)
         if not (0 <= keep and n_discard > 0 and keep + n_discard <= n):
             raise ValueError(f"shift: cannot drop {n_discard} positions after {keep} of {n}")
-        if keep < n - n_discard:
-            self._make_own(seq, keep // self.page_size, (n - n_discard - 1) // self.page_size + 1)
+        # the pages it writes (positions keep on) and the last it keeps in part
+        self._make_own(seq, keep // self.page_size, -(-(n - n_discard) // self.page_size))
         self._moved.add(seq)
         src, dst = self.slots(seq, keep + n_discard, n), self.slots(seq, keep, n - n_discard)
         if self.mirror is not None:

@@ -120,6 +120,7 @@ class LlamaModel:
         self.kv_pad = kv_pad
         self.packed = packed
         self.tune = None           # TuneData: MUL_MAT profiles from measurements
+        self.replans = 0           # times the cached graphs were planned again (threads, tune)
         # None, or reduce(partial) -> the whole: what ends each attention and feed-forward
         # block of a model split over processes (ggml_py/dist: an all-reduce), whose
         # blocks give this process's share of the sum
@@ -176,7 +177,10 @@ class LlamaModel:
             self._plan_graphs()
 
     def _plan_graphs(self):
-        """Plan every cached graph again, for n_threads and the tune data."""
+        """Plan every cached graph again, for n_threads and the tune data (rows computed
+        before and after may round differently: attention's slim / flash limit comes from
+        the tune data at the thread count)."""
+        self.replans += 1
         for g in self._graphs.values():
             g.graph.plan(self.n_threads, tune=self.tune)
             self._share_work(g.graph)
