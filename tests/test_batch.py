@@ -297,6 +297,21 @@ def test_rows_planned_otherwise_are_not_shared():
     assert shared() == 0
 
 
+def test_a_cache_salt_shares_pages_only_with_the_same_salt():
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+
+    def shared(salt):
+        b = llm.batch()
+        b.add(HEAD + "All.", max_tokens=2, temperature=0, cache_salt=salt)
+        while b.running:
+            b.step()
+        return b.n_shared_tokens
+    assert shared("alice") == 0 and shared(None) == 0 and shared("bob") == 0
+    assert shared("alice") > 0 and shared(None) > 0
+    with pytest.raises(TypeError, match="cache_salt must be a string"):
+        llm.batch().add("ROMEO.", cache_salt=3)
+
+
 def test_a_sequence_shifting_its_context_copies_the_pages_it_shares(logits_log):
     llm = gg.Llama(n_ctx=256, n_threads=2, n_seq_max=2)
     a_kw, c_kw = dict(max_tokens=60, temperature=0), dict(max_tokens=40, temperature=0)

@@ -135,5 +135,18 @@ def test_a_system_prompt_sent_again_is_read_from_shared_pages():
         assert texts[1][1] >= 16 and texts[2][1] >= 16      # the others start on its pages
         assert texts[1][0] == texts[0][0]              # and give the same text
         assert metrics(live.url)["ggml_server_kv_pages_idle"] > 0
+        # a salt keeps a user's pages to that user's requests
+        for salt, found in (("alice", False), ("alice", True), ("bob", False)):
+            before = metrics(live.url).get("ggml_server_prompt_tokens_shared_total", 0)
+            client.chat.completions.create(
+                model=MODEL_ID, max_tokens=2, temperature=0, extra_body={"cache_salt": salt},
+                messages=[{"role": "system", "content": system},
+                          {"role": "user", "content": "Who is Romeo?"}])
+            after = metrics(live.url).get("ggml_server_prompt_tokens_shared_total", 0)
+            assert (after > before) == found, salt
+        for bad, message in ((3, "Invalid type for 'cache_salt'"), ("", "must not be empty")):
+            with pytest.raises(openai.BadRequestError, match=message):
+                client.completions.create(model=MODEL_ID, prompt="ROMEO.", max_tokens=2,
+                                          extra_body={"cache_salt": bad})
     finally:
         live.stop()

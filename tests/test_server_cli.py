@@ -46,7 +46,7 @@ def test_flags_chat_template_api_key_and_alias(tmp_path):
     template = tmp_path / "llama2.jinja"
     template.write_text(LLAMA_2)
     server = ServerProcess(["-np", "1", "-t", "1", "-c", "512", "--chat-template", str(template),
-                            "--api-key", "sekrit", "-a", "bard", "-a", "will"],
+                            "--api-key", "sekrit", "-a", "bard", "-a", "will", "--no-prefix-cache"],
                            cwd=tmp_path).wait_ready()
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="sekrit", max_retries=0)
@@ -58,6 +58,11 @@ def test_flags_chat_template_api_key_and_alias(tmp_path):
         expected = httpx.post(server.url + "/tokenize", headers={"Authorization": "Bearer sekrit"},
                               json={"content": "<s>[INST] Speak. [/INST]"}).json()["tokens"]
         assert r.usage.prompt_tokens == len(expected)      # the template's BOS, not a second one
+        long = "Speak, speak. " * 12                        # --no-prefix-cache: never shared
+        for _ in range(2):
+            client.completions.create(model="bard", prompt=long, max_tokens=1)
+        shared = httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer sekrit"}).text
+        assert "ggml_server_prompt_tokens_shared_total 0.0" in shared
         with pytest.raises(openai.BadRequestError, match="alternate"):
             client.chat.completions.create(model="bard", messages=messages * 2, max_tokens=3)
         with pytest.raises(openai.AuthenticationError):

@@ -47,6 +47,10 @@ def build_parser():
     p.add_argument("--context-shift", action="store_true",
                    help="a sequence that fills its context drops half of it and goes on "
                         "(default: it ends, finish_reason 'length')")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="compute every request's prompt whole (default: a prompt's beginning "
+                        "held in the KV pages of an earlier request is read from there; "
+                        "requests may set cache_salt to share only among themselves)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="requests that may wait beyond -np before the server answers 503 "
                         "(default: 64)")
@@ -91,7 +95,7 @@ def main(argv=None):
     model_id, aliases = model_names(model, args.alias)
     settings = Settings(model_id=model_id, aliases=aliases, api_key=args.api_key,
                         chat_template=template, max_queue=args.max_queue,
-                        context_shift=args.context_shift)
+                        context_shift=args.context_shift, prefix_cache=args.prefix_cache)
 
     def load():
         llm, warnings = open_llama(model, args.ctx_size, args.ctx_default, **load_args)

@@ -49,6 +49,7 @@ class Sequence:
     text: str = ""                   # generated text (up to a stop string)
     finish_reason: str | None = None  # "stop", "length", "cancelled"
     logprobs: list = field(default_factory=list)   # (id, logprob, [(id, logprob)] top-n)
+    cache_salt: str | None = None    # shares KV pages only with sequences of the same salt
     # the scheduler's state
     ids: list = field(default_factory=list)        # every token to be in the cache, in order
     n_cached: int = 0                # ids[:n_cached] are in the cache
@@ -96,10 +97,15 @@ class Batch:
 
     def add(self, prompt, max_tokens=16, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
             repeat_penalty=1.0, repeat_last_n=64, seed=None, stop=None, add_bos=True,
-            ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0, logprobs=None):
+            ignore_eos=False, frequency_penalty=0.0, presence_penalty=0.0, logprobs=None,
+            cache_salt=None):
         """Queue a sequence: prompt (text, or token ids) and its own sampling settings
         (as Llama.generate's). Returns its id. ValueError for an empty prompt or one
-        that does not fit a sequence's context (both counts named)."""
+        that does not fit a sequence's context (both counts named). cache_salt (a
+        string): its KV pages are shared only with sequences given the same salt (one
+        user's requests, say: another cannot learn from timings what they hold)."""
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise TypeError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
         ids = self.llm._input_ids(prompt, add_bos, special=True)   # as generate reads it
         if not ids:
             raise ValueError("the prompt is empty")
@@ -120,7 +126,7 @@ class Batch:
         s = Sequence(next(self.llm._sequence_ids), list(ids), max_tokens, logprobs, ids=list(ids),
                      n_kept=n_kept, sampler=Sampler(params, banned=banned),
                      decoder=self.tokenizer.decoder(strip_leading_space=False),
-                     stop=StopFilter(stop_strings(stop)))
+                     stop=StopFilter(stop_strings(stop)), cache_salt=cache_salt)
         s.sampler.accept_all(ids)
         self._all[s.id] = s
         self._waiting.append(s)
@@ -171,7 +177,7 @@ class Batch:
             if self.share_prefix and s.n_cached == 0:
                 if self._reading_its_prefix(s):
                     break                 # a step later it takes those pages instead
-                shared = s.n_cached = self.cache.attach_prefix(s.id, s.ids, self._namespace)
+                shared = s.n_cached = self.cache.attach_prefix(s.id, s.ids, self._namespace(s))
             if self.cache.pages_needed(s.id, len(s.ids) - s.n_cached) > self.cache.pages_free:
                 self.cache.free(s.id)
                 s.n_cached = 0
@@ -180,12 +186,11 @@ class Batch:
             self._waiting.popleft()
             self._running.append(s)
 
-    @property
-    def _namespace(self):
-        """Where this batch's rows are named: invariant batches share among themselves
-        only (the others' products round with the step's shape), and only rows computed
-        under the same plans (a new thread count or tune data may round otherwise)."""
-        return (self.invariant, self.model.replans)
+    def _namespace(self, s):
+        """Where s's rows are named: invariant batches share among themselves only (the
+        others' products round with the step's shape), only rows computed under the same
+        plans (a new thread count or tune data may round otherwise), and within s's salt."""
+        return (self.invariant, self.model.replans, s.cache_salt)
 
     def _reading_its_prefix(self, s):
         """True while a running sequence has yet to write whole pages that s's tokens
@@ -194,6 +199,8 @@ class Batch:
         page, moved = self.cache.page_size, self.cache.moved
         last = (len(s.ids) - 1) // page * page      # s computes its last token itself
         for r in self._running:
+            if r.cache_salt != s.cache_salt:
+                continue                  # (it would not share them)
             common = 0
             while common < last and r.ids[common:common + page] == s.ids[common:common + page]:
                 common += page
@@ -299,7 +306,7 @@ class Batch:
         g.out_rows[:] = [out_rows[i] for i in wanted] if wanted else [R - 1]
         logits = self.model.run_step(g)
         for s, n in plan:
-            self.cache.advance(s.id, n, s.ids if self.share_prefix else None, self._namespace)
+            self.cache.advance(s.id, n, s.ids if self.share_prefix else None, self._namespace(s))
             s.n_cached += n
         self.n_steps += 1
         self.step_rows.append(R)

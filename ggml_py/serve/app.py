@@ -40,8 +40,9 @@ DISCONNECT_POLL_S = 0.25        # how often a gathered response checks its clien
 class Settings:
     """What the server is told at start: the served model's name (and other names it
     answers to), the API key (None: none asked), a chat template source to use in
-    place of the model's (None: the model's, else the default), the queue bound, and
-    a sequence's context (n_ctx_seq, context_shift: see scheduler.Scheduler)."""
+    place of the model's (None: the model's, else the default), the queue bound,
+    a sequence's context (n_ctx_seq, context_shift) and whether requests share prompt
+    prefixes (prefix_cache): see scheduler.Scheduler."""
     model_id: str
     aliases: tuple = ()
     api_key: str | None = None
@@ -50,6 +51,7 @@ class Settings:
     max_body_bytes: int = MAX_BODY_BYTES
     n_ctx_seq: int | None = None
     context_shift: bool = False
+    prefix_cache: bool = True
 
 
 def model_names(path, aliases=()):

@@ -34,6 +34,7 @@ class Sampling:
     seed: int | None = None
     stop: tuple = ()
     logprobs: int | None = None
+    cache_salt: str | None = None   # shares KV pages only with requests of the same salt
 
     def for_choice(self, i):
         """The settings of choice i of n: seed + i, so that choice 0 is what n=1 gives."""
@@ -239,11 +240,22 @@ def _generation(body, chat, prompts, max_tokens, logprobs, echo):
         repeat_penalty=get_number(body, "repeat_penalty", 1.0, 0.01, 100.0),
         seed=None if seed == -1 else seed,
         stop=_stops(body.get("stop")),
-        logprobs=logprobs)
+        logprobs=logprobs,
+        cache_salt=_cache_salt(body.get("cache_salt")))
     if sampling.max_tokens == 0:
         raise _out_of_range("max_tokens", "at least 1 (or -1: until the end)", 0)
     return Generation(chat=chat, prompts=prompts, n=n, stream=stream,
                       include_usage=include_usage, echo=echo, sampling=sampling, model=model)
+
+
+def _cache_salt(salt):
+    if salt is None:
+        return None
+    if not isinstance(salt, str):
+        raise _wrong_type("cache_salt", "a string", salt)
+    if not salt:
+        raise bad_request("cache_salt must not be empty", param="cache_salt")
+    return salt
 
 
 def _stops(stop):

@@ -55,6 +55,7 @@ class Server:
         self.scheduler = Scheduler(load, settings.max_queue, self.metrics,
                                    on_failure=self._load_failed, n_ctx_seq=settings.n_ctx_seq,
                                    context_shift=settings.context_shift,
+                                   prefix_cache=settings.prefix_cache,
                                    on_ready=self._ready)
         self.metrics.attach(self.scheduler)
         self.app = create_app(self.scheduler, self.metrics, settings)

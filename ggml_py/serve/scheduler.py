@@ -55,13 +55,16 @@ class Scheduler:
     the model's training context or 2048 if smaller, within the pool).
     context_shift: a sequence at n_ctx_seq drops half its tokens and goes on (else it
     ends with finish_reason "length", as llama-server's default).
+    prefix_cache: a request starts on the KV pages that hold its prompt's beginning
+    (model/batch.py, share_prefix), among requests of the same cache_salt.
     """
 
     def __init__(self, load, max_queue, metrics, on_failure=None, n_ctx_seq=None,
-                 context_shift=False, on_ready=None):
+                 context_shift=False, on_ready=None, prefix_cache=True):
         self._load, self.max_queue, self.metrics = load, max_queue, metrics
         self._on_failure, self._on_ready = on_failure, on_ready
         self.n_ctx_seq, self.context_shift = n_ctx_seq, context_shift
+        self.prefix_cache = prefix_cache
         self.llm = self.batch = None
         self.state = "loading"        # then "ready", "failed" or "stopped"
         self.error = None
@@ -155,7 +158,8 @@ class Scheduler:
             if self.n_ctx_seq is None:
                 self.n_ctx_seq = min(llm.n_ctx(), DEFAULT_N_CTX,
                                      n_ctx_train if n_ctx_train > 0 else llm.n_ctx())
-            self.batch = llm.batch(n_ctx_seq=self.n_ctx_seq, context_shift=self.context_shift)
+            self.batch = llm.batch(n_ctx_seq=self.n_ctx_seq, context_shift=self.context_shift,
+                                   share_prefix=self.prefix_cache)
             self.pages_total = llm.kv_pages_total()
             self.llm = llm
         except BaseException as exc:      # noqa: BLE001 - reported, and the server exits
@@ -203,7 +207,7 @@ class Scheduler:
             job.sid = self.batch.add(job.prompt_ids, max_tokens=s.max_tokens,
                                      temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                      min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed,
-                                     stop=s.stop, logprobs=s.logprobs)
+                                     stop=s.stop, logprobs=s.logprobs, cache_salt=s.cache_salt)
         except (ValueError, TypeError) as exc:     # what the batch refuses: the request's fault
             job.deliver(("error", bad_request(str(exc))))
             return self._release(job, None, deliver=False)
