@@ -1166,20 +1166,24 @@ INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2]
             __m256i isum[2];
             for (int c = 0; c < nc; c++) isum[c] = _mm256_setzero_si256();
             for (int h = 0; h < 2; h++) {
-                for (int j0 = 0; j0 < 8; j0 += 2) {   /* groups j0, j0 + 1: half a sub-block of each kind */
-                    const char *w = xb + Q6_ROWS8_VALUES + 96 * (8 * h + j0);
-                    rows8_prefetch(xb, Q6_ROWS8_BLOCK, 4 * h + j0 / 2, 8);
-                    for (int m = 0; m < 4; m++) {      /* sub-block 8h + 2m + j0 / 4 */
-                        const __m256i v0 = q6_rows8_values(w, m), v1 = q6_rows8_values(w + 96, m);
-                        const __m256i sc = q6_rows8_scale(xb, 8 * h + 2 * m + j0 / 4);
-                        for (int c = 0; c < nc; c++) {
-                            const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 128 * h + 32 * m + 4 * j0;
-                            int32_t y0, y1;
-                            memcpy(&y0, q8, 4);
-                            memcpy(&y1, q8 + 4, 4);
-                            const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, _mm256_set1_epi32(y0)),
-                                                                 _mm256_maddubs_epi16(v1, _mm256_set1_epi32(y1)));
-                            isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, sc));
+                for (int half = 0; half < 2; half++) {
+                    /* the scales of sub-blocks 8h + 2m + half, each shared by two pairs of groups */
+                    __m256i scale[4];
+                    for (int m = 0; m < 4; m++) scale[m] = q6_rows8_scale(xb, 8 * h + 2 * m + half);
+                    for (int j0 = 4 * half; j0 < 4 * half + 4; j0 += 2) {   /* groups j0, j0 + 1: half a sub-block of each kind */
+                        const char *w = xb + Q6_ROWS8_VALUES + 96 * (8 * h + j0);
+                        rows8_prefetch(xb, Q6_ROWS8_BLOCK, 4 * h + j0 / 2, 8);
+                        for (int m = 0; m < 4; m++) {      /* sub-block 8h + 2m + half */
+                            const __m256i v0 = q6_rows8_values(w, m), v1 = q6_rows8_values(w + 96, m);
+                            for (int c = 0; c < nc; c++) {
+                                const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 128 * h + 32 * m + 4 * j0;
+                                int32_t y0, y1;
+                                memcpy(&y0, q8, 4);
+                                memcpy(&y1, q8 + 4, 4);
+                                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, _mm256_set1_epi32(y0)),
+                                                                     _mm256_maddubs_epi16(v1, _mm256_set1_epi32(y1)));
+                                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, scale[m]));
+                            }
                         }
                     }
                 }
