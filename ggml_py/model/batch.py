@@ -50,6 +50,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop", "length", "cancelled"
     logprobs: list = field(default_factory=list)   # (id, logprob, [(id, logprob)] top-n)
     cache_salt: str | None = None    # shares KV pages only with sequences of the same salt
+    started: bool = False            # admitted once (a preempted one is read again)
     # the scheduler's state
     ids: list = field(default_factory=list)        # every token to be in the cache, in order
     n_cached: int = 0                # ids[:n_cached] are in the cache
@@ -81,7 +82,7 @@ class Batch:
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
-        self.n_shared_tokens = 0     # prompt tokens found in shared pages (not computed)
+        self.n_shared_tokens = 0     # prompt tokens found in others' pages (not computed)
 
     # ---- the interface ------------------------------------------------------------
 
@@ -182,7 +183,9 @@ class Batch:
                 self.cache.free(s.id)
                 s.n_cached = 0
                 break
-            self.n_shared_tokens += shared
+            if not s.started:              # (read again, it finds its own pages: not counted)
+                self.n_shared_tokens += shared
+            s.started = True
             self._waiting.popleft()
             self._running.append(s)
 

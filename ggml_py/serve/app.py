@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from ggml_py.serve import params, responses
 from ggml_py.serve.errors import APIError, bad_request
@@ -84,6 +85,10 @@ def create_app(scheduler, metrics, settings):
         message = f"{request.method} {request.url.path}: {exc.detail}"
         return JSONResponse(APIError(exc.status_code, message, type=kind).body(),
                             status_code=exc.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request, exc):     # its body cut short: nobody to answer
+        return Response(status_code=400)
 
     @app.exception_handler(Exception)
     async def server_error(request, exc):   # a bug: still OpenAI's schema

@@ -59,7 +59,9 @@ class Generation:
 
 def parse_json(raw):
     """The JSON object of a request body (bytes); 400 for invalid UTF-8, invalid JSON
-    (NaN and Infinity included: JSON has no such numbers) or a value that is not an object."""
+    (NaN and Infinity included: JSON has no such numbers), a string with a lone surrogate
+    escape (\ud800: no Unicode text, so nothing could be tokenized or sent back) or a
+    value that is not an object."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -72,6 +74,11 @@ def parse_json(raw):
         raise bad_request("the request body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {_kind(body)}")
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request("the request body is not valid JSON text: a string holds a lone "
+                          f"surrogate escape (\\u{ord(exc.object[exc.start]):04x})") from None
     return body
 
 

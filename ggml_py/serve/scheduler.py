@@ -203,8 +203,15 @@ class Scheduler:
         if job.cancelled:
             return self._release(job, "cancelled", deliver=False)
         s = job.sampling
+        max_tokens = s.max_tokens
+        if max_tokens < 0 and self.context_shift:
+            # a sequence that shifts never fills its context: without a limit, one that
+            # never ends its text would hold its place for ever (llama-server's rule)
+            n_ctx_train = self.llm.config.n_ctx_train
+            limit = n_ctx_train if n_ctx_train > 0 else self.n_ctx_seq
+            max_tokens = max(1, limit - len(job.prompt_ids))
         try:
-            job.sid = self.batch.add(job.prompt_ids, max_tokens=s.max_tokens,
+            job.sid = self.batch.add(job.prompt_ids, max_tokens=max_tokens,
                                      temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                                      min_p=s.min_p, repeat_penalty=s.repeat_penalty, seed=s.seed,
                                      stop=s.stop, logprobs=s.logprobs, cache_salt=s.cache_salt)
