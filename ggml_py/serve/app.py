@@ -87,8 +87,8 @@ def create_app(scheduler, metrics, settings):
                             status_code=exc.status_code)
 
     @app.exception_handler(ClientDisconnect)
-    async def client_gone(request, exc):     # its body cut short: nobody to answer
-        return Response(status_code=400)
+    async def client_gone(request, exc):     # its body cut short: nobody to answer (499, as
+        return Response(status_code=499)     # a client that leaves a stream: nginx's "closed")
 
     @app.exception_handler(Exception)
     async def server_error(request, exc):   # a bug: still OpenAI's schema

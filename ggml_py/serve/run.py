@@ -19,6 +19,9 @@ from ggml_py.serve.metrics import ServerMetrics
 from ggml_py.serve.scheduler import Scheduler
 
 TIMEOUT_GRACEFUL_S = 3
+# longer than HTTP clients keep an idle connection (httpx: 5 s): a connection the server
+# closed at the moment a client reuses it is a reset request
+TIMEOUT_KEEP_ALIVE_S = 30
 
 
 def bind(host, port):
@@ -60,7 +63,8 @@ class Server:
         self.metrics.attach(self.scheduler)
         self.app = create_app(self.scheduler, self.metrics, settings)
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=TIMEOUT_GRACEFUL_S, lifespan="on")
+                                timeout_graceful_shutdown=TIMEOUT_GRACEFUL_S,
+                                timeout_keep_alive=TIMEOUT_KEEP_ALIVE_S, lifespan="on")
         self.uvicorn = _Uvicorn(config, on_exit=self.scheduler.drain)
 
     def _ready(self):
