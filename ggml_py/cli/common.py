@@ -277,8 +277,9 @@ def add_kv_arguments(parser):
     parser.add_argument("-ctv", "--cache-type-v", choices=KV_TYPE_CHOICES, default=None,
                         help="KV cache type for V (default: as K)")
     parser.add_argument("--attention", choices=ATTENTION_CHOICES, default="auto",
-                        help="attention: one node (slim or flash profile; auto: the planner's "
-                             "choice) or the three-node graph (f16/f32 caches) (default: auto)")
+                        help="attention: one node (slim or flash profile; auto: each token slim "
+                             "or flash by its own context length) or the three-node graph "
+                             "(f16/f32 caches) (default: auto)")
 
 
 def kv_options(args):

@@ -29,7 +29,8 @@ MAX_GRAPHS = 64       # ... and at most
 RESERVE_SPARE = 4     # the shared buffer of intermediates is reserved with need / this to spare
 # how attention is computed (docs/attention.md): "graph" the three nodes mul_mat, soft_max,
 # mul_mat (F16 / F32 caches, the single sequence only); "slim" / "flash" the attention op
-# with that profile; "auto" the attention op, its profile chosen by the planner
+# with that profile; "auto" the attention op's auto profile (each token slim or flash by its
+# own list's length, the limit set by the planner)
 ATTENTION_MODES = ("auto", "graph", "slim", "flash")
 
 
