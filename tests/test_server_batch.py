@@ -1,6 +1,7 @@
 """Concurrent requests on the batch: they share steps (the server's step metrics say so, not
 a clock), each gets the text it gets when it is served alone, and a client that goes away
-is cancelled and its KV pages go back to the pool."""
+is cancelled and its KV pages go back to the pool; shared prompt prefixes (and what the
+metrics count of them); a request without a token limit under context shift ends."""
 import threading
 
 import httpx
@@ -148,5 +149,53 @@ def test_a_system_prompt_sent_again_is_read_from_shared_pages():
             with pytest.raises(openai.BadRequestError, match=message):
                 client.completions.create(model=MODEL_ID, prompt="ROMEO.", max_tokens=2,
                                           extra_body={"cache_salt": bad})
+    finally:
+        live.stop()
+
+
+def test_shared_prompt_tokens_count_only_other_requests_prompts():
+    # a pool of 4 pages (64 tokens) for two sequences of 40 tokens: the younger is
+    # preempted when the elder needs its third page, and read again when it ends
+    gate = Gate()
+    live = LiveServer(gate.wrap(bundled_llama(n_seq_max=2, n_ctx=64))).wait_ready()
+    try:
+        answers = {}
+
+        def ask(prompt):
+            answers[prompt] = live.client().completions.create(
+                model=MODEL_ID, prompt=prompt, max_tokens=40, temperature=0)
+        threads = []
+        for i, prompt in enumerate(("ROMEO.", "JULIET.")):     # one after the other
+            threads.append(threading.Thread(target=ask, args=(prompt,)))
+            threads[-1].start()
+            wait_until(lambda n=i + 1: live.scheduler.admitted == n, "the request admitted")
+        gate.open()
+        for thread in threads:
+            thread.join(60)
+        assert [a.usage.completion_tokens for a in answers.values()] == [40, 40]
+        m = metrics(live.url)
+        # neither prompt fills a page, so neither can be found in another's pages
+        assert m["ggml_server_prompt_tokens_shared_total"] == 0, \
+            (m["ggml_server_prompt_tokens_shared_total"], m["ggml_server_prompt_tokens_total"])
+    finally:
+        live.stop()
+
+
+def test_a_request_without_a_limit_ends_under_context_shift():
+    live = LiveServer(bundled_llama(n_seq_max=2, n_ctx=256), context_shift=True,
+                      n_ctx_seq=32).wait_ready()
+    try:
+        n_ctx_train = live.scheduler.llm.config.n_ctx_train
+        chunks = 0
+        stream = live.client(timeout=60).chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "Who is there?"}],
+            temperature=0, stream=True)     # greedy, it repeats itself without an end
+        for _ in stream:
+            chunks += 1
+            if chunks > n_ctx_train + 10:
+                break
+        stream.close()
+        # the role's chunk, a chunk a token, the finish_reason's chunk
+        assert chunks <= n_ctx_train + 2, f"still generating after {chunks} chunks"
     finally:
         live.stop()

@@ -1,5 +1,6 @@
 """Every bad request gets OpenAI's error schema and its status, never a 500, and the server
 goes on serving; the API key; the bounded queue (503); loading (503), a model that fails."""
+import asyncio
 import socket
 import threading
 
@@ -51,6 +52,8 @@ BAD_COMPLETIONS = [
     (b'["ROMEO."]', None),                              # not an object
     (b'{"prompt": "\xff\xfe"}', None),                  # not UTF-8
     (b'{"prompt": "ROMEO.", "temperature": NaN}', None),
+    (rb'{"prompt": "ROMEO \ud800", "max_tokens": 1, "echo": true}', None),   # a lone surrogate,
+    (rb'{"prompt": "ROMEO", "max_tokens": 1, "model": "x\ud800"}', None),    # echoed or named
     ({"max_tokens": 2}, "prompt"),
     ({"prompt": 5}, "prompt"),
     ({"prompt": []}, "prompt"),
@@ -152,6 +155,31 @@ def _complete(answer):
     head, _, body = answer.partition(b"\r\n\r\n")
     length = [line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:")]
     return bool(length) and len(body) >= int(length[0].split(b":")[1])
+
+
+def test_a_client_gone_while_sending_its_body_is_not_a_server_error(live):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/completions",
+             "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    messages = [{"type": "http.request", "body": b'{"prompt": ', "more_body": True},
+                {"type": "http.disconnect"}]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    raised = None
+    try:
+        asyncio.run(live.server.app(scope, receive, send))
+    except Exception as exc:    # noqa: BLE001 - what the server lets out is the finding
+        raised = exc
+    statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
+    assert raised is None and 500 not in statuses, (repr(raised), statuses)
 
 
 def test_a_100_mb_body_is_413(live):
