@@ -111,10 +111,17 @@ class Fuzz:
             s.k.append(k)
             s.v.append(v)
 
-    def refused(self, before, what):
-        """A KVPoolFull: the cache must be as `before` (a snapshot)."""
-        assert self.snapshot() == before, f"{what}: KVPoolFull changed the cache"
-        self.counts["refused"] = self.counts.get("refused", 0) + 1
+    def done(self, what, *args):
+        """pool.what(*args): True, or False for a KVPoolFull, after which the cache must be
+        as it was."""
+        before = self.snapshot()
+        try:
+            getattr(self.pool, what)(*args)
+            return True
+        except KVPoolFull:
+            assert self.snapshot() == before, f"{what}: KVPoolFull changed the cache"
+            self.counts["refused"] = self.counts.get("refused", 0) + 1
+            return False
 
     # ---- operations ----------------------------------------------------------------
 
@@ -166,11 +173,7 @@ class Fuzz:
             s = self.seqs[seq]
             held = len(s.k)
             n = min(len(s.ids) - held, int(self.rng.integers(1, 7)))
-            before = self.snapshot()
-            try:
-                self.pool.reserve(seq, n)
-            except KVPoolFull:
-                self.refused(before, "reserve")
+            if not self.done("reserve", seq, n):
                 reading.remove(seq)
                 self.op_free(seq)
                 continue
@@ -203,11 +206,8 @@ class Fuzz:
             new = longer[int(self.rng.integers(len(longer)))][len(s.ids):][:n]
             n = len(new)
         self.log.append(("append", seq, new))
-        before = self.snapshot()
-        try:
-            self.pool.reserve(seq, n)
-        except KVPoolFull:
-            return self.refused(before, "reserve")
+        if not self.done("reserve", seq, n):
+            return
         start = len(s.ids)
         s.ids += new
         self.write(seq, start, start + n)
@@ -223,11 +223,8 @@ class Fuzz:
             keep = int(self.rng.integers(0, n))
             n_discard = int(self.rng.integers(1, n - keep + 1))
         self.log.append(("shift", seq, keep, n_discard))
-        before = self.snapshot()
-        try:
-            self.pool.shift(seq, keep, n_discard, no_rerope)
-        except KVPoolFull:
-            return self.refused(before, "shift")
+        if not self.done("shift", seq, keep, n_discard, no_rerope):
+            return
         drop = slice(keep, keep + n_discard)
         del s.ids[drop], s.k[drop], s.v[drop]
         s.moved = True
@@ -240,11 +237,8 @@ class Fuzz:
             if self.rng.random() < 0.5:
                 n -= n % self.ps
         self.log.append(("truncate", seq, n))
-        before = self.snapshot()
-        try:
-            self.pool.truncate(seq, n)
-        except KVPoolFull:
-            return self.refused(before, "truncate")
+        if not self.done("truncate", seq, n):
+            return
         del s.ids[n:], s.k[n:], s.v[n:]
 
     def op_free(self, seq):
