@@ -257,7 +257,7 @@ class PagedKVCache:
             return
         del self._named[name]
         self._children.get(name[0], set()).discard(page)
-        for child in self._children.pop(page, set()).copy():
+        for child in self._children.pop(page, set()):
             self._unname(child)
             if child in self._idle:
                 del self._idle[child]

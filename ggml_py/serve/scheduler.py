@@ -302,9 +302,8 @@ class Scheduler:
             running = self.batch.running - self.batch.waiting
             self.pages_used = self.llm.kv_pages_used()
             self.pages_idle = self.llm.kv_pool().pages_idle
-            shared, self._shared_counted = self.batch.n_shared_tokens - self._shared_counted, \
-                self.batch.n_shared_tokens
-            self.metrics.prompt_tokens_shared.inc(shared)
+            self.metrics.prompt_tokens_shared.inc(self.batch.n_shared_tokens - self._shared_counted)
+            self._shared_counted = self.batch.n_shared_tokens
         except Exception:       # noqa: BLE001 - gauges must not end the scheduler
             return
         with self._lock:
