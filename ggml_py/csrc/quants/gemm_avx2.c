@@ -1021,6 +1021,24 @@ static void q6_K_interleave(int nr0, const char *x, size_t bx, int64_t b0, int n
     transpose8x8_i32(p->w, 8 * nbc);
 }
 
+/* isum + two groups' products (values < 64 in w0, w1 against the activation's four bytes
+ * at q8 and at q8 + 4), summed in int16, times their sub-block's scale sc */
+INLINE __m256i q6_two_groups(__m256i isum, __m256i w0, __m256i w1, const int8_t *q8, __m256i sc) {
+    int32_t y0, y1;
+    memcpy(&y0, q8, 4);
+    memcpy(&y1, q8 + 4, 4);
+    const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(y0)),
+                                         _mm256_maddubs_epi16(w1, _mm256_set1_epi32(y1)));
+    return _mm256_add_epi32(isum, _mm256_madd_epi16(s16, sc));
+}
+
+/* vec_dot_q6_K's float step, eight rows at once: acc + dx * d * (isum - 32 * off), off the
+ * sum of each scale pair times its bsums pair (the values' -32, taken out once) */
+INLINE __m256 q6_float_step(__m256 acc, __m256i isum, __m256i off, __m256 dx, float d) {
+    const __m256i is = _mm256_sub_epi32(isum, _mm256_slli_epi32(off, 5));
+    return _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dx, _mm256_set1_ps(d)), _mm256_cvtepi32_ps(is)));
+}
+
 INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const char *y, size_t by, __m256 *acc) {
     __m256 a[PANEL_COLS];
     for (int c = 0; c < nc; c++) a[c] = acc[c];
@@ -1031,15 +1049,8 @@ INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const ch
             const __m256i sc = _mm256_load_si256(p->sc + 16 * b + h / 2);
             const __m256i w0 = _mm256_load_si256(p->w + 64 * b + 2 * h);
             const __m256i w1 = _mm256_load_si256(p->w + 64 * b + 2 * h + 1);
-            for (int c = 0; c < nc; c++) {
-                const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 8 * h;
-                int32_t y0, y1;
-                memcpy(&y0, qs, 4);
-                memcpy(&y1, qs + 4, 4);
-                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, _mm256_set1_epi32(y0)),
-                                                     _mm256_maddubs_epi16(w1, _mm256_set1_epi32(y1)));
-                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, sc));
-            }
+            for (int c = 0; c < nc; c++)
+                isum[c] = q6_two_groups(isum[c], w0, w1, ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 8 * h, sc);
         }
         const __m256 dxv = _mm256_load_ps(p->dx + 8 * b);
         for (int c = 0; c < nc; c++) {
@@ -1051,10 +1062,7 @@ INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const ch
                 memcpy(&pair, yb->bsums + 2 * k, 4);
                 off = _mm256_add_epi32(off, _mm256_madd_epi16(_mm256_load_si256(p->sp + 8 * b + k), _mm256_set1_epi32(pair)));
             }
-            const __m256i is = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
-            /* vec_dot_q6_K's float step, eight rows at once */
-            const __m256 d = _mm256_mul_ps(dxv, _mm256_set1_ps(yb->d));
-            a[c] = _mm256_add_ps(a[c], _mm256_mul_ps(d, _mm256_cvtepi32_ps(is)));
+            a[c] = q6_float_step(a[c], isum[c], off, dxv, yb->d);
         }
     }
     for (int c = 0; c < nc; c++) acc[c] = a[c];
@@ -1177,12 +1185,7 @@ INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2]
                             const __m256i v0 = q6_rows8_values(w, m), v1 = q6_rows8_values(w + 96, m);
                             for (int c = 0; c < nc; c++) {
                                 const int8_t *q8 = ((const ggml_py_block_q8_K *) (y + c * by) + ib)->qs + 128 * h + 32 * m + 4 * j0;
-                                int32_t y0, y1;
-                                memcpy(&y0, q8, 4);
-                                memcpy(&y1, q8 + 4, 4);
-                                const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(v0, _mm256_set1_epi32(y0)),
-                                                                     _mm256_maddubs_epi16(v1, _mm256_set1_epi32(y1)));
-                                isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16, scale[m]));
+                                isum[c] = q6_two_groups(isum[c], v0, v1, q8, scale[m]);
                             }
                         }
                     }
@@ -1198,9 +1201,7 @@ INLINE void q6_rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2]
                     memcpy(&pair, yb->bsums + 2 * k, 4);
                     off = _mm256_add_epi32(off, _mm256_madd_epi16(q6_rows8_pair(xb, k), _mm256_set1_epi32(pair)));
                 }
-                const __m256i is = _mm256_sub_epi32(isum[c], _mm256_slli_epi32(off, 5));
-                const __m256 dd = _mm256_mul_ps(dx, _mm256_set1_ps(yb->d));
-                acc[t][c] = _mm256_add_ps(acc[t][c], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(is)));
+                acc[t][c] = q6_float_step(acc[t][c], isum[c], off, dx, yb->d);
             }
         }
     }
