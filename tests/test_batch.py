@@ -113,6 +113,24 @@ def test_stop_strings_and_logprobs_per_sequence():
     assert logprob <= 0 and top[0][1] == logprob
 
 
+def test_an_end_of_generation_token_has_no_logprobs_entry():
+    # the entries are the output's tokens, as completion_tokens counts them
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+    b = llm.batch()
+    sid = b.add(PROMPTS[0], max_tokens=10, temperature=0, logprobs=2)
+    s = b.sequence(sid)
+    sample, picks = s.sampler.sample, []
+
+    def third_is_eog(logits):   # the bundled model never ends greedily on its own
+        picks.append(sample(logits))
+        return min(llm.tokenizer.eog_ids) if len(picks) == 3 else picks[-1]
+    s.sampler.sample = third_is_eog
+    while b.running:
+        b.step()
+    assert s.finish_reason == "stop" and s.tokens == picks[:2]
+    assert [token for token, _, _ in s.logprobs] == s.tokens
+
+
 def test_pages_are_reused_and_freed_on_cancel():
     llm = gg.Llama(n_ctx=128, n_threads=1)
     b = llm.batch()

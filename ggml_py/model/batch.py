@@ -321,15 +321,15 @@ class Batch:
         """Choose s's next token from its logits row; record its text and whether it ends."""
         token = s.sampler.sample(logits)
         s.sampler.accept(token)
-        if s.logprobs_n is not None:
-            s.logprobs.append(_logprobs(logits, token, s.logprobs_n))
-        if self.tokenizer.is_eog(token):
+        if self.tokenizer.is_eog(token):   # not a token of the output: no logprobs entry
             events[s.id] = s.stop.feed(s.decoder.flush()) + s.stop.flush()
             s.text += events[s.id]
             self._finish(s, "stop")
             return
         s.tokens.append(token)
         s.ids.append(token)
+        if s.logprobs_n is not None:
+            s.logprobs.append(_logprobs(logits, token, s.logprobs_n))
         text = s.stop.feed(s.decoder.feed(token))
         if s.stop.stopped:
             s.text += text
