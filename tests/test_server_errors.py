@@ -293,6 +293,24 @@ def test_a_model_that_fails_to_load_ends_the_server_with_status_1():
     assert live.status == 1 and live.scheduler.state == "failed"
 
 
+def test_an_error_in_a_route_is_a_500_in_the_schema_and_in_the_metrics():
+    def load():
+        llm = bundled_llama(n_seq_max=1, n_ctx=256)()
+
+        def tokenize(*args, **kwargs):
+            raise RuntimeError("a bug in a route")
+        llm.tokenize = tokenize
+        return llm
+    live = LiveServer(load).wait_ready()
+    try:
+        assert_error(post(live, "/tokenize", {"content": "ROMEO."}), 500, type="server_error")
+        counted = metrics(live.url)
+        assert counted['ggml_server_http_requests_total{path="/tokenize",status="500"}'] == 1
+        assert httpx.get(live.url + "/v1/models").status_code == 200     # and it goes on
+    finally:
+        live.stop()
+
+
 def test_a_step_that_fails_is_a_500_for_its_requests_and_the_server_goes_on(capfd):
     failures = [RuntimeError("a bug in a step")]
 

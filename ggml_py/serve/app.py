@@ -398,9 +398,12 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"] if scope["path"] in self.paths else "(other)"
+        started = False
 
         async def counted_send(message):
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self.metrics.http.labels(path=path, status=str(message["status"])).inc()
             await send(message)
 
@@ -425,7 +428,14 @@ class Guard:
                 if received > self.max_body:
                     raise self._too_large()
             return message
-        await self.app(scope, limited_receive, counted_send)
+        try:
+            await self.app(scope, limited_receive, counted_send)
+        except Exception:
+            # an error no handler inside took: Starlette's outermost layer answers it with
+            # server_error's 500, out of this counter's reach, so it is counted here
+            if not started:
+                self.metrics.http.labels(path=path, status="500").inc()
+            raise
 
     def _too_large(self):
         return APIError(413, f"the request body is larger than {self.max_body} bytes",
