@@ -1,8 +1,10 @@
 """Every bad request gets OpenAI's error schema and its status, never a 500, and the server
 goes on serving; the API key; the bounded queue (503); loading (503), a model that fails."""
 import asyncio
+import json
 import socket
 import threading
+import time
 
 import httpx
 import pytest
@@ -14,6 +16,8 @@ from server_harness import (
     metrics,
     wait_until,
 )
+
+from ggml_py.serve.run import TIMEOUT_GRACEFUL_S
 
 openai = pytest.importorskip("openai")
 
@@ -311,26 +315,31 @@ def test_an_error_in_a_route_is_a_500_in_the_schema_and_in_the_metrics():
         live.stop()
 
 
-def test_a_step_that_fails_is_a_500_for_its_requests_and_the_server_goes_on(capfd):
-    failures = [RuntimeError("a bug in a step")]
-
+def steps_through(wrap, n_seq_max):
+    """A load() whose batches run each step as wrap(step)."""
     def load():
-        llm = bundled_llama(n_seq_max=2, n_ctx=256)()
+        llm = bundled_llama(n_seq_max=n_seq_max, n_ctx=256)()
         make = llm.batch
 
         def batch(*args, **kwargs):
             b = make(*args, **kwargs)
-            step = b.step
-
-            def failing_step():
-                if failures:
-                    raise failures.pop()
-                return step()
-            b.step = failing_step
+            b.step = wrap(b.step)
             return b
         llm.batch = batch
         return llm
-    live = LiveServer(load).wait_ready()
+    return load
+
+
+def test_a_step_that_fails_is_a_500_for_its_requests_and_the_server_goes_on(capfd):
+    failures = [RuntimeError("a bug in a step")]
+
+    def failing(step):
+        def failing_step():
+            if failures:
+                raise failures.pop()
+            return step()
+        return failing_step
+    live = LiveServer(steps_through(failing, n_seq_max=2)).wait_ready()
     try:
         assert_error(post(live, "/v1/completions", GOOD), 500, type="server_error")
         assert "a bug in a step" in capfd.readouterr().err      # the traceback, for the log
@@ -339,3 +348,31 @@ def test_a_step_that_fails_is_a_500_for_its_requests_and_the_server_goes_on(capf
         assert live.scheduler.admitted == 0
     finally:
         live.stop()
+
+
+def test_stopping_a_server_ends_its_open_streams_at_once():
+    # a signal's shutdown ends them in sse-starlette; Server.stop() (a server in a thread)
+    # must too, not leave them to uvicorn's graceful timeout
+    def slow(step):
+        def slow_step():
+            time.sleep(0.05)
+            return step()
+        return slow_step
+    live = LiveServer(steps_through(slow, n_seq_max=1)).wait_ready()
+    lines, started = [], threading.Event()
+
+    def stream():
+        body = {"prompt": "ROMEO.", "max_tokens": 200, "stream": True}
+        with httpx.stream("POST", live.url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert started.wait(30)
+    began = time.monotonic()
+    live.stop()
+    reader.join(30)
+    assert not reader.is_alive() and time.monotonic() - began < TIMEOUT_GRACEFUL_S
+    last = json.loads([line for line in lines if line.startswith("data: ")][-1][len("data: "):])
+    assert last["error"]["type"] == "unavailable_error" and "shutting down" in last["error"]["message"]

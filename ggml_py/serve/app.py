@@ -261,6 +261,7 @@ class _Stream:
         self.generated = 0
         self.finished = set()
         self.early = []          # events that came while waiting for the others' "added"
+        self._getter = None      # a queue.get() being waited for
 
     def _deliverer(self, loop, k):
         def deliver(event):      # called in the scheduler's thread
@@ -287,8 +288,18 @@ class _Stream:
             self.scheduler.cancel(self.jobs)
             raise
 
-    async def _next(self):
-        return self.early.pop(0) if self.early else await self.queue.get()
+    async def _next_unless_draining(self):
+        """The next (k, event), or None once the server shuts down: sse-starlette ends the
+        streams on a signal, but not on Server.stop() (a server in a thread of its own)."""
+        if self.early:
+            return self.early.pop(0)
+        self._getter = self._getter or asyncio.ensure_future(self.queue.get())
+        while self.scheduler.draining_since is None:
+            done, _ = await asyncio.wait({self._getter}, timeout=DISCONNECT_POLL_S)
+            if done:
+                event, self._getter = self._getter.result(), None
+                return event
+        return None
 
     def _done(self, k, event):
         self.finished.add(k)
@@ -306,7 +317,12 @@ class _Stream:
                 elif self.echo[k]:
                     yield json.dumps(reply.chunk(k, self.echo[k]))
             while len(self.finished) < len(self.jobs):
-                k, event = await self._next()
+                next_event = await self._next_unless_draining()
+                if next_event is None:
+                    yield json.dumps(APIError(503, "the server is shutting down",
+                                              type="unavailable_error").body())
+                    return
+                k, event = next_event
                 if event[0] == "piece":
                     logprobs = self.logprobs[k].format(event[2]) if gen.sampling.logprobs \
                         is not None else None
@@ -323,6 +339,8 @@ class _Stream:
                 yield json.dumps(reply.usage_chunk(self.prompt_tokens, self.generated))
             yield "[DONE]"
         finally:
+            if self._getter is not None:
+                self._getter.cancel()
             self.scheduler.cancel([j for k, j in enumerate(self.jobs) if k not in self.finished])
 
     async def whole(self, request):
