@@ -2,11 +2,13 @@
  * eight lanes, tiled so that a key row is read once for four query rows and a value row
  * once for four rows of scores.
  *
- * scores: 4 rows x 2 keys (8 accumulators), then 1 row x 8 keys for the last rows; the
- *         eight accumulators are summed by one transposing reduction whose lane i is
- *         tree8 of accumulator i (attn.h), so a (row, key) score has the same bits in
- *         either tile. Quantized keys: the integer dot of each 32-value block (VNNI where
- *         the build targets it), K values in registers, never a float copy of a row.
+ * scores: 4 rows x 2 keys (8 accumulators), every row tile against a pair of keys before
+ *         the next pair (a key row comes from memory once, not once per row tile), then
+ *         1 row x 8 keys for the last rows; the eight accumulators are summed by one
+ *         transposing reduction whose lane i is tree8 of accumulator i (attn.h), so a
+ *         (row, key) score has the same bits in either tile. Quantized keys: the integer
+ *         dot of each 32-value block (VNNI where the build targets it), K values in
+ *         registers, never a float copy of a row.
  * pv:     4 rows x 16 elements (8 accumulators) over a block of keys; each value row is
  *         de-quantized in registers (int8 -> int32 -> float, times its block's scale; an
  *         I8 row's one scale is in its weight) and fed to the fused multiply-adds, keys in
@@ -136,16 +138,16 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
                  const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,                      \
                  float *S, int64_t lds, float scale) {                                           \
     const int64_t D8 = D & ~(int64_t) 7;                                                        \
-    int64_t r = 0;                                                                              \
-    for (; r + 4 <= nr; r += 4) {                                                               \
-        const float *q4[4];                                                                     \
-        for (int i = 0; i < 4; i++) q4[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
-        for (int64_t j = 0; j < nk; j += 2) {                                                   \
-            const int two = j + 1 < nk;                                                         \
-            const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
-            const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
-            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
-            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
+    const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
+    for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
+        const int two = j + 1 < nk;                                                             \
+        const char *k0 = ggml_py_attn_row(k, j0 + j);                                           \
+        const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                            \
+        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                            \
+        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                        \
+        for (int64_t r = 0; r < nr4; r += 4) {                                                  \
+            const float *q4[4];                                                                 \
+            for (int i = 0; i < 4; i++) q4[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t d = 0; d < D8; d += 8) {                                               \
@@ -173,7 +175,7 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
             FLOAT_FINISH(AT);                                                                   \
         }                                                                                       \
     }                                                                                           \
-    for (; r < nr; r++) {                                                                       \
+    for (int64_t r = nr4; r < nr; r++) {                                                        \
         const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
@@ -226,16 +228,16 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                                     const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
                                     float *S, int64_t lds, float scale) {                        \
     const int64_t nb = D / 32;                                                                  \
-    int64_t r = 0;                                                                              \
-    for (; r + 4 <= nr; r += 4) {                                                               \
-        const ggml_py_block_q8_0 *q4[4];                                                        \
-        for (int i = 0; i < 4; i++) q4[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
-        for (int64_t j = 0; j < nk; j += 2) {                                                   \
-            const int two = j + 1 < nk;                                                         \
-            const char *k0 = ggml_py_attn_row(k, j0 + j);                                       \
-            const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                        \
-            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                        \
-            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                    \
+    const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
+    for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
+        const int two = j + 1 < nk;                                                             \
+        const char *k0 = ggml_py_attn_row(k, j0 + j);                                           \
+        const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                            \
+        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                            \
+        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                        \
+        for (int64_t r = 0; r < nr4; r += 4) {                                                  \
+            const ggml_py_block_q8_0 *q4[4];                                                    \
+            for (int i = 0; i < 4; i++) q4[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -254,7 +256,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             store_4x2(acc, scale, S + r * lds + j, lds, two);                                   \
         }                                                                                       \
     }                                                                                           \
-    for (; r < nr; r++) {                                                                       \
+    for (int64_t r = nr4; r < nr; r++) {                                                        \
         const ggml_py_block_q8_0 *q1 = (const void *) ((const char *) q + r * q_stride);       \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
@@ -293,22 +295,25 @@ static inline __attribute__((always_inline)) void
 scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
           int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
     const int64_t D32 = D & ~(int64_t) 31;
-    for (int64_t r = 0; r < nr; r += 4) {
-        const int n4 = (int) GGML_PY_MIN(4, nr - r);
-        const int8_t *q4[4];
-        float dq[4];
-        for (int i = 0; i < 4; i++) {
-            const char *qr = (const char *) q + (r + (i < n4 ? i : 0)) * q_stride;
-            memcpy(&dq[i], qr, sizeof(float));
-            q4[i] = (const int8_t *) qr + 32;
-        }
-        /* 4 rows x 2 keys; fewer rows reuse the first (their sums are not stored) */
-        for (int64_t j = 0; j < nk; j += 2) {
-            const int two = j + 1 < nk;
-            const int8_t *k0 = (const int8_t *) ggml_py_attn_row(k, j0 + j);
-            const int8_t *k1 = two ? (const int8_t *) ggml_py_attn_row(k, j0 + j + 1) : k0;
-            prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
-            prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
+    /* keys outer (each read once), 4 rows x 2 keys; fewer rows reuse the first (their sums
+     * are not stored) */
+    for (int64_t j = 0; j < nk; j += 2) {
+        const int two = j + 1 < nk;
+        const int8_t *k0 = (const int8_t *) ggml_py_attn_row(k, j0 + j);
+        const int8_t *k1 = two ? (const int8_t *) ggml_py_attn_row(k, j0 + j + 1) : k0;
+        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
+        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
+        const float dk0 = ggml_py_attn_row_scale(k, j0 + j);
+        const float dk1 = two ? ggml_py_attn_row_scale(k, j0 + j + 1) : dk0;
+        for (int64_t r = 0; r < nr; r += 4) {
+            const int n4 = (int) GGML_PY_MIN(4, nr - r);
+            const int8_t *q4[4];
+            float dq[4];
+            for (int i = 0; i < 4; i++) {
+                const char *qr = (const char *) q + (r + (i < n4 ? i : 0)) * q_stride;
+                memcpy(&dq[i], qr, sizeof(float));
+                q4[i] = (const int8_t *) qr + 32;
+            }
             __m256i acc[8];
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
             for (int64_t d = 0; d < D32; d += 32) {
@@ -323,8 +328,6 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
             }
             int32_t s8[8];
             _mm256_storeu_si256((__m256i *) s8, reduce8_i32(acc));
-            const float dk0 = ggml_py_attn_row_scale(k, j0 + j);
-            const float dk1 = two ? ggml_py_attn_row_scale(k, j0 + j + 1) : dk0;
             for (int i = 0; i < n4; i++) {
                 const int32_t i0 = s8[2 * i] + tail_i8(q4[i], k0, D32, D);
                 S[(r + i) * lds + j] = (float) i0 * (dq[i] * dk0) * scale;
