@@ -257,7 +257,8 @@ def choose_attention_profile(node, n_threads, tune):
 def _slim_limit(slim_is_faster, n_slots):
     """The longest list (0 .. n_slots) up to which slim_is_faster(length) holds, the
     estimates being linear in the length (one crossing at most): 0 where flash is
-    faster from the start."""
+    faster from the start; n_slots where slim is faster at n_slots (also where flash is
+    faster only for short lists, as noisy tune data can say: the long lists cost most)."""
     if slim_is_faster(n_slots):
         return max(1, n_slots)
     if not slim_is_faster(1):
