@@ -288,18 +288,23 @@ class _Stream:
             self.scheduler.cancel(self.jobs)
             raise
 
-    async def _next_unless_draining(self):
-        """The next (k, event), or None once the server shuts down: sse-starlette ends the
-        streams on a signal, but not on Server.stop() (a server in a thread of its own)."""
+    async def _next(self):
+        """The next (k, event), or None when none came within DISCONNECT_POLL_S (for the
+        caller to look at its client and the shutdown)."""
         if self.early:
             return self.early.pop(0)
         self._getter = self._getter or asyncio.ensure_future(self.queue.get())
-        while self.scheduler.draining_since is None:
-            done, _ = await asyncio.wait({self._getter}, timeout=DISCONNECT_POLL_S)
-            if done:
-                event, self._getter = self._getter.result(), None
-                return event
-        return None
+        done, _ = await asyncio.wait({self._getter}, timeout=DISCONNECT_POLL_S)
+        if not done:
+            return None
+        event, self._getter = self._getter.result(), None
+        return event
+
+    def _stop_waiting(self):
+        """The response is over: the pending get cancelled, and the jobs still running."""
+        if self._getter is not None:
+            self._getter.cancel()
+        self.scheduler.cancel([j for k, j in enumerate(self.jobs) if k not in self.finished])
 
     def _done(self, k, event):
         self.finished.add(k)
@@ -317,11 +322,15 @@ class _Stream:
                 elif self.echo[k]:
                     yield json.dumps(reply.chunk(k, self.echo[k]))
             while len(self.finished) < len(self.jobs):
-                next_event = await self._next_unless_draining()
-                if next_event is None:
+                # sse-starlette ends the streams on a signal, not on Server.stop() (a server
+                # in a thread of its own): the shutdown's start ends them here
+                if self.scheduler.draining_since is not None:
                     yield json.dumps(APIError(503, "the server is shutting down",
                                               type="unavailable_error").body())
                     return
+                next_event = await self._next()
+                if next_event is None:
+                    continue
                 k, event = next_event
                 if event[0] == "piece":
                     logprobs = self.logprobs[k].format(event[2]) if gen.sampling.logprobs \
@@ -339,9 +348,7 @@ class _Stream:
                 yield json.dumps(reply.usage_chunk(self.prompt_tokens, self.generated))
             yield "[DONE]"
         finally:
-            if self._getter is not None:
-                self._getter.cancel()
-            self.scheduler.cancel([j for k, j in enumerate(self.jobs) if k not in self.finished])
+            self._stop_waiting()
 
     async def whole(self, request):
         """The whole response, gathered; a client that disconnects meanwhile cancels it
@@ -349,7 +356,7 @@ class _Stream:
         texts = list(self.echo)
         parts = [[] for _ in self.jobs]
         reasons = [None] * len(self.jobs)
-        getter, checked = None, time.monotonic()
+        checked = time.monotonic()
         try:
             while len(self.finished) < len(self.jobs):
                 if time.monotonic() - checked >= DISCONNECT_POLL_S:   # (events may never pause)
@@ -359,14 +366,10 @@ class _Stream:
                 if self.scheduler.drained():
                     raise APIError(503, "the server shut down before this request finished",
                                    type="unavailable_error")
-                if self.early:
-                    k, event = self.early.pop(0)
-                else:
-                    getter = getter or asyncio.ensure_future(self.queue.get())
-                    done, _ = await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S)
-                    if not done:
-                        continue
-                    (k, event), getter = getter.result(), None
+                next_event = await self._next()
+                if next_event is None:
+                    continue
+                k, event = next_event
                 if event[0] == "piece":
                     texts[k] += event[1]
                     if self.gen.sampling.logprobs is not None:
@@ -378,9 +381,7 @@ class _Stream:
         except _ClientGone:
             return None
         finally:
-            if getter is not None:
-                getter.cancel()
-            self.scheduler.cancel([j for k, j in enumerate(self.jobs) if k not in self.finished])
+            self._stop_waiting()
         choices = [(texts[k], reasons[k], responses.merge_logprobs(parts[k], self.gen.chat))
                    for k in range(len(self.jobs))]
         return self.reply.whole(choices, self.prompt_tokens, self.generated)
