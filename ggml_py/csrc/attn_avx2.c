@@ -47,6 +47,18 @@ static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, in
     for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
 }
 
+/* Keys j and j + 1 of the list at j0 (nk keys) into k0, k1 (k1 = k0 past the end), the pair
+ * PREFETCH keys on asked for; whether there are two. The 4-row x 2-key tiles' step. */
+static inline int key_pair(const struct ggml_py_attn_rows *k, int64_t j0, int64_t j, int64_t nk,
+                           const char **k0, const char **k1) {
+    const int two = j + 1 < nk;
+    *k0 = ggml_py_attn_row(k, j0 + j);
+    *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : *k0;
+    prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
+    prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
+    return two;
+}
+
 /* fn(D, ...) with D a constant for the usual head sizes, so that the compiler unrolls the
  * loops over a row (the same operations in the same order as with D a variable) */
 #define SPECIALIZE_D(fn, D, ...)                                                                \
@@ -140,11 +152,8 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
     const int64_t D8 = D & ~(int64_t) 7;                                                        \
     const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
     for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
-        const int two = j + 1 < nk;                                                             \
-        const char *k0 = ggml_py_attn_row(k, j0 + j);                                           \
-        const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                            \
-        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                            \
-        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                        \
+        const char *k0, *k1;                                                                    \
+        const int two = key_pair(k, j0, j, nk, &k0, &k1);                                       \
         for (int64_t r = 0; r < nr4; r += 4) {                                                  \
             const float *q4[4];                                                                 \
             for (int i = 0; i < 4; i++) q4[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
@@ -230,11 +239,8 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
     const int64_t nb = D / 32;                                                                  \
     const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
     for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
-        const int two = j + 1 < nk;                                                             \
-        const char *k0 = ggml_py_attn_row(k, j0 + j);                                           \
-        const char *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : k0;                            \
-        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);                                            \
-        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);                                        \
+        const char *k0, *k1;                                                                    \
+        const int two = key_pair(k, j0, j, nk, &k0, &k1);                                       \
         for (int64_t r = 0; r < nr4; r += 4) {                                                  \
             const ggml_py_block_q8_0 *q4[4];                                                    \
             for (int i = 0; i < 4; i++) q4[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
@@ -298,11 +304,9 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
     /* keys outer (each read once), 4 rows x 2 keys; fewer rows reuse the first (their sums
      * are not stored) */
     for (int64_t j = 0; j < nk; j += 2) {
-        const int two = j + 1 < nk;
-        const int8_t *k0 = (const int8_t *) ggml_py_attn_row(k, j0 + j);
-        const int8_t *k1 = two ? (const int8_t *) ggml_py_attn_row(k, j0 + j + 1) : k0;
-        prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
-        prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
+        const char *r0, *r1;
+        const int two = key_pair(k, j0, j, nk, &r0, &r1);
+        const int8_t *k0 = (const int8_t *) r0, *k1 = (const int8_t *) r1;
         const float dk0 = ggml_py_attn_row_scale(k, j0 + j);
         const float dk1 = two ? ggml_py_attn_row_scale(k, j0 + j + 1) : dk0;
         for (int64_t r = 0; r < nr; r += 4) {
