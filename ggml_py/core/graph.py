@@ -240,15 +240,13 @@ def choose_attention_profile(node, n_threads, tune):
     node._plan_profile(next(p for p in node.profiles() if p.name == "auto"))
     estimates = getattr(tune, "attention_estimates", None)
     if estimates is not None:
-        def fastest(t, length):
-            found = estimates(D, H, k.shape[1] // D, k.type, v.type, t, length, n_threads)
-            return found[0] if found else None
-        if fastest(1, 1) is not None:
-            limit = _slim_limit(lambda length: fastest(1, length)[1] == "slim", k.shape[0])
+        def estimated(t, length):     # [(µs, profile name)], fastest first; [] if not benched
+            return estimates(D, H, k.shape[1] // D, k.type, v.type, t, length, n_threads)
+        if estimated(1, 1):
+            limit = _slim_limit(lambda length: estimated(1, length)[0][1] == "slim", k.shape[0])
             node._set_op_param_i32(1, limit if limit > 0 else -1)     # (-1: flash for all)
             longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
-            times = dict((name, us) for us, name in
-                         estimates(D, H, k.shape[1] // D, k.type, v.type, T, longest, n_threads))
+            times = {name: us for us, name in estimated(T, longest)}
             return "tuned", times.get("slim" if longest <= limit else "flash")
     node._set_op_param_i32(1, 0)
     return "fallback", None
