@@ -8,11 +8,13 @@ alone, by size).
 Each configuration runs in a process of its own (under mpiexec for R ranks), warms up
 (one whole run), then times -n greedy decode steps and a -p token prompt from an empty
 cache; the configurations take turns, --rounds times, and the best round of each is
-kept (medians printed too). The decode graphs are computed with profiling on, so each
-node's time is known: the all-reduce nodes' (which include waiting for the slower rank),
-the ops every rank repeats whole (norms, residual adds, the embedding rows) and the ones
-the ranks split. docs/distributed.md's cost model is fitted from these figures. Never
-part of the tests.
+kept (medians printed too); within a process each is timed --reps times and the best
+kept. The timed steps run without per-node timing (which slowed two ranks more than one:
+every node of both read the clock, and each all-reduce waited for the other's); one more
+decode then runs with it on every rank, so each node's time is known: the all-reduce
+nodes' (which include waiting for the slower rank), the ops every rank repeats whole
+(norms, residual adds, the embedding rows) and the ones the ranks split.
+docs/distributed.md's cost model is fitted from these figures. Never part of the tests.
 """
 import argparse
 import json
@@ -24,6 +26,7 @@ import time
 
 WORKER = "--worker"
 REPEATED_OPS = ("RMS_NORM", "MUL", "ADD", "GET_ROWS")   # every rank computes them whole
+PROFILE_ORDER = "bench-profile"   # rank 0's order to the others: per-node timing on or off
 
 
 def worker(args):
@@ -36,14 +39,24 @@ def worker(args):
     if args.ranks > 1:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-    # every graph computes with per-node timing on (a benchmark's own hook)
+    # per-node timing of every graph, on while profiling[0] (a benchmark's own hook; rank 0
+    # switches it on every rank with an order of the benchmark's own)
+    profiling = [False]
     compute = graph_module.Graph.compute
     graph_module.Graph.compute = lambda self, n_threads=None, pool=None, profile=False: \
-        compute(self, n_threads, pool, profile=True)
+        compute(self, n_threads, pool, profile=profiling[0])
     llm = gg.Llama(args.model, n_ctx=max(args.n_prompt, args.n_gen) + 8, n_threads=args.threads,
                    comm=comm)
     config = llm.config
     if llm.rank > 0:
+        execute = llm.model.execute
+
+        def execute_or_profile(order, pool):
+            if order[0] == PROFILE_ORDER:
+                profiling[0] = order[1]
+                return True
+            return execute(order, pool)
+        llm.model.execute = execute_or_profile
         llm.serve()
         all_reduce_alone(gg, comm, config.n_embd, args.n_prompt)
         return
@@ -68,15 +81,20 @@ def worker(args):
         return time.perf_counter() - t0
 
     decode(), prefill()                                   # warm-up: every graph built
-    for g in llm.model._graphs.values():                  # the times start now
+    decode_s = min(decode() for _ in range(args.reps))
+    prefill_s = min(prefill() for _ in range(args.reps))
+    profiling[0] = True                                   # one decode more, node by node
+    if comm is not None:
+        llm.model.channel.send(PROFILE_ORDER, True)
+    for g in llm.model._graphs.values():
         g.graph.reset_stats()
-    decode_s = decode()
+    profiled_s = decode()
     nodes = node_times(llm, gg, args.n_gen)
-    prefill_s = prefill()
     llm.close()
     result = {"ranks": args.ranks, "threads": args.threads, "n_layer": config.n_layer,
               "decode_tps": args.n_gen / decode_s, "prefill_tps": args.n_prompt / prefill_s,
-              "decode_ms": 1e3 * decode_s / args.n_gen, **nodes}
+              "decode_ms": 1e3 * decode_s / args.n_gen,
+              "profiled_decode_ms": 1e3 * profiled_s / args.n_gen, **nodes}
     if comm is not None:
         result.update(all_reduce_alone(gg, comm, config.n_embd, args.n_prompt))
     print(json.dumps(result), flush=True)
@@ -121,7 +139,7 @@ def run_config(args, ranks, threads):
     # (python -m mpi4py: an exception on one rank aborts them all, instead of a hang)
     cmd = [sys.executable, "-m", "mpi4py", os.path.abspath(__file__), WORKER, "-m", args.model, "-n",
            str(args.n_gen), "-p", str(args.n_prompt), "--ranks", str(ranks), "--threads",
-           str(threads)]
+           str(threads), "--reps", str(args.reps)]
     if ranks > 1:
         mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
         cmd = [mpiexec if os.path.exists(mpiexec) else "mpiexec", "-n", str(ranks)] + cmd
@@ -139,6 +157,7 @@ def main():
     p.add_argument("-R", "--ranks", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=2, help="timings of each in a process (best kept)")
     p.add_argument(WORKER, action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -168,9 +187,11 @@ def main():
     print(f"\nper decoded token ({R}x1, rank 0's graph): all-reduce nodes "
           f"{split['allreduce_us']:.0f} us ({split['allreduce_us'] / L:.0f} us per layer, two "
           f"nodes), repeated ops {split['repeated_us']:.0f} us, split ops "
-          f"{split['split_us']:.0f} us; step {1e3 * split['decode_ms']:.0f} us")
+          f"{split['split_us']:.0f} us; step {1e3 * split['profiled_decode_ms']:.0f} us profiled, "
+          f"{1e3 * split['decode_ms']:.0f} us not")
     print(f"per decoded token (1x1): repeated ops {one['repeated_us']:.0f} us, split ops "
-          f"{one['split_us']:.0f} us; step {1e3 * one['decode_ms']:.0f} us")
+          f"{one['split_us']:.0f} us; step {1e3 * one['profiled_decode_ms']:.0f} us profiled, "
+          f"{1e3 * one['decode_ms']:.0f} us not")
     alone = {k: v for k, v in split.items() if k.startswith("allreduce_") and k[-3:] == "_us"
              and "x" in k}
     print("all-reduce alone: " + ", ".join(f"{k[10:-3]} {v:.1f} us" for k, v in alone.items()))
