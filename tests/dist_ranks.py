@@ -2,7 +2,8 @@
 WHAT ...`: rank 0 prints one JSON line of results for the test to check (the others
 print nothing); an assertion that fails on any rank ends the job with its traceback.
 
-    allreduce            gg.all_reduce against numpy's sum of every rank's data
+    allreduce            gg.all_reduce against numpy's sum of every rank's data, and
+                         the gathering of the logits (whole, or each rank's top k)
     model PATH|bundled   a split model against one process: greedy text (generate, a
                          batch, a context shift in both), logits (of a prompt, and of
                          the same tokens fed through a context shift), perplexity, tune data
@@ -52,8 +53,40 @@ def check_all_reduce():
     a.numpy()[...] = RANK + 1
     gg.build_forward(y).compute(n_threads=2)
     assert (y.numpy() == sum(range(1, SIZE + 1))).all()
+    return cases + 1 + check_gather_logits()
+
+
+def check_gather_logits():
+    """gather_logits: rank 0 gets every rank's columns, whole or as each rank's top k
+    (-inf elsewhere); a NaN logit is never a candidate."""
+    from ggml_py.dist.channel import gather_logits
+    bounds = [0, 5, 11][:SIZE + 1] if SIZE == 2 else list(range(0, 4 * SIZE + 1, 4))
+    full = np.random.default_rng(7).standard_normal((3, bounds[-1])).astype(np.float32)
+    full[1, 2] = np.nan
+    full[2, bounds[:-1]] = np.nan                       # a NaN first in each rank's share
+    full[1, 3] = 100.0                                  # row 1's best, beside a NaN
+    local = full[:, bounds[RANK]:bounds[RANK + 1]]
+    whole = gather_logits(COMM, local, bounds, None)
+    top = {k: gather_logits(COMM, local, bounds, k) for k in (1, 2)}
+    if RANK != 0:
+        assert whole is None and top[1] is None
+        return 0
+    assert np.array_equal(whole, full, equal_nan=True)
+    for k, got in top.items():
+        for i in range(3):
+            for r in range(SIZE):
+                share = np.nan_to_num(full[i, bounds[r]:bounds[r + 1]], nan=-np.inf)
+                best = bounds[r] + np.argsort(-share, kind="stable")[:k]
+                assert np.array_equal(got[i, best], full[i, best]), (k, i, r)
+            assert np.isfinite(got[i]).sum() == k * SIZE and not np.isnan(got[i]).any()
+    assert np.argmax(top[1][1]) == 3
+    return 1
+
+
+def check_all_reduce_and_gather():
+    cases = check_all_reduce()
     if RANK == 0:
-        print(json.dumps({"cases": cases + 1}))
+        print(json.dumps({"cases": cases}))
 
 
 def run_model(path):
@@ -172,5 +205,5 @@ def check_kv_types():
 
 
 if __name__ == "__main__":
-    {"allreduce": check_all_reduce, "model": lambda: check_model(sys.argv[2]),
+    {"allreduce": check_all_reduce_and_gather, "model": lambda: check_model(sys.argv[2]),
      "kv_types": check_kv_types}[sys.argv[1]]()

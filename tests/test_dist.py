@@ -198,7 +198,7 @@ def test_comm_must_be_a_communicator():
 
 @needs_mpi
 def test_all_reduce_against_numpy():
-    assert ranks("allreduce")["cases"] == 9
+    assert ranks("allreduce")["cases"] == 10
 
 
 @needs_mpi

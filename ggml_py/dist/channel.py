@@ -106,8 +106,9 @@ def gather_logits(comm, local, bounds, k):
         return out
     # each row's k best: values and global ids, packed in one int32 buffer (n, 2k)
     send = np.empty((n, 2 * k), np.int32)
+    local = np.asarray(local, np.float32)
     for i in range(n):
-        row = np.where(np.isnan(local[i]), np.float32(-np.inf), local[i]).astype(np.float32)
+        row = _nan_as_lowest(local[i])
         ids = top_candidates(row, k)
         send[i, :k] = row[ids].view(np.int32)
         send[i, k:] = ids + bounds[rank]
@@ -120,6 +121,13 @@ def gather_logits(comm, local, bounds, k):
     for r in range(size):
         out[rows, recv[r, :, k:]] = recv[r, :, :k].view(np.float32)
     return out
+
+
+def _nan_as_lowest(row):
+    """row, or (where it holds a NaN) a copy with its NaNs -inf: never a candidate."""
+    if not np.isnan(row.max()):      # (max is NaN where any value is)
+        return row
+    return np.where(np.isnan(row), np.float32(-np.inf), row)
 
 
 def _mpi():
