@@ -470,7 +470,7 @@ class Llama:
         self._check_vocab(ids)
         if len(ids) >= self.n_ctx():
             raise ValueError(f"the prompt has {len(ids)} tokens, the context {self.n_ctx()}")
-        banned = [t for t in sorted(self.tokenizer.eog_ids) if t < self.n_vocab()] if ignore_eos else ()
+        banned = sorted(self.tokenizer.eog_ids) if ignore_eos else ()   # as Batch.add
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
         keep = checked_int("keep", keep, low=-1)
