@@ -53,25 +53,31 @@ def i8_rows(x, D):
     return np.rint(heads * inv[:, :, None]).astype(np.int8).reshape(x.shape), scale
 
 
-def pool(ctx, x, type, D):
-    """A cache pool of x (slots, Hkv*D) in type, its scales (I8) and the values it holds."""
+def pool(ctx, x, type, D, head_major=False):
+    """A cache pool of x (slots, Hkv*D) in type, its scales (I8) and the values it holds;
+    head_major: the pool (Hkv, slots, D) and its scales (Hkv, slots, 1), as the model's."""
     if type == gg.I8:
         rows, scales = i8_rows(x, D)
         held = (rows.reshape(len(x), -1, D) * scales[:, :, None]).reshape(x.shape)
+        if head_major:
+            rows = rows.reshape(len(x), -1, D).transpose(1, 0, 2).copy()
+            scales = scales.T[:, :, None].copy()
         return ctx.from_numpy(rows), ctx.from_numpy(scales), held
     if type in (gg.Q8_0, gg.Q4_0):
         held = gg.dequantize(gg.quantize(x, type), type, x.shape)
     else:
         held = x.astype({gg.F32: np.float32, gg.F16: np.float16}[type]).astype(np.float32)
+    if head_major:
+        x = x.reshape(len(x), -1, D).transpose(1, 0, 2).copy()
     return ctx.from_numpy(x, type=type), None, held
 
 
-def attention_node(q, k, v, lists, scale, type, profile, type_v=None):
+def attention_node(q, k, v, lists, scale, type, profile, type_v=None, head_major=False):
     """The attention node over pools of k, v, its profile set; and the values they hold."""
     ctx = gg.Context(mem_size=64 << 20)
     D = q.shape[2]
-    kp, ks, k_held = pool(ctx, k, type, D)
-    vp, vs, v_held = pool(ctx, v, type_v or type, D)
+    kp, ks, k_held = pool(ctx, k, type, D, head_major)
+    vp, vs, v_held = pool(ctx, v, type_v or type, D, head_major)
     out = gg.attention(ctx.from_numpy(q), kp, vp, ctx.from_numpy(make_index(lists)), scale, ks, vs)
     assert out.shape == q.shape and out.type == gg.F32
     assert [p.name for p in out.profiles()] == PROFILES
@@ -114,7 +120,8 @@ TOLERANCE = 2e-5    # float32 sums of a reference in float64 over the values the
 @pytest.mark.parametrize("profile", PROFILES)
 @pytest.mark.parametrize("type", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("H,Hkv,D", [(4, 4, 32), (8, 2, 64), (6, 1, 32), (4, 2, 96), (2, 1, 40)])
-def test_attention_matches_reference(rng, type, profile, H, Hkv, D):
+@pytest.mark.parametrize("head_major", [False, True], ids=["by_slot", "by_head"])
+def test_attention_matches_reference(rng, type, profile, H, Hkv, D, head_major):
     if D % 32 and type in (gg.Q8_0, gg.Q4_0):
         pytest.skip("blocks of 32")
     slots, T = 300, 8
@@ -125,7 +132,7 @@ def test_attention_matches_reference(rng, type, profile, H, Hkv, D):
     # keys; a token with no slots (a fully masked row) in the middle of a sequence's run
     seq_a, seq_b = list(rng.permutation(slots)[:200]), [0, 299, 12]
     lists = [seq_a[:4], seq_a[:5], seq_a[:130], seq_a[:200], [], seq_b, seq_b[:2], seq_a[:65]]
-    out, k_held, v_held = attention_node(q, k, v, lists, 0.3, type, profile)
+    out, k_held, v_held = attention_node(q, k, v, lists, 0.3, type, profile, head_major=head_major)
     got = compute(out, threads=(1, 2, 3))
     want = reference(query_held(q, type), k_held, v_held, lists, 0.3)
     np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=TOLERANCE)
@@ -271,6 +278,12 @@ def test_set_rows_into_i8_writes_int8_and_a_scale_per_group(rng):
     # the error of a value is at most half a step of its head's scale
     held = rows.numpy()[ids].reshape(5, 3, 40) * scales.numpy()[ids][:, :, None]
     assert (np.abs(held - x.reshape(5, 3, 40)) <= 0.5001 * scales.numpy()[ids][:, :, None]).all()
+    # head-major, as the model's caches: (heads, rows, 40) from a view of x by head
+    planes, plane_scales = ctx.new_tensor(gg.I8, (3, 9, 40)), ctx.new_tensor(gg.F32, (3, 9, 1))
+    by_head = gg.permute(gg.reshape(ctx.from_numpy(x), (5, 3, 40)), (1, 0, 2))
+    gg.build_forward(gg.set_rows(planes, by_head, ctx.from_numpy(ids), plane_scales)).compute(n_threads=2)
+    np.testing.assert_array_equal(planes.numpy()[:, ids], want_rows.reshape(5, 3, 40).transpose(1, 0, 2))
+    np.testing.assert_array_equal(plane_scales.numpy()[:, ids, 0], want_scales.T)
 
 
 def test_bad_input_is_refused(rng):
@@ -292,7 +305,7 @@ def test_bad_input_is_refused(rng):
         gg.attention(q, k8, k, index, 1.0)
     with pytest.raises(ValueError, match="v_scales go with an I8 v, not F32"):
         gg.attention(q, k8, k, index, 1.0, scales, scales)
-    with pytest.raises(ValueError, match=r"k_scales \(10, 3\) must be \(slots, Hkv\) = \(10, 2\)"):
+    with pytest.raises(ValueError, match=r"k_scales \(10, 3\) must be \(10, 2\) \(one per head and slot\)"):
         gg.attention(q, k8, k, index, 1.0, ctx.new_tensor(gg.F32, (10, 3)))
     with pytest.raises(ValueError, match="Q8_0 cannot be read in heads of 8"):
         kq = ctx.new_tensor(gg.Q8_0, (10, 32))
@@ -316,3 +329,18 @@ def test_bad_input_is_refused(rng):
     out = gg.attention(q, k, k, ctx.from_numpy(bad), 1.0)
     with pytest.raises(ValueError, match="outside"):
         gg.build_forward(out).compute(n_threads=1)
+
+
+@pytest.mark.parametrize("head_major", [False, True], ids=["by_slot", "by_head"])
+@pytest.mark.parametrize("Hkv,parallel", [(4, True), (1, False)])
+def test_the_planner_splits_a_decode_tokens_heads_over_threads(rng, head_major, Hkv, parallel):
+    # one query token: the items are its KV heads, worth threads when there are two or more
+    # (the planner reads Hkv and the slots from either layout of the pools)
+    from ggml_py.core.profiles import STAGES
+    ctx = gg.Context(mem_size=16 << 20)
+    k, _, _ = pool(ctx, rng.standard_normal((2048, Hkv * 64)).astype(np.float32), gg.F16, 64,
+                   head_major)
+    q = ctx.from_numpy(rng.standard_normal((1, 8, 64)).astype(np.float32))
+    out = gg.attention(q, k, k, ctx.from_numpy(make_index([list(range(2048))])), 0.125)
+    gg.build_forward(out).plan(n_threads=2)
+    assert dict(zip(STAGES, out.profile.stages))["compute"].parallel == parallel

@@ -349,7 +349,7 @@ def test_a_sequence_shifting_its_context_copies_the_pages_it_shares(logits_log):
 
 def test_the_pool_shares_named_pages(rng):
     pool = PagedKVCache(1, 32, 1, 8, type=gg.F32, page_size=4)     # 8 pages of 4
-    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 32, 8)).astype(np.float32)
+    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 1, 32, 8)).astype(np.float32)
     ids = list(range(100, 110))
     pool.reserve("a", 10)
     pool.advance("a", 10, ids)                       # pages 0 and 1 full: named
@@ -383,7 +383,7 @@ def test_the_pool_shares_named_pages(rng):
 
 def test_a_shift_copies_a_shared_page_first_and_a_full_pool_changes_nothing(rng):
     pool = PagedKVCache(1, 20, 1, 8, type=gg.F32, page_size=4)     # 5 pages of 4
-    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 20, 8)).astype(np.float32)
+    pool.k[0][:], pool.v[0][:] = rng.standard_normal((2, 1, 20, 8)).astype(np.float32)
     ids = list(range(9))
     pool.reserve("a", 8)
     pool.advance("a", 8, ids)
@@ -399,12 +399,12 @@ def test_a_shift_copies_a_shared_page_first_and_a_full_pool_changes_nothing(rng)
     pool.free("c")
     pool.shift("b", 1, 4, lambda rows, n: None)      # writes positions 1..4 of b
     assert list(pool.slots("a", 0, 8)) == list(a_slots)
-    assert np.array_equal(pool.k[0][a_slots], before[0][a_slots])      # a's rows untouched
-    assert np.array_equal(pool.v[0][a_slots], before[1][a_slots])
+    assert np.array_equal(pool.k[0][:, a_slots], before[0][:, a_slots])      # a's rows untouched
+    assert np.array_equal(pool.v[0][:, a_slots], before[1][:, a_slots])
     assert not set(pool.slots("b", 0, 5)) & set(a_slots)
     new = pool.slots("b", 0, 5)
-    assert np.array_equal(pool.k[0][new], before[0][b_slots[[0, 5, 6, 7, 8]]])
-    assert np.array_equal(pool.v[0][new], before[1][b_slots[[0, 5, 6, 7, 8]]])
+    assert np.array_equal(pool.k[0][:, new], before[0][:, b_slots[[0, 5, 6, 7, 8]]])
+    assert np.array_equal(pool.v[0][:, new], before[1][:, b_slots[[0, 5, 6, 7, 8]]])
     pool.advance("b", 0, ids)
     pool.free("a")
     assert pool.attach_prefix("x", [0, 5, 6, 7, 8, 9]) == 0   # moved rows are never named
@@ -477,9 +477,9 @@ def test_shift_moves_rows_down_and_rotates_keys(rng):
     cache.shift(3, 8, rerope)
     assert cache.n_past == 12
     for il in range(2):
-        np.testing.assert_array_equal(cache.k[il][:3], old_k[il][:3])
-        np.testing.assert_array_equal(cache.k[il][3:12], -8 * old_k[il][11:20])
-        np.testing.assert_array_equal(cache.v[il][3:12], old_v[il][11:20])
+        np.testing.assert_array_equal(cache.k[il][:, :3], old_k[il][:, :3])
+        np.testing.assert_array_equal(cache.k[il][:, 3:12], -8 * old_k[il][:, 11:20])
+        np.testing.assert_array_equal(cache.v[il][:, 3:12], old_v[il][:, 11:20])
     with pytest.raises(ValueError, match="cannot drop"):
         cache.shift(10, 8, rerope)
 

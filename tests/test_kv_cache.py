@@ -117,7 +117,7 @@ def test_bad_sizes_are_refused(args, error, message):
 
 def test_sizes_may_be_numpy_integers():
     cache = KVCache(np.int64(1), np.int32(16), 2, np.uint8(4))
-    assert cache.n_ctx == 16 and type(cache.n_ctx) is int and cache.k[0].shape == (16, 8)
+    assert cache.n_ctx == 16 and type(cache.n_ctx) is int and cache.k[0].shape == (2, 16, 4)   # (Hkv, slots, D)
 
 
 def test_window_and_mask():
@@ -138,7 +138,8 @@ def test_store_and_load_writes_the_rows_and_reads_the_window(type):
     cache = KVCache(2, n_ctx, Hkv, D, type=type)
     rng = np.random.default_rng(7)
     old_k, old_v = (rng.standard_normal((n_ctx, Hkv * D)) for _ in range(2))
-    cache.k[1][:], cache.v[1][:] = old_k, old_v
+    for rows, old in ((cache.k[1], old_k), (cache.v[1], old_v)):
+        rows[:] = old.reshape(n_ctx, Hkv, D).transpose(1, 0, 2)   # head-major
     ctx = Context(mem_size=1 << 20)
     k = ctx.new_tensor(Type.F32, (3, Hkv * D))
     v = ctx.new_tensor(Type.F32, (3, Hkv * D))
@@ -153,7 +154,7 @@ def test_store_and_load_writes_the_rows_and_reads_the_window(type):
     for new, old, rows, read in ((k, old_k, cache.k[1], keys), (v, old_v, cache.v[1], values)):
         expected = old.astype(dtype)
         expected[[6, 1, 4]] = new.numpy().astype(dtype)
-        np.testing.assert_array_equal(rows, expected)          # written in place
+        np.testing.assert_array_equal(rows, expected.reshape(n_ctx, Hkv, D).transpose(1, 0, 2))
         window = expected[:K].astype(np.float32).reshape(K, Hkv, D).transpose(1, 0, 2)
         np.testing.assert_array_equal(read.numpy(), window)    # (Hkv, K, D)
     np.testing.assert_array_equal(cache.k[0], 0)               # other layers untouched

@@ -107,7 +107,7 @@ class Fuzz:
         for p, slot in zip(range(start, stop), slots):
             k, v = row_values(s.namespace, s.ids[:p + 1])
             for pool in (self.pool, self.other):
-                pool.k[0][slot], pool.v[0][slot] = k, v
+                pool.k[0][0, slot], pool.v[0][0, slot] = k, v
             s.k.append(k)
             s.v.append(v)
 
@@ -191,8 +191,8 @@ class Fuzz:
         slots = self.pool.slots(seq, 0, held)
         for p, slot in enumerate(slots):
             k, v = row_values(s.namespace, s.ids[:p + 1])
-            assert np.array_equal(self.pool.k[0][slot], k), f"attached row {p} is not its prefix's"
-            assert np.array_equal(self.pool.v[0][slot], v), f"attached row {p} is not its prefix's"
+            assert np.array_equal(self.pool.k[0][0, slot], k), f"attached row {p} is not its prefix's"
+            assert np.array_equal(self.pool.v[0][0, slot], v), f"attached row {p} is not its prefix's"
             s.k.append(k)
             s.v.append(v)
 
@@ -278,8 +278,8 @@ class Fuzz:
             held |= set(pages)
             k, v = np.reshape(s.k, (n, D)), np.reshape(s.v, (n, D))
             for other in (pool, self.other):
-                assert (other.k[0][slots] == k).all(), f"sequence {seq}: K rows are not what it wrote"
-                assert (other.v[0][slots] == v).all(), f"sequence {seq}: V rows are not what it wrote"
+                assert (other.k[0][0, slots] == k).all(), f"sequence {seq}: K rows are not what it wrote"
+                assert (other.v[0][0, slots] == v).all(), f"sequence {seq}: V rows are not what it wrote"
         assert pool.pages_used == len(held), f"pages_used {pool.pages_used}, held {len(held)}"
         assert pool.pages_free + pool.pages_used == self.n_pages
         assert 0 <= pool.pages_idle <= pool.pages_free
@@ -359,7 +359,7 @@ def written_pool(n_pages, page_size):
         start = pool.length(seq)
         pool.reserve(seq, len(ids) - start)
         for p, slot in zip(range(start, len(ids)), pool.slots(seq, start, len(ids))):
-            pool.k[0][slot], pool.v[0][slot] = row_values(0, ids[:p + 1])
+            pool.k[0][0, slot], pool.v[0][0, slot] = row_values(0, ids[:p + 1])
         pool.advance(seq, len(ids) - start, ids if share else None)
     return pool, read
 
@@ -367,7 +367,7 @@ def written_pool(n_pages, page_size):
 def assert_rows_of(pool, seq, ids):
     """seq's K rows are those of its ids' prefixes."""
     for p, slot in enumerate(pool.slots(seq, 0, pool.length(seq))):
-        assert np.array_equal(pool.k[0][slot], row_values(0, ids[:p + 1])[0]), f"row {p}"
+        assert np.array_equal(pool.k[0][0, slot], row_values(0, ids[:p + 1])[0]), f"row {p}"
 
 
 def test_a_page_rewritten_in_place_forgets_the_pages_named_after_it():

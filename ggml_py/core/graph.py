@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ggml_py import _core
+from ggml_py.core.ops import attention_pool_shape
 from ggml_py.core.profiles import STAGES
 from ggml_py.core.tensor import Tensor
 from ggml_py.core.types import Op, Type, checked_int
@@ -237,15 +238,16 @@ def choose_attention_profile(node, n_threads, tune):
     """
     q, k, v, index = node.src[:4]
     T, H, D = q.shape
+    Hkv, n_slots = attention_pool_shape(k, D)
     node._plan_profile(next(p for p in node.profiles() if p.name == "auto"))
     estimates = getattr(tune, "attention_estimates", None)
     if estimates is not None:
         def estimated(t, length):     # [(µs, profile name)], fastest first; [] if not benched
-            return estimates(D, H, k.shape[1] // D, k.type, v.type, t, length, n_threads)
+            return estimates(D, H, Hkv, k.type, v.type, t, length, n_threads)
         if estimated(1, 1):
-            limit = _slim_limit(lambda length: estimated(1, length)[0][1] == "slim", k.shape[0])
+            limit = _slim_limit(lambda length: estimated(1, length)[0][1] == "slim", n_slots)
             node._set_op_param_i32(1, limit if limit > 0 else -1)     # (-1: flash for all)
-            longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
+            longest = max(1, min(n_slots, index.shape[0] - 2 * T))
             times = {name: us for us, name in estimated(T, longest)}
             return "tuned", times.get("slim" if longest <= limit else "flash")
     node._set_op_param_i32(1, 0)
@@ -292,8 +294,9 @@ def stage_is_worth_threads(node, stage, factor=1):
     if node.op == Op.ATTENTION:  # items: a kv head and a block of tokens; per token and
         q, k, index = node.src[0], node.src[1], node.src[3]   # head, its list's K and V rows
         T, H, D = q.shape
-        longest = max(1, min(k.shape[0], index.shape[0] - 2 * T))
-        return (k.shape[1] // D >= 2 or T >= 2) and 2 * T * H * longest * D >= macs
+        Hkv, n_slots = attention_pool_shape(k, D)
+        longest = max(1, min(n_slots, index.shape[0] - 2 * T))
+        return (Hkv >= 2 or T >= 2) and 2 * T * H * longest * D >= macs
     # the rows the kernel splits: the ids of GET_ROWS, the rows SET_ROWS writes,
     # else the larger of the result's and the first source's
     if node.op == Op.GET_ROWS:

@@ -437,21 +437,22 @@ def _check_set_rows_shapes(dst, src, ids):
 
 
 def _set_rows_i8(dst, src, ids, scales):
-    """set_rows into an I8 dst (R, n): int8 per group with its scale in scales (R, g)."""
+    """set_rows into an I8 dst (R, n) or (P, R, n): int8 per group with its scale in
+    scales (R, g) or (P, R, g)."""
     if scales is None:
         raise ValueError("set_rows: an I8 dst needs scales (R, groups) F32 for its int8 groups")
     _check_tensor("set_rows", scales=scales)
     _same_context("set_rows", dst, scales)
     _check_type("set_rows", "scales", scales, (Type.F32,))
     _check_writable("set_rows", "scales", scales)
-    if dst.ndim != 2 or scales.ndim != 2 or src.ndim != 2:
+    if dst.ndim not in (2, 3) or scales.ndim != dst.ndim or src.ndim != dst.ndim:
         raise ValueError(f"set_rows: an I8 dst {dst.shape}, its scales {scales.shape} and src "
-                         f"{src.shape} must be matrices")
+                         f"{src.shape} must be matrices, or stacks of them")
     _check_set_rows_shapes(dst, src, ids)
-    n, groups = dst.shape[1], scales.shape[1]
-    if scales.shape[0] != dst.shape[0] or groups == 0 or n % groups or not _packed_rows(scales):
-        raise ValueError(f"set_rows: scales {scales.shape} must be (rows of dst = {dst.shape[0]}, "
-                         f"groups dividing {n}) with contiguous rows")
+    n, groups = dst.shape[-1], scales.shape[-1]
+    if scales.shape[:-1] != dst.shape[:-1] or groups == 0 or n % groups or not _packed_rows(scales):
+        raise ValueError(f"set_rows: scales {scales.shape} must be (rows of dst = "
+                         f"{dst.shape[:-1]}, groups dividing {n}) with contiguous rows")
     if not _packed_rows(src) or _may_overlap(src, dst) or _may_overlap(src, scales):
         src = dup(src)                       # the quantizer reads each group twice, packed
     if _may_overlap(ids, dst) or _may_overlap(ids, scales):
@@ -502,40 +503,51 @@ ATTENTION_TYPES = (Type.F32, Type.F16, Type.Q8_0, Type.Q4_0, Type.I8)   # with k
 def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
     """softmax(scale * q k^T) v for each token over its own list of cache slots.
 
-    q (T, H, D) F32; k, v the cache pools (slots, Hkv*D): F32, F16, Q8_0, Q4_0 or I8 (int8
-    per head, its scales (slots, Hkv) F32 in k_scales / v_scales, as set_rows writes
-    them), or another type with a dot product (k) and a to_float (v); H a multiple of Hkv
-    (query head h reads kv head h // (H // Hkv)); kv_index I32 (2*T + N,): for token t,
-    kv_index[2t:2t+2] = (start, count), and its slots are kv_index[start:start+count], in
-    the N values after the pairs. Returns (T, H, D) F32; a token with no slots gets zeros.
-    Each token's result depends only on its query and its slots (not on the other tokens).
-    The node's profiles: 'slim' (the whole score row-block of a few query rows) and
-    'flash' (key tiles with an online softmax); see docs/attention.md.
+    q (T, H, D) F32; k, v the cache pools, head-major (Hkv, slots, D) as the model's
+    caches hold them, or (slots, Hkv*D) with a slot's heads side by side: F32, F16, Q8_0,
+    Q4_0 or I8 (int8 per head, its scales (Hkv, slots, 1) or (slots, Hkv) F32 in k_scales
+    / v_scales, as set_rows writes them), or another type with a dot product (k) and a
+    to_float (v); H a multiple of Hkv (query head h reads kv head h // (H // Hkv));
+    kv_index I32 (2*T + N,): for token t, kv_index[2t:2t+2] = (start, count), and its slots
+    are kv_index[start:start+count], in the N values after the pairs. Returns (T, H, D)
+    F32; a token with no slots gets zeros. Each token's result depends only on its query
+    and its slots (not on the other tokens). The node's profiles: 'slim' (the whole score
+    row-block of a few query rows) and 'flash' (key tiles with an online softmax); see
+    docs/attention.md.
     """
     _check_tensor("attention", q=q, k=k, v=v, kv_index=kv_index)
     _same_context("attention", q, k, v, kv_index)
     _check_type("attention", "q", q, (Type.F32,))
     _check_type("attention", "kv_index", kv_index, (Type.I32,))
-    if q.ndim != 3 or k.ndim != 2 or v.ndim != 2 or kv_index.ndim != 1:
+    if q.ndim != 3 or k.ndim not in (2, 3) or v.ndim != k.ndim or kv_index.ndim != 1:
         raise ValueError(f"attention: q {q.shape} must be (T, H, D), k {k.shape} and v {v.shape} "
-                         f"(slots, Hkv*D), kv_index {kv_index.shape} one-dimensional")
+                         f"(Hkv, slots, D) or (slots, Hkv*D), kv_index {kv_index.shape} "
+                         f"one-dimensional")
     T, H, D = q.shape
-    Hkv = k.shape[1] // D
-    if k.shape != v.shape or k.shape[1] % D or Hkv == 0 or H % Hkv:
+    Hkv, _ = attention_pool_shape(k, D)
+    if k.shape != v.shape or k.shape[-1] % D or Hkv == 0 or H % Hkv or \
+            (k.ndim == 3 and k.shape[-1] != D):
         raise ValueError(f"attention: q is {q.shape}, k {k.shape}, v {v.shape}: k and v must be "
-                         f"(slots, Hkv*{D}) with Hkv dividing H = {H}")
+                         f"(Hkv, slots, {D}) or (slots, Hkv*{D}) with Hkv dividing H = {H}")
     for name, t, need, scales in (("k", k, "has_vec_dot", k_scales), ("v", v, "has_to_float", v_scales)):
         traits = type_traits(t.type)
         if t.type != Type.I8 and (not traits[need] or D % traits["blck_size"]):
             raise ValueError(f"attention: {name} of {t.type.name} cannot be read in heads of {D}")
         if not _packed_rows(t):
             raise ValueError(f"attention: {name} {t.shape} must have contiguous rows")
-        _check_attention_scales(name, t, scales, Hkv)
+        _check_attention_scales(name, t, scales, k.shape[:-1] + (k.shape[-1] // D,))
     if q._nb[0] != 4 or kv_index._nb[0] != 4 or kv_index.shape[0] < 2 * T:
         raise ValueError(f"attention: q {q.shape} rows and kv_index {kv_index.shape} must be "
                          f"contiguous, kv_index at least 2*T = {2 * T} long")
     return _new(Op.ATTENTION, (q, k, v, kv_index, k_scales, v_scales), Type.F32, q._ne, 3,
                 [_f32_bits(scale, "attention: scale")])
+
+
+def attention_pool_shape(pool, D):
+    """(Hkv, slots) of an attention cache pool, (Hkv, slots, D) or (slots, Hkv*D)."""
+    if pool.ndim == 3:
+        return pool.shape[0], pool.shape[1]
+    return pool.shape[1] // D, pool.shape[0]
 
 
 INT_MAX = 2**31 - 1     # MPI counts elements in a C int
@@ -566,20 +578,21 @@ def all_reduce(a, comm):
     return t
 
 
-def _check_attention_scales(name, pool, scales, Hkv):
-    """An I8 pool's scales: F32 (slots, Hkv), contiguous rows; none for other types."""
+def _check_attention_scales(name, pool, scales, shape):
+    """An I8 pool's scales: F32 of `shape` (the pool's, one value per head), contiguous
+    rows; none for other types."""
     if pool.type != Type.I8:
         if scales is not None:
             raise ValueError(f"attention: {name}_scales go with an I8 {name}, not {pool.type.name}")
         return
     if scales is None:
-        raise ValueError(f"attention: an I8 {name} needs {name}_scales (slots, Hkv) F32")
+        raise ValueError(f"attention: an I8 {name} needs {name}_scales {shape} F32")
     _check_tensor("attention", **{f"{name}_scales": scales})
     _same_context("attention", pool, scales)
     _check_type("attention", f"{name}_scales", scales, (Type.F32,))
-    if scales.shape != (pool.shape[0], Hkv) or not _packed_rows(scales):
-        raise ValueError(f"attention: {name}_scales {scales.shape} must be (slots, Hkv) = "
-                         f"{(pool.shape[0], Hkv)} with contiguous rows")
+    if scales.shape != shape or not _packed_rows(scales):
+        raise ValueError(f"attention: {name}_scales {scales.shape} must be {shape} (one per "
+                         f"head and slot) with contiguous rows")
 
 
 def concat(a, b, axis=0):

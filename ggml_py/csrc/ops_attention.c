@@ -1,10 +1,12 @@
 /* ops_attention.c - ATTENTION: softmax(scale * q k^T) v over a list of cache slots per token.
  *
  * q:        F32 (ne0 = D, ne1 = H, ne2 = T), rows of D contiguous
- * k, v:     the cache pools, (ne0 = Hkv*D, ne1 = slots): F32, F16, Q8_0, Q4_0, I8 (int8
- *           per head, its scales in src[4] (k) and src[5] (v): F32 (ne0 = Hkv, ne1 = slots)),
- *           or any type with a vec_dot (k) and a to_float (v); query head h reads kv head
- *           h / (H / Hkv)
+ * k, v:     the cache pools, (ne0 = n*D, ne1 = slots, ne2 = Hkv / n): n heads of a slot side
+ *           by side in a row (n = Hkv: a token's heads in one row; n = 1: head-major, each
+ *           head's rows one after the other, the model's caches). F32, F16, Q8_0, Q4_0, I8
+ *           (int8 per head, its scales in src[4] (k) and src[5] (v): F32 (ne0 = n, ne1 =
+ *           slots, ne2 = Hkv / n)), or any type with a vec_dot (k) and a to_float (v); query
+ *           head h reads kv head h / (H / Hkv), head g is row part g % n of plane g / n
  * kv_index: I32, 2*T + N values: for token t the pair (start, count) at [2t, 2t+1] names
  *           the slots it attends to, index[start .. start+count), which lie in the N
  *           values after the pairs (tokens of one sequence share one list, in position order)
@@ -49,7 +51,7 @@ static struct attn_shape shape_of(const struct ggml_py_tensor *node) {
     const struct ggml_py_tensor *q = node->src[0], *k = node->src[1], *index = node->src[3];
     struct attn_shape s;
     s.D = q->ne[0], s.H = q->ne[1], s.T = q->ne[2];
-    s.Hkv = k->ne[0] / s.D, s.G = s.H / s.Hkv;
+    s.Hkv = k->ne[0] / s.D * k->ne[2], s.G = s.H / s.Hkv;
     s.tokens = GGML_PY_MAX(1, ROWS / s.G);
     s.rows = s.G * s.tokens;
     s.n_slots = k->ne[1];
@@ -106,13 +108,15 @@ static bool index_ok(int32_t start, int32_t count, int64_t first, int64_t n_inde
     return true;
 }
 
-/* The rows of kv head g of a pool (and its scales) over one list. */
+/* The rows of kv head g of a pool (and its scales) over one list: part g % n of a row of
+ * plane g / n, n heads a row. */
 static struct ggml_py_attn_rows rows_of(const struct ggml_py_tensor *pool, const struct ggml_py_tensor *scales,
                                         int64_t g, int64_t D, const int32_t *slots) {
+    const int64_t n = pool->ne[0] / D;
     struct ggml_py_attn_rows x;
-    x.base = (const char *) pool->data + g * ggml_py_row_size(pool->type, D);
+    x.base = (const char *) pool->data + g / n * pool->nb[2] + g % n * ggml_py_row_size(pool->type, D);
     x.stride = pool->nb[1];
-    x.scale = scales ? (const char *) scales->data + g * sizeof(float) : NULL;
+    x.scale = scales ? (const char *) scales->data + g / n * scales->nb[2] + g % n * sizeof(float) : NULL;
     x.scale_stride = scales ? scales->nb[1] : 0;
     x.slots = slots;
     x.type = pool->type;

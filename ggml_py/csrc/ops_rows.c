@@ -31,22 +31,24 @@ void ggml_py_compute_get_rows(const struct ggml_py_compute_params *params, struc
 }
 
 /* An I8 destination: each group of op_params[0] values of a row as int8 with one scale,
- * written into src[3] (F32, one per group: ne0 = groups per row) at the same row. */
+ * written into src[3] (F32, one per group: ne0 = groups per row, ne1 = ne2 = dst's) at the
+ * same row of the same plane. */
 static void set_rows_i8(const struct ggml_py_compute_params *params, struct ggml_py_tensor *dst) {
     const struct ggml_py_tensor *src0 = dst->src[0], *src1 = dst->src[1], *scales = dst->src[3];
     GGML_PY_BINARY_LOCALS(src0, src1, dst);
     const int64_t group = dst->op_params[0];
     int64_t ir0, ir1;
-    ggml_py_thread_rows(ne01, params->ith, params->nth, &ir0, &ir1);
-    for (int64_t i01 = ir0; i01 < ir1; i01++) {
+    ggml_py_thread_rows(ne01 * ne02, params->ith, params->nth, &ir0, &ir1);
+    for (int64_t ir = ir0; ir < ir1; ir++) {
+        const int64_t i01 = ir % ne01, i02 = ir / ne01;
         const int32_t row = *(const int32_t *) ((const char *) src1->data + i01 * nb10);
         if (row < 0 || row >= ne1) {
             ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
             return;
         }
-        const float *s = (const float *) ((const char *) src0->data + i01 * nb01);   /* packed rows */
-        int8_t *d = (int8_t *) dst->data + row * nb1;
-        float *sc = (float *) ((char *) scales->data + row * scales->nb[1]);
+        const float *s = (const float *) ((const char *) src0->data + i01 * nb01 + i02 * nb02);   /* packed rows */
+        int8_t *d = (int8_t *) dst->data + row * nb1 + i02 * nb2;
+        float *sc = (float *) ((char *) scales->data + row * scales->nb[1] + i02 * scales->nb[2]);
         for (int64_t i0 = 0; i0 < ne00; i0 += group) ggml_py_quantize_i8_group(s + i0, d + i0, &sc[i0 / group], group);
     }
 }

@@ -40,8 +40,8 @@ from ggml_py.model.kv_rows import GRAPH_KV_TYPES, KVRows, kv_type
 
 
 class KVCache:
-    """K and V rows of every layer, one row per cache slot: k[l], v[l] (n_ctx, Hkv*D) in
-    the cache's types (kv_rows.py: F16, F32, Q8_0, Q4_0 or int8 with k_scales / v_scales).
+    """K and V rows of every layer, one row per head and cache slot: k[l], v[l] (Hkv,
+    n_ctx, D) in the cache's types (kv_rows.py: F16, F32, Q8_0, Q4_0 or int8 with k_scales / v_scales).
     One sequence, slot = position."""
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, type_v=None):
@@ -172,9 +172,9 @@ class KVCache:
             raise ValueError(f"the three-node attention reads F16 and F32 caches, not "
                              f"{self.type.name} / {self.type_v.name} (use the attention op)")
         cache_k, cache_v, _, _ = self.rows.leaves(ctx, il, "cache")
-        cache_k = ops.set_rows(cache_k, k, slots)                   # (n_ctx, Hkv*D)
-        cache_v = ops.set_rows(cache_v, v, slots)
-        es, row = cache_k.strides[-1], cache_k.strides[0]
-        keys = ops.view(cache_k, (self.n_head_kv, K, D), (D * es, row, es))     # (Hkv, K, D)
-        values = ops.view(cache_v, (self.n_head_kv, K, D), (D * es, row, es))   # (Hkv, K, D)
+        cache_k = ops.set_rows(cache_k, self.rows.by_head(k), slots)   # (Hkv, n_ctx, D)
+        cache_v = ops.set_rows(cache_v, self.rows.by_head(v), slots)
+        strides = cache_k.strides
+        keys = ops.view(cache_k, (self.n_head_kv, K, D), strides)       # (Hkv, K, D)
+        values = ops.view(cache_v, (self.n_head_kv, K, D), strides)     # (Hkv, K, D)
         return keys, values

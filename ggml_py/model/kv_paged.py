@@ -38,7 +38,7 @@ class KVPoolFull(RuntimeError):
 
 
 class PagedKVCache:
-    """K and V rows of every layer in pages: k[l], v[l] (n_pages * page_size, Hkv*D), in
+    """K and V rows of every layer in pages: k[l], v[l] (Hkv, n_pages * page_size, D), in
     the pool's types (kv_rows.py)."""
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, type_v=None,

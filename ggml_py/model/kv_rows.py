@@ -53,17 +53,21 @@ def row_bytes_per_token(type, n_head_kv, head_dim):
 
 
 class AttentionKV:
-    """What the attention op reads of one layer: the written pools k, v (slots, Hkv*D)
-    and, for I8 pools, their scales (slots, Hkv)."""
+    """What the attention op reads of one layer: the written pools k, v (Hkv, slots, D)
+    and, for I8 pools, their scales (Hkv, slots, 1)."""
 
     def __init__(self, k, v, k_scales=None, v_scales=None):
         self.k, self.v, self.k_scales, self.v_scales = k, v, k_scales, v_scales
 
 
 class KVRows:
-    """k[l], v[l] (n_slots, Hkv*D) of every layer: numpy arrays of F32 / F16 values,
-    Q8_0 / Q4_0 blocks (uint8 (n_slots, bytes)), or int8 with k_scales[l] / v_scales[l]
-    (n_slots, Hkv) float32 (None for the other types)."""
+    """k[l], v[l] (Hkv, n_slots, D) of every layer, head-major: numpy arrays of F32 / F16
+    values, Q8_0 / Q4_0 blocks (uint8 (Hkv, n_slots, bytes of D values)), or int8 with
+    k_scales[l] / v_scales[l] (Hkv, n_slots) float32 (None for the other types).
+
+    Head-major because attention reads one head's rows over many slots: that way they lie
+    one after the other (a page's slots in one run of memory), not a slot's width apart.
+    The numpy helpers below take and give a token's heads side by side, (slots, Hkv*D)."""
 
     def __init__(self, n_layer, n_slots, n_head_kv, head_dim, type_k, type_v, what):
         self.type_k, self.type_v = type_k, type_v
@@ -83,16 +87,16 @@ class KVRows:
             raise ValueError(f"cannot allocate {what}: {size / 2**30:.1f} GiB") from None
 
     def _rows(self, type, n_slots):
-        n = self.n_head_kv * self.head_dim
+        D = self.head_dim
         if type in (Type.F32, Type.F16, Type.I8):
             dtype = {Type.F32: np.float32, Type.F16: np.float16, Type.I8: np.int8}[type]
-            return np.zeros((n_slots, n), dtype)
-        return np.zeros((n_slots, row_bytes(type, n)), np.uint8)
+            return np.zeros((self.n_head_kv, n_slots, D), dtype)
+        return np.zeros((self.n_head_kv, n_slots, row_bytes(type, D)), np.uint8)
 
     def _scales(self, type, n_layer, n_slots):
         if type != Type.I8:
             return None
-        return [np.zeros((n_slots, self.n_head_kv), np.float32) for _ in range(n_layer)]
+        return [np.zeros((self.n_head_kv, n_slots), np.float32) for _ in range(n_layer)]
 
     @property
     def nbytes(self):
@@ -108,13 +112,14 @@ class KVRows:
     # ---- graph ops ---------------------------------------------------------------------
 
     def leaves(self, ctx, il, name):
-        """Tensors over layer il's pools (and scales): (k, v, k_scales, v_scales)."""
-        shape = (self.k[il].shape[0], self.n_head_kv * self.head_dim)
+        """Tensors over layer il's pools (Hkv, n_slots, D) and scales (Hkv, n_slots, 1):
+        (k, v, k_scales, v_scales)."""
+        shape = self.k[il].shape[:2] + (self.head_dim,)
         out = [ctx.from_buffer(self.k[il], self.type_k, shape, name=f"{name}_k.{il}"),
                ctx.from_buffer(self.v[il], self.type_v, shape, name=f"{name}_v.{il}")]
         for scales, which in ((self.k_scales, "k"), (self.v_scales, "v")):
             out.append(None if scales is None else
-                       ctx.from_buffer(scales[il], Type.F32, scales[il].shape,
+                       ctx.from_buffer(scales[il], Type.F32, scales[il].shape + (1,),
                                        name=f"{name}_{which}_scales.{il}"))
         return out
 
@@ -122,8 +127,14 @@ class KVRows:
         """Graph ops of layer il: write k, v (T, Hkv*D) F32 into the rows at `slots`
         (I32 (T,)); the written pools as an AttentionKV, to be read after the writes."""
         pool_k, pool_v, k_scales, v_scales = self.leaves(ctx, il, name)
-        return AttentionKV(ops.set_rows(pool_k, k, slots, k_scales),
-                           ops.set_rows(pool_v, v, slots, v_scales), k_scales, v_scales)
+        return AttentionKV(ops.set_rows(pool_k, self.by_head(k), slots, k_scales),
+                           ops.set_rows(pool_v, self.by_head(v), slots, v_scales),
+                           k_scales, v_scales)
+
+    def by_head(self, x):
+        """A view of rows x (T, Hkv*D) as (Hkv, T, D), the pools' order."""
+        T = x.shape[0]
+        return ops.permute(ops.reshape(x, (T, self.n_head_kv, self.head_dim)), (1, 0, 2))
 
     # ---- rows in numpy (context shift) -----------------------------------------------------
 
@@ -134,38 +145,38 @@ class KVRows:
     def set_keys(self, il, slots, rows):
         """Write float32 K rows (len(slots), Hkv*D) at `slots`, in the cache's type (the
         same quantizers as the graph's set_rows)."""
-        t, n = self.type_k, self.n_head_kv * self.head_dim
+        t, D = self.type_k, self.head_dim
+        heads = rows.reshape(len(slots), self.n_head_kv, D).transpose(1, 0, 2)   # (Hkv, n, D)
         if t == Type.I8:
-            heads = rows.reshape(len(slots), self.n_head_kv, self.head_dim)
             amax = np.abs(heads).max(axis=2)
             scale = (amax / np.float32(127)).astype(np.float32)
             inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0)
-            q = np.rint(heads * inv[:, :, None]).astype(np.int8)   # rint: ties to even
-            self.k[il][slots] = q.reshape(len(slots), n)
-            self.k_scales[il][slots] = scale
+            self.k[il][:, slots] = np.rint(heads * inv[:, :, None]).astype(np.int8)   # ties to even
+            self.k_scales[il][:, slots] = scale
         elif t in (Type.F32, Type.F16):
-            self.k[il][slots] = rows
+            self.k[il][:, slots] = heads
         else:
-            self.k[il][slots] = quantize(rows, t)
+            self.k[il][:, slots] = quantize(np.ascontiguousarray(heads), t)
 
     def copy(self, il, src, dst):
         """Copy layer il's K and V rows (and scales) from slots src to slots dst."""
-        self.k[il][dst] = self.k[il][src]
+        self.k[il][:, dst] = self.k[il][:, src]
         if self.k_scales is not None:
-            self.k_scales[il][dst] = self.k_scales[il][src]
+            self.k_scales[il][:, dst] = self.k_scales[il][:, src]
         self.move(il, src, dst)
 
     def move(self, il, src, dst):
         """Copy layer il's V rows (and scales) from slots src to slots dst."""
-        self.v[il][dst] = self.v[il][src]
+        self.v[il][:, dst] = self.v[il][:, src]
         if self.v_scales is not None:
-            self.v_scales[il][dst] = self.v_scales[il][src]
+            self.v_scales[il][:, dst] = self.v_scales[il][:, src]
 
     def _values(self, type, rows, scales, slots):
-        n = self.n_head_kv * self.head_dim
+        n, D = len(slots), self.head_dim
         if type in (Type.F32, Type.F16):
-            return rows[slots].astype(np.float32)
-        if type == Type.I8:
-            heads = rows[slots].astype(np.float32).reshape(len(slots), self.n_head_kv, self.head_dim)
-            return (heads * scales[slots][:, :, None]).reshape(len(slots), n)
-        return dequantize(rows[slots], type, (len(slots), n))
+            heads = rows[:, slots].astype(np.float32)                        # (Hkv, n, D)
+        elif type == Type.I8:
+            heads = rows[:, slots].astype(np.float32) * scales[:, slots][:, :, None]
+        else:
+            heads = dequantize(rows[:, slots], type, (self.n_head_kv, n, D))
+        return np.ascontiguousarray(heads.transpose(1, 0, 2)).reshape(n, self.n_head_kv * D)

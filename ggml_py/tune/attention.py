@@ -19,13 +19,14 @@ DEFAULT_TOKENS = [1, 16, 256]          # decode, a step of a few sequences, a pr
 DEFAULT_LENGTHS = [256, 1024, 4096]
 
 
-def _pool(ctx, x, type, D):
-    """A cache pool holding x (L, Hkv*D) in type, and its scales (I8)."""
+def _pool(ctx, x, type):
+    """A cache pool holding x (Hkv, L, D) in type, head-major as the model's caches hold
+    their rows, and its scales (Hkv, L, 1) (I8)."""
     if type != Type.I8:
         return ctx.from_numpy(x, type=type), None
     rows = ctx.new_tensor(Type.I8, x.shape)
-    scales = ctx.new_tensor(Type.F32, (x.shape[0], x.shape[1] // D))
-    ids = ctx.from_numpy(np.arange(x.shape[0], dtype=np.int32))
+    scales = ctx.new_tensor(Type.F32, x.shape[:2] + (1,))
+    ids = ctx.from_numpy(np.arange(x.shape[1], dtype=np.int32))
     build_forward(set_rows(rows, ctx.from_numpy(x), ids, scales)).compute(n_threads=1)
     return rows, scales
 
@@ -36,9 +37,9 @@ def attention_case(shape, T, L, rng):
     T = min(T, L)
     pool_bytes = L * (row_bytes(Type.F32, Hkv * D) + 4 * Hkv)    # at most, and its F32 source
     ctx = Context(mem_size=8 * pool_bytes + 8 * (T * H * D + 2 * T + L) + (1 << 20))
-    x = rng.standard_normal((L, Hkv * D)).astype(np.float32)
-    k, ks = _pool(ctx, x, type_k, D)
-    v, vs = _pool(ctx, x, type_v, D)
+    x = rng.standard_normal((Hkv, L, D)).astype(np.float32)
+    k, ks = _pool(ctx, x, type_k)
+    v, vs = _pool(ctx, x, type_v)
     counts = np.arange(L - T + 1, L + 1, dtype=np.int32)
     index = np.concatenate([np.stack([np.full(T, 2 * T, np.int32), counts], 1).ravel(),
                             np.arange(L, dtype=np.int32)])
