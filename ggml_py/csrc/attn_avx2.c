@@ -116,9 +116,8 @@ static inline float at_f16(const char *row, int64_t d) {
         }                                                                                      \
     } while (0)
 
-/* the same without a tail (D % 8 == 0): 4 rows x 2 keys, two adjacent scores a row */
-static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t lds, int two) {
-    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+/* 4 rows x 2 keys of scores s (lane 2i + k: row i, key k), two adjacent scores a row */
+static inline void store_scores_4x2(__m256 s, float *S, int64_t lds, int two) {
     const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
     if (two) {
         _mm_storel_pi((__m64 *) S, lo);
@@ -130,6 +129,11 @@ static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t
         _mm256_storeu_ps(s8, s);
         for (int i = 0; i < 4; i++) S[i * lds] = s8[2 * i];
     }
+}
+
+/* the same from the accumulators without a tail (D % 8 == 0) */
+static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t lds, int two) {
+    store_scores_4x2(_mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), S, lds, two);
 }
 
 /* 1 row x 8 keys, n8 of them stored */
@@ -329,6 +333,13 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
                     acc[2 * i] = ggml_py_dot_u8s8_acc(acc[2 * i], aq, _mm256_sign_epi8(kq0, qq));
                     acc[2 * i + 1] = ggml_py_dot_u8s8_acc(acc[2 * i + 1], aq, _mm256_sign_epi8(kq1, qq));
                 }
+            }
+            if (n4 == 4 && D32 == D) {   /* lane 2i + k: (float) sum * (dq_i * dk_k) * scale */
+                const __m256 dq8 = _mm256_setr_ps(dq[0], dq[0], dq[1], dq[1], dq[2], dq[2], dq[3], dq[3]);
+                const __m256 dk8 = _mm256_setr_ps(dk0, dk1, dk0, dk1, dk0, dk1, dk0, dk1);
+                const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8_i32(acc)), _mm256_mul_ps(dq8, dk8));
+                store_scores_4x2(_mm256_mul_ps(s, _mm256_set1_ps(scale)), S + r * lds + j, lds, two);
+                continue;
             }
             int32_t s8[8];
             _mm256_storeu_si256((__m256i *) s8, reduce8_i32(acc));
