@@ -296,6 +296,10 @@ def test_bad_input_is_refused(rng):
                      ctx.from_numpy(np.zeros((10, 24), np.float32)), index, 1.0)
     with pytest.raises(ValueError, match="at least 2"):
         gg.attention(q, k, k, ctx.from_numpy(np.zeros(3, np.int32)), 1.0)
+    for shape in ((2, 10, 16), (3, 10, 8), (0, 10, 8)):    # head-major: rows of D, Hkv | H
+        pool = ctx.from_numpy(np.zeros(shape, np.float32))
+        with pytest.raises(ValueError, match=r"must be \(Hkv, slots, 8\) or \(slots, Hkv\*8\)"):
+            gg.attention(q, pool, pool, index, 1.0)
     with pytest.raises(ValueError, match="I32"):
         gg.attention(q, k, k, ctx.from_numpy(np.zeros(6, np.float32)), 1.0)
     # I8 pools and their scales

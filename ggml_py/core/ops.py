@@ -404,10 +404,12 @@ def get_rows(a, ids):
 def set_rows(dst, src, ids, scales=None):
     """Write the F32 rows of src into dst at I32 row ids; returns dst's view.
 
-    dst (R, n) of F32/F16/BF16 (or any type with a from_float), src (k, n), ids (k,).
-    An I8 dst holds each group of n / g values of a row as int8 with one F32 scale,
-    x ~ q * scale, scale = max|x| / 127 (symmetric, rounded to nearest): `scales` (R, g)
-    F32 gets the scales of the written rows (the int8 KV cache: g = n_head_kv).
+    dst (R, n) of F32/F16/BF16 (or any type with a from_float), src (k, n), ids (k,);
+    or stacks of them, dst (P, R, n) and src (P, k, n), the same ids in every plane (the
+    KV caches: a plane per head). An I8 dst holds each group of n / g values of a row as
+    int8 with one F32 scale, x ~ q * scale, scale = max|x| / 127 (symmetric, rounded to
+    nearest): `scales` (R, g), or (P, R, g), F32 gets the scales of the written rows (the
+    int8 KV cache: g = 1 a head's row).
     """
     _check_tensor("set_rows", dst=dst, src=src, ids=ids)
     _same_context("set_rows", dst, src, ids)
@@ -525,8 +527,8 @@ def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
                          f"one-dimensional")
     T, H, D = q.shape
     Hkv, _ = attention_pool_shape(k, D)
-    if k.shape != v.shape or k.shape[-1] % D or Hkv == 0 or H % Hkv or \
-            (k.ndim == 3 and k.shape[-1] != D):
+    wrong_row = k.shape[-1] != D if k.ndim == 3 else k.shape[-1] % D
+    if k.shape != v.shape or wrong_row or Hkv == 0 or H % Hkv:
         raise ValueError(f"attention: q is {q.shape}, k {k.shape}, v {v.shape}: k and v must be "
                          f"(Hkv, slots, {D}) or (slots, Hkv*{D}) with Hkv dividing H = {H}")
     for name, t, need, scales in (("k", k, "has_vec_dot", k_scales), ("v", v, "has_to_float", v_scales)):

@@ -41,8 +41,8 @@ from ggml_py.model.kv_rows import GRAPH_KV_TYPES, KVRows, kv_type
 
 class KVCache:
     """K and V rows of every layer, one row per head and cache slot: k[l], v[l] (Hkv,
-    n_ctx, D) in the cache's types (kv_rows.py: F16, F32, Q8_0, Q4_0 or int8 with k_scales / v_scales).
-    One sequence, slot = position."""
+    n_ctx, D) in the cache's types (kv_rows.py: F16, F32, Q8_0, Q4_0 or int8 with
+    k_scales / v_scales). One sequence, slot = position."""
 
     def __init__(self, n_layer, n_ctx, n_head_kv, head_dim, *, type=Type.F16, type_v=None):
         sizes = {"n_layer": n_layer, "n_ctx": n_ctx, "n_head_kv": n_head_kv, "head_dim": head_dim}
