@@ -171,10 +171,7 @@ class KVCache:
         if self.type not in GRAPH_KV_TYPES or self.type_v not in GRAPH_KV_TYPES:
             raise ValueError(f"the three-node attention reads F16 and F32 caches, not "
                              f"{self.type.name} / {self.type_v.name} (use the attention op)")
-        cache_k, cache_v, _, _ = self.rows.leaves(ctx, il, "cache")
-        cache_k = ops.set_rows(cache_k, self.rows.by_head(k), slots)   # (Hkv, n_ctx, D)
-        cache_v = ops.set_rows(cache_v, self.rows.by_head(v), slots)
-        strides = cache_k.strides
-        keys = ops.view(cache_k, (self.n_head_kv, K, D), strides)       # (Hkv, K, D)
-        values = ops.view(cache_v, (self.n_head_kv, K, D), strides)     # (Hkv, K, D)
+        kv = self.store(ctx, il, k, v, slots)                             # (Hkv, n_ctx, D)
+        keys = ops.view(kv.k, (self.n_head_kv, K, D), kv.k.strides)      # (Hkv, K, D)
+        values = ops.view(kv.v, (self.n_head_kv, K, D), kv.v.strides)    # (Hkv, K, D)
         return keys, values

@@ -156,7 +156,7 @@ class KVRows:
         elif t in (Type.F32, Type.F16):
             self.k[il][:, slots] = heads
         else:
-            self.k[il][:, slots] = quantize(np.ascontiguousarray(heads), t)
+            self.k[il][:, slots] = quantize(heads, t)
 
     def copy(self, il, src, dst):
         """Copy layer il's K and V rows (and scales) from slots src to slots dst."""
@@ -179,4 +179,4 @@ class KVRows:
             heads = rows[:, slots].astype(np.float32) * scales[:, slots][:, :, None]
         else:
             heads = dequantize(rows[:, slots], type, (self.n_head_kv, n, D))
-        return np.ascontiguousarray(heads.transpose(1, 0, 2)).reshape(n, self.n_head_kv * D)
+        return heads.transpose(1, 0, 2).reshape(n, self.n_head_kv * D)   # (a copy)
