@@ -14,7 +14,9 @@
 /* Scalar twin and SIMD kernel of a slot that has both. */
 #if defined(GGML_PY_HAVE_AVX2)
 #define SIMD(fn) fn##_avx2
-#if defined(GGML_PY_HAVE_VNNI)
+#if defined(GGML_PY_HAVE_PANEL16)
+#define SIMD_NAME "avx2+vnni+avx512"   /* and Q4_0's rows8 panel on 512-bit vectors */
+#elif defined(GGML_PY_HAVE_VNNI)
 #define SIMD_NAME "avx2+vnni"   /* the AVX2 kernels, their byte dot products in VNNI */
 #else
 #define SIMD_NAME "avx2"

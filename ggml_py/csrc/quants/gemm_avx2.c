@@ -650,6 +650,12 @@ static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, c
                             const int32_t *ysum, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     if (nr1 >= GGML_PY_PANEL_MIN_M) {
+#if defined(GGML_PY_HAVE_PANEL16)
+        if (x2) {   /* both groups in one 512-bit register */
+            ggml_py_gemm_q4_0_rows16_avx512(n, nr1, x, x2, y, by, ysum, d, d2, ldd);
+            return;
+        }
+#endif
         legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, ysum, d, ldd);
         if (x2) legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, ysum, d2, ldd);
         return;
