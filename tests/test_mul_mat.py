@@ -275,12 +275,14 @@ def test_interleave_rows8_layout():
         gg.interleave_rows8(raw.reshape(24, -1), gg.Q8_0)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 33, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 11, 33, 70])
 def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
     """Q4_0 weights given with their rows interleaved by eight (rows8) run one kernel
     over that copy at every M: registers only below M = 8 (up to four activation rows
-    per pass), the panels' chunks from M = 8. On random block bytes, rows of three groups
-    and of two panel chunks, every output equals the scalar twin's vec_dot bit for bit."""
+    per pass), the panels' chunks from M = 8 (an item's two groups in one 512-bit
+    register where the build has AVX-512 VNNI: groups 0 and 2 here; group 1 alone). On
+    random block bytes, rows of three groups and of 70 blocks (two or three panel
+    chunks), every output equals the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
     assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_0, q4_0_raw(24, 70, rng), m, rng, rows8=True)
 
