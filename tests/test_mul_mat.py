@@ -290,10 +290,11 @@ def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 33])
 @pytest.mark.parametrize("t", list(K_ROWS8), ids=lambda t: t.name)
 def test_k_quant_rows8_equal_scalar_twin_on_raw_bytes(t, m):
-    """The K-quants the same way (below M = 8 up to two activation rows a pass): on random
+    """The K-quants the same way (below M = 8 up to two activation rows a pass; from M = 8
+    the two groups in one 512-bit register where the build has AVX-512 VNNI): on random
     super-block bytes (every scale, min and value bit pattern, d and dmin finite), rows of
-    two groups and of two panel chunks, every output equals the scalar twin's vec_dot bit
-    for bit."""
+    two groups and of 17 super-blocks (three or five panel chunks), every output equals
+    the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (16, 17, K_ROWS8[t][0]), dtype=np.uint8)
     halves = raw[..., K_QUANT_HALVES[t]]

@@ -53,10 +53,6 @@ typedef void (*ggml_py_gemm_rows8_fn)(int64_t n, int nr1, const char *x, const c
 
 /* The rows8 kernel of `type`, or NULL for a type without one (all but Q4_0, Q4_K, Q5_K and Q6_K). */
 ggml_py_gemm_rows8_fn ggml_py_gemm_rows8_avx2(int type);
-/* Q4_0's rows8 kernel from GGML_PY_PANEL_MIN_M activation rows for both groups at once
- * (x2 not NULL), on 512-bit vectors: built where GGML_PY_HAVE_PANEL16 (simd.h). */
-void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
-                                     size_t by, const int32_t *ysum, float *d, float *d2, int64_t ldd);
 /* sums[b] = the sum of the 32 values of Q8_0 block b of a row of n values. */
 void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums);
 

@@ -15,7 +15,7 @@
 #if defined(GGML_PY_HAVE_AVX2)
 #define SIMD(fn) fn##_avx2
 #if defined(GGML_PY_HAVE_PANEL16)
-#define SIMD_NAME "avx2+vnni+avx512"   /* and Q4_0's rows8 panel on 512-bit vectors */
+#define SIMD_NAME "avx2+vnni+avx512"   /* and the rows8 panels on 512-bit vectors */
 #elif defined(GGML_PY_HAVE_VNNI)
 #define SIMD_NAME "avx2+vnni"   /* the AVX2 kernels, their byte dot products in VNNI */
 #else

@@ -12,6 +12,7 @@
 
 #if defined(GGML_PY_HAVE_AVX2)
 #include "quants_avx2.h"
+#include "gemm_panels.h"
 
 #define R0 GGML_PY_GEMM_R0
 #define R1 GGML_PY_GEMM_R1
@@ -694,17 +695,6 @@ static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, c
  * the mins' term is one madd per two sub-blocks. Both integer sums equal
  * vec_dot_q4_K's / vec_dot_q5_K's (exact, in any order), and their float step
  * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs. */
-#define K_PANEL_CHUNK 8   /* super-blocks interleaved at a time: 16 KiB of values */
-
-/* Interleaved super-blocks: w[64 b + 8 s + g] lane r = row r's values 4g .. 4g + 3
- * of sub-block s of super-block b; sc[8 b + s] int16 lanes 2r, 2r + 1 = row r's
- * scale of sub-block s; mn[4 b + k] lanes 2r, 2r + 1 = its mins of sub-blocks 2k
- * and 2k + 1; dx, dm[8 b + r] its d and dmin. Rows past nr0: zeros. */
-struct k_panel {
-    __m256i w[64 * K_PANEL_CHUNK], sc[8 * K_PANEL_CHUNK], mn[4 * K_PANEL_CHUNK];
-    float dx[8 * K_PANEL_CHUNK], dm[8 * K_PANEL_CHUNK];
-};
-
 /* Super-blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart, into p. */
 static void k4_interleave(int five_bits, int nr0, const char *x, size_t bx, int64_t b0, int nbc,
                           struct k_panel *p) {
@@ -802,8 +792,6 @@ INLINE void k4_panel_chunk(int five_bits, int nc, int nbc, const struct k_panel 
  * products land in the rows' own lanes; the integer sums and the float step are
  * vec_dot_q4_K's (vec_dot_q5_K's). Q5_K's fifth bits come from the qh word that lies in
  * the same lanes as the values. */
-#define K4_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_K))   /* a super-block of eight rows */
-#define K5_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q5_K))
 #define K5_ROWS8_QH 128                                    /* Q5_K's qh words */
 #define K_ROWS8_QS(five_bits) ((five_bits) ? 384 : 128)   /* the qs words */
 
@@ -876,6 +864,10 @@ INLINE void k4_rows8_interleave(int five_bits, const char *x, int64_t b0, int nb
             p->w[64 * b + 8 * (2 * (j / 8) + 1) + j % 8] = hi;
         }
     }
+}
+
+void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel *p) {
+    k4_rows8_interleave(five_bits, x, b0, nbc, p);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight Q4_K or Q5_K rows interleaved at x) against
@@ -993,14 +985,6 @@ static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
  * its own madd with the scales; the values' offset of 32 is taken off per
  * super-block through the activations' bsums, as vec_dot_q6_K does. */
 
-/* w[64 b + 8 v + g] lane r = row r's values 32v + 4g .. 32v + 4g + 3 of super-block
- * b; sc[16 b + s] int16 lanes 2r, 2r + 1 = its scale of sub-block s; sp[8 b + k]
- * lanes 2r, 2r + 1 = its scales 2k and 2k + 1; dx[8 b + r] its d. */
-struct q6_panel {
-    __m256i w[64 * K_PANEL_CHUNK], sc[16 * K_PANEL_CHUNK], sp[8 * K_PANEL_CHUNK];
-    float dx[8 * K_PANEL_CHUNK];
-};
-
 static void q6_K_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, struct q6_panel *p) {
     int16_t *sc = (int16_t *) p->sc, *sp = (int16_t *) p->sp;
     for (int r = 0; r < GGML_PY_PANEL_ROWS; r++) {
@@ -1082,7 +1066,6 @@ INLINE void q6_K_panel_chunk(int nc, int nbc, const struct q6_panel *p, const ch
  * them come out in each row's lane, and a sub-block's int8 scale reaches its row's
  * lanes by one byte shuffle (into the high byte of an int16, then an arithmetic shift:
  * sign-extended). The integer sums and the float step are the panel's (vec_dot_q6_K's). */
-#define Q6_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q6_K))   /* a super-block of eight rows */
 #define Q6_ROWS8_D 128                                     /* the eight d */
 #define Q6_ROWS8_VALUES 144                                /* the value words, 96 bytes a group */
 
@@ -1137,6 +1120,10 @@ INLINE void q6_rows8_interleave(const char *x, int64_t b0, int nbc, struct q6_pa
             }
         }
     }
+}
+
+void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel *p) {
+    q6_rows8_interleave(x, b0, nbc, p);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight rows interleaved at x) against nr1
@@ -1236,6 +1223,13 @@ INLINE void gemm_k_rows8(int kind, int64_t n, int nr1, const char *x, const char
                          size_t by, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
     if (nr1 >= GGML_PY_PANEL_MIN_M) {
+#if defined(GGML_PY_HAVE_PANEL16)
+        if (x2) {   /* both groups in one 512-bit register */
+            if (kind == K_ROWS8_Q6) ggml_py_gemm_q6_K_rows16_avx512(n, nr1, x, x2, y, by, d, d2, ldd);
+            else ggml_py_gemm_k4_rows16_avx512(kind, n, nr1, x, x2, y, by, d, d2, ldd);
+            return;
+        }
+#endif
         k_rows8_panel(kind, n, nr1, x, y, by, d, ldd);
         if (x2) k_rows8_panel(kind, n, nr1, x2, y, by, d2, ldd);
         return;

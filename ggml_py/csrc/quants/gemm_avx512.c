@@ -1,24 +1,57 @@
-/* gemm_avx512.c - the Q4_0 rows8 panel on 512-bit vectors: an item's two groups of
- * eight interleaved rows (mul_mat.c's compute_rows8: x and x2) in one register.
+/* gemm_avx512.c - the rows8 panels on 512-bit vectors: an item's two groups of eight
+ * interleaved rows (mul_mat.c's compute_rows8: x and x2) in one register, for Q4_0, Q4_K,
+ * Q5_K and Q6_K.
  *
  * From GGML_PY_PANEL_MIN_M activation rows a panel's work is byte products: four
  * activation bytes broadcast to a vector meet every row in its lanes. In a 256-bit
  * register they meet eight rows, here sixteen, which halves the broadcasts, loads and
- * float steps per product (docs/batching.md has the figures). Lanes 0 .. 7 are x's
- * rows, 8 .. 15 x2's, and each lane runs the eight-row panel's steps in its order
- * (gemm_avx2.c, legacy_panel): equal to vec_dot bit for bit. */
+ * float steps per product (docs/quants.md has the figures). Lanes 0 .. 7 are x's rows,
+ * 8 .. 15 x2's. Each lane's integer sums are the exact sums of the 256-bit panels
+ * (gemm_avx2.c), and its float steps theirs in their order: equal to vec_dot bit for
+ * bit. The byte products are VNNI's, into int32 lanes: the K-quants' sub-block sums
+ * then take their scale by one multiply, where the 256-bit panels sum products in int16
+ * and multiply by the scales in a madd. */
 #include "quants_impl.h"
 #include "simd.h"
 #include "mul_mat.h"
 
 #if defined(GGML_PY_HAVE_PANEL16)
-#include <immintrin.h>
+#include "gemm_panels.h"
 
 #define INLINE static inline __attribute__((always_inline))
 
+#define COLS 4        /* activation rows run together: two chains each, eight in flight */
+#define K16_CHUNK 4   /* K-quant super-blocks at a time: 20 KiB side by side, in L1 */
+
+INLINE __m512i side_by_side(__m256i a, __m256i b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+INLINE __m512 side_by_side_ps(const float *a, const float *b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(a)), _mm256_load_ps(b), 1);
+}
+
+/* The next chunk's bytes (a block of each group) asked for while this one is computed:
+ * the unpacking reads a chunk in one burst, which the hardware prefetchers alone did not
+ * keep fed. */
+INLINE void prefetch_blocks(const char *next, const char *next2, size_t bytes) {
+    for (size_t l = 0; l < bytes; l += 64) {
+        _mm_prefetch(next + l, _MM_HINT_T0);
+        _mm_prefetch(next2 + l, _MM_HINT_T0);
+    }
+}
+
+/* d[c * ldd + i] = lane i of acc[c], d2[c * ldd + i] lane 8 + i, for nr1 activation rows */
+INLINE void store_rows16(const __m512 *acc, int nr1, float *d, float *d2, int64_t ldd) {
+    for (int c = 0; c < nr1; c++) {
+        _mm256_storeu_ps(d + c * ldd, _mm512_castps512_ps256(acc[c]));
+        _mm256_storeu_ps(d2 + c * ldd, _mm512_extractf32x8_ps(acc[c], 1));
+    }
+}
+
+/* ---- Q4_0 ---- */
 #define BLOCK8 (8 * sizeof(ggml_py_block_q4_0))   /* a block of eight interleaved rows */
 #define CHUNK 32   /* blocks unpacked at a time: 16 KiB of values, in L1 */
-#define COLS 4     /* activation rows run together: two chains each, eight in flight */
 
 /* Blocks [b0, b0 + nbc) of the two groups: w[8 b + g] = x's, then x2's, values
  * 4g .. 4g + 3 of their rows (0 .. 15), dx[b] their scales. The layout is
@@ -40,12 +73,6 @@ INLINE void unpack(const char *x, const char *x2, int64_t b0, int nbc, __m512i *
     }
 }
 
-/* The same bytes of the next chunk asked for while this one is computed: the unpacking
- * reads a chunk in one burst, which the hardware prefetchers alone did not keep fed. */
-INLINE void prefetch_block(const char *xb) {
-    for (size_t l = 0; l < BLOCK8; l += 64) _mm_prefetch(xb + l, _MM_HINT_T0);
-}
-
 /* acc[c] += the unpacked blocks [0, nbc) against activation rows c < nc (y: their
  * block b0, by apart; ysum: their block sums, nb apart); next, next2: the groups'
  * bytes to ask for, a block per block (NULL: none). */
@@ -54,10 +81,7 @@ INLINE void chunk(int nc, int nbc, const __m512i *w, const __m512 *dx, const cha
     __m512 a[COLS];
     for (int c = 0; c < nc; c++) a[c] = acc[c];
     for (int b = 0; b < nbc; b++) {
-        if (next) {
-            prefetch_block(next + b * BLOCK8);
-            prefetch_block(next2 + b * BLOCK8);
-        }
+        if (next) prefetch_blocks(next + b * BLOCK8, next2 + b * BLOCK8, BLOCK8);
         __m512i even[COLS], odd[COLS];
         for (int c = 0; c < nc; c++) {
             even[c] = _mm512_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
@@ -101,10 +125,183 @@ void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const ch
             else chunk(nr1 - c, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2);
         }
     }
-    for (int c = 0; c < nr1; c++) {
-        _mm256_storeu_ps(d + c * ldd, _mm512_castps512_ps256(acc[c]));
-        _mm256_storeu_ps(d2 + c * ldd, _mm512_extractf32x8_ps(acc[c], 1));
+    store_rows16(acc, nr1, d, d2, ldd);
+}
+
+/* ---- Q4_K / Q5_K ----
+ *
+ * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack), the two
+ * put side by side, then gemm_avx2.c's k4_panel_chunk on sixteen rows. */
+struct k_panel16 {
+    __m512i w[64 * K16_CHUNK], sc[8 * K16_CHUNK], mn[4 * K16_CHUNK];
+    __m512 dx[K16_CHUNK], dm[K16_CHUNK];
+};
+
+/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p. */
+static void k4_rows16_interleave(int five_bits, const char *x, const char *x2, int64_t b0, int nbc,
+                                 struct k_panel *p0, struct k_panel *p1, struct k_panel16 *p) {
+    ggml_py_k4_rows8_unpack(five_bits, x, b0, nbc, p0);
+    ggml_py_k4_rows8_unpack(five_bits, x2, b0, nbc, p1);
+    for (int i = 0; i < 64 * nbc; i++) p->w[i] = side_by_side(p0->w[i], p1->w[i]);
+    for (int i = 0; i < 8 * nbc; i++) p->sc[i] = side_by_side(p0->sc[i], p1->sc[i]);
+    for (int i = 0; i < 4 * nbc; i++) p->mn[i] = side_by_side(p0->mn[i], p1->mn[i]);
+    for (int b = 0; b < nbc; b++) {
+        p->dx[b] = side_by_side_ps(p0->dx + 8 * b, p1->dx + 8 * b);
+        p->dm[b] = side_by_side_ps(p0->dm + 8 * b, p1->dm + 8 * b);
     }
 }
 
+/* acc[c] += the unpacked super-blocks [0, nbc) against activation rows c < nc (y: their
+ * super-block b0, by apart): gemm_avx2.c's k4_panel_chunk on sixteen rows, each
+ * sub-block's sum exact in int32 lanes (VNNI) times its row's scale (the int16 copy in
+ * the lane's low half); next, next2: as Q4_0's chunk's, `block` bytes a super-block. */
+INLINE void k4_panel16_chunk(int nc, int nbc, const struct k_panel16 *p, const char *y, size_t by, __m512 *acc,
+                             const char *next, const char *next2, size_t block) {
+    __m512 a[COLS];
+    for (int c = 0; c < nc; c++) a[c] = acc[c];
+    for (int b = 0; b < nbc; b++) {
+        if (next) prefetch_blocks(next + b * block, next2 + b * block, block);
+        __m512i isum[COLS];
+        for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; s++) {
+            /* the sub-block's exact sum in int32 lanes (VNNI), times the row's scale */
+            const __m512i sc = _mm512_and_si512(_mm512_load_si512(p->sc + 8 * b + s), _mm512_set1_epi32(0xFFFF));
+            __m512i even[COLS], odd[COLS];
+            for (int c = 0; c < nc; c++) even[c] = odd[c] = _mm512_setzero_si512();
+            for (int g = 0; g < 8; g += 2) {
+                const __m512i w0 = _mm512_load_si512(p->w + 64 * b + 8 * s + g);
+                const __m512i w1 = _mm512_load_si512(p->w + 64 * b + 8 * s + g + 1);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 32 * s + 4 * g;
+                    int32_t y0, y1;
+                    memcpy(&y0, qs, 4);
+                    memcpy(&y1, qs + 4, 4);
+                    even[c] = _mm512_dpbusd_epi32(even[c], w0, _mm512_set1_epi32(y0));
+                    odd[c] = _mm512_dpbusd_epi32(odd[c], w1, _mm512_set1_epi32(y1));
+                }
+            }
+            for (int c = 0; c < nc; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(even[c], odd[c]), sc));
+        }
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
+            const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *) yb->bsums),
+                                                 _mm_loadu_si128((const __m128i *) (yb->bsums + 8)));
+            const __m512i pp = _mm512_broadcast_i32x4(pairs);
+            __m512i msum = _mm512_madd_epi16(_mm512_load_si512(p->mn + 4 * b), _mm512_shuffle_epi32(pp, 0x00));
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(p->mn + 4 * b + 1), _mm512_shuffle_epi32(pp, 0x55)));
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(p->mn + 4 * b + 2), _mm512_shuffle_epi32(pp, 0xAA)));
+            msum = _mm512_add_epi32(msum, _mm512_madd_epi16(_mm512_load_si512(p->mn + 4 * b + 3), _mm512_shuffle_epi32(pp, 0xFF)));
+            const __m512 dy = _mm512_set1_ps(yb->d);
+            const __m512 d = _mm512_mul_ps(p->dx[b], dy), dmin = _mm512_mul_ps(p->dm[b], dy);
+            const __m512 t = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(isum[c])),
+                                           _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum)));
+            a[c] = _mm512_add_ps(a[c], t);
+        }
+    }
+    for (int c = 0; c < nc; c++) acc[c] = a[c];
+}
+
+void ggml_py_gemm_k4_rows16_avx512(int five_bits, int64_t n, int nr1, const char *x, const char *x2,
+                                   const char *y, size_t by, float *d, float *d2, int64_t ldd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    _Alignas(64) struct k_panel p0, p1;
+    _Alignas(64) struct k_panel16 p;
+    __m512 acc[GGML_PY_PANEL_COLS];
+    for (int c = 0; c < nr1; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += K16_CHUNK) {
+        const int nbc = (int) GGML_PY_MIN(K16_CHUNK, nb - b0);
+        k4_rows16_interleave(five_bits, x, x2, b0, nbc, &p0, &p1, &p);
+        const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
+        const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
+        const char *next = x + (b0 + K16_CHUNK) * block, *next2 = x2 + (b0 + K16_CHUNK) * block;
+        for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
+            if (c + COLS <= nr1) k4_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
+            else k4_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
+        }
+    }
+    store_rows16(acc, nr1, d, d2, ldd);
+}
+
+/* ---- Q6_K: as Q4_K's (gemm_avx2.c's q6_K_panel_chunk) ---- */
+struct q6_panel16 {
+    __m512i w[64 * K16_CHUNK], sc[16 * K16_CHUNK], sp[8 * K16_CHUNK];
+    __m512 dx[K16_CHUNK];
+};
+
+/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p. */
+static void q6_rows16_interleave(const char *x, const char *x2, int64_t b0, int nbc, struct q6_panel *p0,
+                                 struct q6_panel *p1, struct q6_panel16 *p) {
+    ggml_py_q6_rows8_unpack(x, b0, nbc, p0);
+    ggml_py_q6_rows8_unpack(x2, b0, nbc, p1);
+    for (int i = 0; i < 64 * nbc; i++) p->w[i] = side_by_side(p0->w[i], p1->w[i]);
+    for (int i = 0; i < 16 * nbc; i++) p->sc[i] = side_by_side(p0->sc[i], p1->sc[i]);
+    for (int i = 0; i < 8 * nbc; i++) p->sp[i] = side_by_side(p0->sp[i], p1->sp[i]);
+    for (int b = 0; b < nbc; b++) p->dx[b] = side_by_side_ps(p0->dx + 8 * b, p1->dx + 8 * b);
+}
+
+/* gemm_avx2.c's q6_K_panel_chunk on sixteen rows, each sub-block's sum exact in int32
+ * lanes (VNNI) times its row's scale (the int16 copy in the lane's high half,
+ * sign-extended); next, next2: as Q4_K's */
+INLINE void q6_panel16_chunk(int nc, int nbc, const struct q6_panel16 *p, const char *y, size_t by, __m512 *acc,
+                             const char *next, const char *next2) {
+    __m512 a[COLS];
+    for (int c = 0; c < nc; c++) a[c] = acc[c];
+    for (int b = 0; b < nbc; b++) {
+        if (next) prefetch_blocks(next + b * Q6_ROWS8_BLOCK, next2 + b * Q6_ROWS8_BLOCK, Q6_ROWS8_BLOCK);
+        __m512i isum[COLS];
+        for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
+        for (int s = 0; s < 16; s++) {   /* sub-blocks of 16 values: four groups */
+            const __m512i sc = _mm512_srai_epi32(_mm512_load_si512(p->sc + 16 * b + s), 16);
+            const __m512i *w = p->w + 64 * b + 4 * s;
+            __m512i even[COLS], odd[COLS];
+            for (int c = 0; c < nc; c++) even[c] = odd[c] = _mm512_setzero_si512();
+            for (int g = 0; g < 4; g += 2) {
+                const __m512i w0 = _mm512_load_si512(w + g), w1 = _mm512_load_si512(w + g + 1);
+                for (int c = 0; c < nc; c++) {
+                    const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 16 * s + 4 * g;
+                    int32_t y0, y1;
+                    memcpy(&y0, qs, 4);
+                    memcpy(&y1, qs + 4, 4);
+                    even[c] = _mm512_dpbusd_epi32(even[c], w0, _mm512_set1_epi32(y0));
+                    odd[c] = _mm512_dpbusd_epi32(odd[c], w1, _mm512_set1_epi32(y1));
+                }
+            }
+            for (int c = 0; c < nc; c++)
+                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(even[c], odd[c]), sc));
+        }
+        for (int c = 0; c < nc; c++) {
+            const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
+            __m512i off = _mm512_setzero_si512();
+            for (int k = 0; k < 8; k++) {
+                int32_t pair;
+                memcpy(&pair, yb->bsums + 2 * k, 4);
+                off = _mm512_add_epi32(off, _mm512_madd_epi16(_mm512_load_si512(p->sp + 8 * b + k), _mm512_set1_epi32(pair)));
+            }
+            const __m512i is = _mm512_sub_epi32(isum[c], _mm512_slli_epi32(off, 5));
+            a[c] = _mm512_add_ps(a[c], _mm512_mul_ps(_mm512_mul_ps(p->dx[b], _mm512_set1_ps(yb->d)), _mm512_cvtepi32_ps(is)));
+        }
+    }
+    for (int c = 0; c < nc; c++) acc[c] = a[c];
+}
+
+void ggml_py_gemm_q6_K_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
+                                     size_t by, float *d, float *d2, int64_t ldd) {
+    const int64_t nb = n / GGML_PY_QK_K;
+    _Alignas(64) struct q6_panel p0, p1;
+    _Alignas(64) struct q6_panel16 p;
+    __m512 acc[GGML_PY_PANEL_COLS];
+    for (int c = 0; c < nr1; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += K16_CHUNK) {
+        const int nbc = (int) GGML_PY_MIN(K16_CHUNK, nb - b0);
+        q6_rows16_interleave(x, x2, b0, nbc, &p0, &p1, &p);
+        const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
+        const char *next = x + (b0 + K16_CHUNK) * Q6_ROWS8_BLOCK, *next2 = x2 + (b0 + K16_CHUNK) * Q6_ROWS8_BLOCK;
+        for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
+            if (c + COLS <= nr1) q6_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2);
+            else q6_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2);
+        }
+    }
+    store_rows16(acc, nr1, d, d2, ldd);
+}
 #endif
