@@ -275,7 +275,7 @@ def test_interleave_rows8_layout():
         gg.interleave_rows8(raw.reshape(24, -1), gg.Q8_0)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 11, 33, 70])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 33, 70])
 def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
     """Q4_0 weights given with their rows interleaved by eight (rows8) run one kernel
     over that copy at every M: registers only below M = 8 (up to four activation rows
@@ -287,16 +287,16 @@ def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
     assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_0, q4_0_raw(24, 70, rng), m, rng, rows8=True)
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 33])
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8, 9, 10, 11, 33])
 @pytest.mark.parametrize("t", list(K_ROWS8), ids=lambda t: t.name)
 def test_k_quant_rows8_equal_scalar_twin_on_raw_bytes(t, m):
     """The K-quants the same way (below M = 8 up to two activation rows a pass; from M = 8
-    the two groups in one 512-bit register where the build has AVX-512 VNNI): on random
-    super-block bytes (every scale, min and value bit pattern, d and dmin finite), rows of
-    two groups and of 17 super-blocks (three or five panel chunks), every output equals
-    the scalar twin's vec_dot bit for bit."""
+    an item's two groups in one 512-bit register where the build has AVX-512 VNNI: groups
+    0 and 2 here; group 1 alone): on random super-block bytes (every scale, min and value
+    bit pattern, d and dmin finite), rows of three groups and of 17 super-blocks (three or
+    five panel chunks), every output equals the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
-    raw = rng.integers(0, 256, (16, 17, K_ROWS8[t][0]), dtype=np.uint8)
+    raw = rng.integers(0, 256, (24, 17, K_ROWS8[t][0]), dtype=np.uint8)
     halves = raw[..., K_QUANT_HALVES[t]]
     halves.view(np.float16)[...] = rng.uniform(-2, 2, halves.shape[:-1] + (halves.shape[-1] // 2,))
     assert_cpu_equals_scalar_twin_on_raw_bytes(t, raw, m, rng, rows8=True)

@@ -52,9 +52,11 @@ static inline __m256 ggml_py_exp_ps(__m256 x) {
 #define GGML_PY_HAVE_AVX512 1
 #endif
 
-/* the rows8 panels on 512-bit vectors (gemm_avx512.c): byte dot products (VNNI), byte and
- * word operations (BW) and 256-bit halves (DQ) on them */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__AVX512DQ__)
+/* the rows8 panels on 512-bit vectors (gemm_avx512.c), beside the AVX2 kernels whose
+ * unpacking they share: byte dot products (VNNI), byte and word operations (BW) and
+ * 256-bit halves (DQ) on them */
+#if defined(GGML_PY_HAVE_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && \
+    defined(__AVX512DQ__)
 #define GGML_PY_HAVE_PANEL16 1
 #endif
 

@@ -694,7 +694,9 @@ static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, c
  * one madd with the rows' scales of that sub-block turns them into int32 sums;
  * the mins' term is one madd per two sub-blocks. Both integer sums equal
  * vec_dot_q4_K's / vec_dot_q5_K's (exact, in any order), and their float step
- * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs. */
+ * then runs for the eight rows in vec_dot's order: acc += d dy isum - dmin dy summs.
+ * The unpacked layout (struct k_panel) is in gemm_panels.h, which the 512-bit panels share. */
+
 /* Super-blocks [b0, b0 + nbc) of nr0 <= 8 rows, bx apart, into p. */
 static void k4_interleave(int five_bits, int nr0, const char *x, size_t bx, int64_t b0, int nbc,
                           struct k_panel *p) {
@@ -983,7 +985,8 @@ static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t b
  * As Q4_K's, with sixteen sub-blocks of 16 values and int8 scales: values < 64
  * leave room in int16 for two groups' products only, so each half sub-block takes
  * its own madd with the scales; the values' offset of 32 is taken off per
- * super-block through the activations' bsums, as vec_dot_q6_K does. */
+ * super-block through the activations' bsums, as vec_dot_q6_K does. The unpacked
+ * layout (struct q6_panel) is in gemm_panels.h. */
 
 static void q6_K_interleave(int nr0, const char *x, size_t bx, int64_t b0, int nbc, struct q6_panel *p) {
     int16_t *sc = (int16_t *) p->sc, *sp = (int16_t *) p->sp;

@@ -21,7 +21,8 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define COLS 4        /* activation rows run together: two chains each, eight in flight */
-#define K16_CHUNK 4   /* K-quant super-blocks at a time: 20 KiB side by side, in L1 */
+#define K16_CHUNK 4   /* K-quant super-blocks at a time: the groups' 256-bit panels (~40 KiB), then
+                        * their side-by-side copy (~20 KiB) */
 
 INLINE __m512i side_by_side(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
@@ -118,7 +119,7 @@ void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const ch
         const int nbc = (int) GGML_PY_MIN(CHUNK, nb - b0);
         unpack(x, x2, b0, nbc, w, dx);
         /* past the last chunk: the next group's first, which a thread taking items in turn reads next */
-        const char *next = x + (b0 + CHUNK) * BLOCK8, *next2 = x2 + (b0 + CHUNK) * BLOCK8;
+        const char *next = x + (b0 + nbc) * BLOCK8, *next2 = x2 + (b0 + nbc) * BLOCK8;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
             const char *yc = y + c * by + b0 * sizeof(ggml_py_block_q8_0);
             if (c + COLS <= nr1) chunk(COLS, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2);
@@ -214,7 +215,7 @@ void ggml_py_gemm_k4_rows16_avx512(int five_bits, int64_t n, int nr1, const char
         k4_rows16_interleave(five_bits, x, x2, b0, nbc, &p0, &p1, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
-        const char *next = x + (b0 + K16_CHUNK) * block, *next2 = x2 + (b0 + K16_CHUNK) * block;
+        const char *next = x + (b0 + nbc) * block, *next2 = x2 + (b0 + nbc) * block;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
             if (c + COLS <= nr1) k4_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
             else k4_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
@@ -296,7 +297,7 @@ void ggml_py_gemm_q6_K_rows16_avx512(int64_t n, int nr1, const char *x, const ch
         const int nbc = (int) GGML_PY_MIN(K16_CHUNK, nb - b0);
         q6_rows16_interleave(x, x2, b0, nbc, &p0, &p1, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
-        const char *next = x + (b0 + K16_CHUNK) * Q6_ROWS8_BLOCK, *next2 = x2 + (b0 + K16_CHUNK) * Q6_ROWS8_BLOCK;
+        const char *next = x + (b0 + nbc) * Q6_ROWS8_BLOCK, *next2 = x2 + (b0 + nbc) * Q6_ROWS8_BLOCK;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
             if (c + COLS <= nr1) q6_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2);
             else q6_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2);
