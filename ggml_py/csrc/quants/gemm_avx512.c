@@ -129,6 +129,31 @@ void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const ch
     store_rows16(acc, nr1, d, d2, ldd);
 }
 
+/* ---- the K-quants ----
+ *
+ * isum[c] += sc * (the exact sum of ng groups of four values, w[g] lanes r: row r's
+ * values, against activation row c's bytes from `at` of its Q8_K block b; y: their
+ * blocks, by apart): one sub-block's products by VNNI into int32 lanes, in two chains,
+ * times each row's scale. */
+INLINE void add_scaled_sub_block(int nc, int ng, const __m512i *w, __m512i sc, const char *y, size_t by,
+                                 int64_t b, int at, __m512i *isum) {
+    __m512i even[COLS], odd[COLS];
+    for (int c = 0; c < nc; c++) even[c] = odd[c] = _mm512_setzero_si512();
+    for (int g = 0; g < ng; g += 2) {
+        const __m512i w0 = _mm512_load_si512(w + g), w1 = _mm512_load_si512(w + g + 1);
+        for (int c = 0; c < nc; c++) {
+            const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + at + 4 * g;
+            int32_t y0, y1;
+            memcpy(&y0, qs, 4);
+            memcpy(&y1, qs + 4, 4);
+            even[c] = _mm512_dpbusd_epi32(even[c], w0, _mm512_set1_epi32(y0));
+            odd[c] = _mm512_dpbusd_epi32(odd[c], w1, _mm512_set1_epi32(y1));
+        }
+    }
+    for (int c = 0; c < nc; c++)
+        isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(even[c], odd[c]), sc));
+}
+
 /* ---- Q4_K / Q5_K ----
  *
  * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack), the two
@@ -154,8 +179,8 @@ static void k4_rows16_interleave(int five_bits, const char *x, const char *x2, i
 
 /* acc[c] += the unpacked super-blocks [0, nbc) against activation rows c < nc (y: their
  * super-block b0, by apart): gemm_avx2.c's k4_panel_chunk on sixteen rows, each
- * sub-block's sum exact in int32 lanes (VNNI) times its row's scale (the int16 copy in
- * the lane's low half); next, next2: as Q4_0's chunk's, `block` bytes a super-block. */
+ * sub-block's sum by add_scaled_sub_block; next, next2: as Q4_0's chunk's, `block` bytes a
+ * super-block. */
 INLINE void k4_panel16_chunk(int nc, int nbc, const struct k_panel16 *p, const char *y, size_t by, __m512 *acc,
                              const char *next, const char *next2, size_t block) {
     __m512 a[COLS];
@@ -164,25 +189,9 @@ INLINE void k4_panel16_chunk(int nc, int nbc, const struct k_panel16 *p, const c
         if (next) prefetch_blocks(next + b * block, next2 + b * block, block);
         __m512i isum[COLS];
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
-        for (int s = 0; s < 8; s++) {
-            /* the sub-block's exact sum in int32 lanes (VNNI), times the row's scale */
+        for (int s = 0; s < 8; s++) {   /* the scale: the int16 copy in the lane's low half */
             const __m512i sc = _mm512_and_si512(_mm512_load_si512(p->sc + 8 * b + s), _mm512_set1_epi32(0xFFFF));
-            __m512i even[COLS], odd[COLS];
-            for (int c = 0; c < nc; c++) even[c] = odd[c] = _mm512_setzero_si512();
-            for (int g = 0; g < 8; g += 2) {
-                const __m512i w0 = _mm512_load_si512(p->w + 64 * b + 8 * s + g);
-                const __m512i w1 = _mm512_load_si512(p->w + 64 * b + 8 * s + g + 1);
-                for (int c = 0; c < nc; c++) {
-                    const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 32 * s + 4 * g;
-                    int32_t y0, y1;
-                    memcpy(&y0, qs, 4);
-                    memcpy(&y1, qs + 4, 4);
-                    even[c] = _mm512_dpbusd_epi32(even[c], w0, _mm512_set1_epi32(y0));
-                    odd[c] = _mm512_dpbusd_epi32(odd[c], w1, _mm512_set1_epi32(y1));
-                }
-            }
-            for (int c = 0; c < nc; c++)
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(even[c], odd[c]), sc));
+            add_scaled_sub_block(nc, 8, p->w + 64 * b + 8 * s, sc, y, by, b, 32 * s, isum);
         }
         for (int c = 0; c < nc; c++) {
             const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
@@ -241,9 +250,9 @@ static void q6_rows16_interleave(const char *x, const char *x2, int64_t b0, int 
     for (int b = 0; b < nbc; b++) p->dx[b] = side_by_side_ps(p0->dx + 8 * b, p1->dx + 8 * b);
 }
 
-/* gemm_avx2.c's q6_K_panel_chunk on sixteen rows, each sub-block's sum exact in int32
- * lanes (VNNI) times its row's scale (the int16 copy in the lane's high half,
- * sign-extended); next, next2: as Q4_K's */
+/* gemm_avx2.c's q6_K_panel_chunk on sixteen rows, each sub-block's sum by
+ * add_scaled_sub_block (the scale: the int16 copy in the lane's high half, sign-extended);
+ * next, next2: as Q4_K's */
 INLINE void q6_panel16_chunk(int nc, int nbc, const struct q6_panel16 *p, const char *y, size_t by, __m512 *acc,
                              const char *next, const char *next2) {
     __m512 a[COLS];
@@ -254,22 +263,7 @@ INLINE void q6_panel16_chunk(int nc, int nbc, const struct q6_panel16 *p, const 
         for (int c = 0; c < nc; c++) isum[c] = _mm512_setzero_si512();
         for (int s = 0; s < 16; s++) {   /* sub-blocks of 16 values: four groups */
             const __m512i sc = _mm512_srai_epi32(_mm512_load_si512(p->sc + 16 * b + s), 16);
-            const __m512i *w = p->w + 64 * b + 4 * s;
-            __m512i even[COLS], odd[COLS];
-            for (int c = 0; c < nc; c++) even[c] = odd[c] = _mm512_setzero_si512();
-            for (int g = 0; g < 4; g += 2) {
-                const __m512i w0 = _mm512_load_si512(w + g), w1 = _mm512_load_si512(w + g + 1);
-                for (int c = 0; c < nc; c++) {
-                    const int8_t *qs = ((const ggml_py_block_q8_K *) (y + c * by) + b)->qs + 16 * s + 4 * g;
-                    int32_t y0, y1;
-                    memcpy(&y0, qs, 4);
-                    memcpy(&y1, qs + 4, 4);
-                    even[c] = _mm512_dpbusd_epi32(even[c], w0, _mm512_set1_epi32(y0));
-                    odd[c] = _mm512_dpbusd_epi32(odd[c], w1, _mm512_set1_epi32(y1));
-                }
-            }
-            for (int c = 0; c < nc; c++)
-                isum[c] = _mm512_add_epi32(isum[c], _mm512_mullo_epi32(_mm512_add_epi32(even[c], odd[c]), sc));
+            add_scaled_sub_block(nc, 4, p->w + 64 * b + 4 * s, sc, y, by, b, 16 * s, isum);
         }
         for (int c = 0; c < nc; c++) {
             const ggml_py_block_q8_K *yb = (const ggml_py_block_q8_K *) (y + c * by) + b;
