@@ -1,10 +1,11 @@
 /* attn_avx2.c - AVX2 attention kernels: the operations of attn_ref.c's twins on
- * eight lanes, tiled so that a key row is read once for four query rows and a value row
+ * eight lanes, tiled so that a key row is read once for two query rows and a value row
  * once for four rows of scores.
  *
- * scores: 4 rows x 2 keys (8 accumulators), every row tile against a pair of keys before
- *         the next pair (a key row comes from memory once, not once per row tile), then
- *         1 row x 8 keys for the last rows; the eight accumulators are summed by one
+ * scores: 2 rows x 4 keys (8 accumulators), every row tile against four keys before
+ *         the next four (a key row comes from memory once, not once per row tile; a row's
+ *         four scores stored side by side, as the score buffer's rows lie far apart), then
+ *         1 row x 8 keys for an odd last row; the eight accumulators are summed by one
  *         transposing reduction whose lane i is tree8 of accumulator i (attn.h), so a
  *         (row, key) score has the same bits in either tile. Quantized keys: the integer
  *         dot of each 32-value block (VNNI where the build targets it), K values in
@@ -47,16 +48,16 @@ static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, in
     for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
 }
 
-/* Keys j and j + 1 of the list at j0 (nk keys) into k0, k1 (k1 = k0 past the end), the pair
- * PREFETCH keys on asked for; whether there are two. The 4-row x 2-key tiles' step. */
-static inline int key_pair(const struct ggml_py_attn_rows *k, int64_t j0, int64_t j, int64_t nk,
-                           const char **k0, const char **k1) {
-    const int two = j + 1 < nk;
-    *k0 = ggml_py_attn_row(k, j0 + j);
-    *k1 = two ? ggml_py_attn_row(k, j0 + j + 1) : *k0;
-    prefetch_row(k, j0 + j + PREFETCH, j0 + nk);
-    prefetch_row(k, j0 + j + PREFETCH + 1, j0 + nk);
-    return two;
+/* Keys j .. j + 3 of the list at j0 (nk keys) into k4 (the first again past the end), the
+ * four PREFETCH keys on asked for; how many there are. The 2-row x 4-key tiles' step. */
+static inline int key_quad(const struct ggml_py_attn_rows *k, int64_t j0, int64_t j, int64_t nk,
+                           const char *k4[4]) {
+    const int n4 = (int) GGML_PY_MIN(4, nk - j);
+    for (int c = 0; c < 4; c++) {
+        k4[c] = ggml_py_attn_row(k, j0 + j + (c < n4 ? c : 0));
+        prefetch_row(k, j0 + j + PREFETCH + c, j0 + nk);
+    }
+    return n4;
 }
 
 /* fn(D, ...) with D a constant for the usual head sizes, so that the compiler unrolls the
@@ -116,24 +117,17 @@ static inline float at_f16(const char *row, int64_t d) {
         }                                                                                      \
     } while (0)
 
-/* 4 rows x 2 keys of scores s (lane 2i + k: row i, key k), two adjacent scores a row */
-static inline void store_scores_4x2(__m256 s, float *S, int64_t lds, int two) {
-    const __m128 lo = _mm256_castps256_ps128(s), hi = _mm256_extractf128_ps(s, 1);
-    if (two) {
-        _mm_storel_pi((__m64 *) S, lo);
-        _mm_storeh_pi((__m64 *) (S + lds), lo);
-        _mm_storel_pi((__m64 *) (S + 2 * lds), hi);
-        _mm_storeh_pi((__m64 *) (S + 3 * lds), hi);
+/* 2 rows x 4 keys of scores s (lane 4i + c: row i, key c), n4 keys stored, four adjacent
+ * scores a row (rows of a long buffer lie far apart: whole vectors, not pairs) */
+static inline void store_2x4(__m256 s, float *S, int64_t lds, int n4) {
+    if (n4 == 4) {
+        _mm_storeu_ps(S, _mm256_castps256_ps128(s));
+        _mm_storeu_ps(S + lds, _mm256_extractf128_ps(s, 1));
     } else {
         float s8[8];
         _mm256_storeu_ps(s8, s);
-        for (int i = 0; i < 4; i++) S[i * lds] = s8[2 * i];
+        for (int c = 0; c < n4; c++) S[c] = s8[c], S[lds + c] = s8[4 + c];
     }
-}
-
-/* the same from the accumulators without a tail (D % 8 == 0) */
-static inline void store_4x2(const __m256 acc[8], float scale, float *S, int64_t lds, int two) {
-    store_scores_4x2(_mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), S, lds, two);
 }
 
 /* 1 row x 8 keys, n8 of them stored */
@@ -154,41 +148,40 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
                  const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,                      \
                  float *S, int64_t lds, float scale) {                                           \
     const int64_t D8 = D & ~(int64_t) 7;                                                        \
-    const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
-    for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
-        const char *k0, *k1;                                                                    \
-        const int two = key_pair(k, j0, j, nk, &k0, &k1);                                       \
-        for (int64_t r = 0; r < nr4; r += 4) {                                                  \
-            const float *q4[4];                                                                 \
-            for (int i = 0; i < 4; i++) q4[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
+    const int64_t nr2 = nr & ~(int64_t) 1;                                                      \
+    for (int64_t j = 0; nr2 > 0 && j < nk; j += 4) {   /* keys outer: each read once */         \
+        const char *k4[4];                                                                      \
+        const int n4 = key_quad(k, j0, j, nk, k4);                                              \
+        for (int64_t r = 0; r < nr2; r += 2) {                                                  \
+            const float *q2[2];                                                                 \
+            for (int i = 0; i < 2; i++) q2[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t d = 0; d < D8; d += 8) {                                               \
-                const __m256 kv0 = LOAD8(k0, d), kv1 = LOAD8(k1, d);                            \
-                for (int i = 0; i < 4; i++) {                                                   \
-                    const __m256 qv = _mm256_loadu_ps(q4[i] + d);                               \
-                    acc[2 * i] = _mm256_fmadd_ps(qv, kv0, acc[2 * i]);                          \
-                    acc[2 * i + 1] = _mm256_fmadd_ps(qv, kv1, acc[2 * i + 1]);                  \
+                __m256 kv[4];                                                                   \
+                for (int c = 0; c < 4; c++) kv[c] = LOAD8(k4[c], d);                            \
+                for (int i = 0; i < 2; i++) {                                                   \
+                    __m256 qv = _mm256_loadu_ps(q2[i] + d);                                     \
+                    __asm__("" : "+v"(qv));   /* loaded once, not once per key */               \
+                    for (int c = 0; c < 4; c++) acc[4 * i + c] = _mm256_fmadd_ps(qv, kv[c], acc[4 * i + c]); \
                 }                                                                               \
             }                                                                                   \
             if (D8 == D) {                                                                      \
-                store_4x2(acc, scale, S + r * lds + j, lds, two);                               \
+                store_2x4(_mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), S + r * lds + j, lds, n4); \
                 continue;                                                                       \
             }                                                                                   \
             const float *qr[8];                                                                 \
             const char *kr[8];                                                                  \
             float *out[8];                                                                      \
-            for (int i = 0; i < 4; i++) {                                                       \
-                qr[2 * i] = qr[2 * i + 1] = q4[i];                                              \
-                kr[2 * i] = k0;                                                                 \
-                kr[2 * i + 1] = k1;                                                             \
-                out[2 * i] = S + (r + i) * lds + j;                                             \
-                out[2 * i + 1] = two ? S + (r + i) * lds + j + 1 : NULL;                        \
+            for (int i = 0; i < 8; i++) {                                                       \
+                qr[i] = q2[i / 4];                                                              \
+                kr[i] = k4[i % 4];                                                              \
+                out[i] = i % 4 < n4 ? S + (r + i / 4) * lds + j + i % 4 : NULL;                 \
             }                                                                                   \
             FLOAT_FINISH(AT);                                                                   \
         }                                                                                       \
     }                                                                                           \
-    for (int64_t r = nr4; r < nr; r++) {                                                        \
+    for (int64_t r = nr2; r < nr; r++) {                                                        \
         const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
@@ -234,39 +227,39 @@ static inline __m256i key_bytes_q4_0(const char *row, int64_t b, __m256 *d) {
     return _mm256_sub_epi8(ggml_py_nibbles32(kb->qs), _mm256_set1_epi8(8));
 }
 
-/* 4 rows x 2 keys and 1 row x 8 keys of quantized keys (blocks of 32) against Q8_0
+/* 2 rows x 4 keys and 1 row x 8 keys of quantized keys (blocks of 32) against Q8_0
  * queries: lane l of a pair accumulates fma(dk * dq, integer dot of elements 4l..4l+3) */
 #define QUANT_SCORES_AVX2(t, KEY_BYTES)                                                         \
 void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
                                     const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
                                     float *S, int64_t lds, float scale) {                        \
     const int64_t nb = D / 32;                                                                  \
-    const int64_t nr4 = nr & ~(int64_t) 3;                                                      \
-    for (int64_t j = 0; nr4 > 0 && j < nk; j += 2) {   /* keys outer: each read once */         \
-        const char *k0, *k1;                                                                    \
-        const int two = key_pair(k, j0, j, nk, &k0, &k1);                                       \
-        for (int64_t r = 0; r < nr4; r += 4) {                                                  \
-            const ggml_py_block_q8_0 *q4[4];                                                    \
-            for (int i = 0; i < 4; i++) q4[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
+    const int64_t nr2 = nr & ~(int64_t) 1;                                                      \
+    for (int64_t j = 0; nr2 > 0 && j < nk; j += 4) {   /* keys outer: each read once */         \
+        const char *k4[4];                                                                      \
+        const int n4 = key_quad(k, j0, j, nk, k4);                                              \
+        for (int64_t r = 0; r < nr2; r += 2) {                                                  \
+            const ggml_py_block_q8_0 *q2[2];                                                    \
+            for (int i = 0; i < 2; i++) q2[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
-                __m256 dk0, dk1;                                                                \
-                const __m256i kq0 = KEY_BYTES(k0, b, &dk0), kq1 = KEY_BYTES(k1, b, &dk1);       \
-                for (int i = 0; i < 4; i++) {                                                   \
-                    const __m256i qq = _mm256_loadu_si256((const __m256i *) q4[i][b].qs);       \
+                __m256 dk[4];                                                                   \
+                __m256i kq[4];                                                                  \
+                for (int c = 0; c < 4; c++) kq[c] = KEY_BYTES(k4[c], b, &dk[c]);                \
+                for (int i = 0; i < 2; i++) {                                                   \
+                    const __m256i qq = _mm256_loadu_si256((const __m256i *) q2[i][b].qs);       \
                     const __m256i aq = _mm256_sign_epi8(qq, qq);                                \
-                    const __m256 dq = _mm256_set1_ps(ggml_py_fp16_to_fp32(q4[i][b].d));         \
-                    acc[2 * i] = _mm256_fmadd_ps(_mm256_mul_ps(dk0, dq), _mm256_cvtepi32_ps(    \
-                        ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq0, qq))), acc[2 * i]);          \
-                    acc[2 * i + 1] = _mm256_fmadd_ps(_mm256_mul_ps(dk1, dq), _mm256_cvtepi32_ps( \
-                        ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq1, qq))), acc[2 * i + 1]);      \
+                    const __m256 dq = _mm256_set1_ps(ggml_py_fp16_to_fp32(q2[i][b].d));         \
+                    for (int c = 0; c < 4; c++)                                                 \
+                        acc[4 * i + c] = _mm256_fmadd_ps(_mm256_mul_ps(dk[c], dq), _mm256_cvtepi32_ps( \
+                            ggml_py_dot_u8s8(aq, _mm256_sign_epi8(kq[c], qq))), acc[4 * i + c]); \
                 }                                                                               \
             }                                                                                   \
-            store_4x2(acc, scale, S + r * lds + j, lds, two);                                   \
+            store_2x4(_mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), S + r * lds + j, lds, n4); \
         }                                                                                       \
     }                                                                                           \
-    for (int64_t r = nr4; r < nr; r++) {                                                        \
+    for (int64_t r = nr2; r < nr; r++) {                                                        \
         const ggml_py_block_q8_0 *q1 = (const void *) ((const char *) q + r * q_stride);       \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
@@ -305,50 +298,47 @@ static inline __attribute__((always_inline)) void
 scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
           int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
     const int64_t D32 = D & ~(int64_t) 31;
-    /* keys outer (each read once), 4 rows x 2 keys; fewer rows reuse the first (their sums
-     * are not stored) */
-    for (int64_t j = 0; j < nk; j += 2) {
-        const char *r0, *r1;
-        const int two = key_pair(k, j0, j, nk, &r0, &r1);
-        const int8_t *k0 = (const int8_t *) r0, *k1 = (const int8_t *) r1;
-        const float dk0 = ggml_py_attn_row_scale(k, j0 + j);
-        const float dk1 = two ? ggml_py_attn_row_scale(k, j0 + j + 1) : dk0;
-        for (int64_t r = 0; r < nr; r += 4) {
-            const int n4 = (int) GGML_PY_MIN(4, nr - r);
-            const int8_t *q4[4];
-            float dq[4];
-            for (int i = 0; i < 4; i++) {
-                const char *qr = (const char *) q + (r + (i < n4 ? i : 0)) * q_stride;
+    /* keys outer (each read once), 2 rows x 4 keys; a last row alone reuses the first
+     * (its sums are not stored) */
+    for (int64_t j = 0; j < nk; j += 4) {
+        const int8_t *k4[4];
+        float dk[4];
+        const int n4 = key_quad(k, j0, j, nk, (const char **) k4);
+        for (int c = 0; c < 4; c++) dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n4 ? c : 0));
+        for (int64_t r = 0; r < nr; r += 2) {
+            const int n2 = (int) GGML_PY_MIN(2, nr - r);
+            const int8_t *q2[2];
+            float dq[2];
+            for (int i = 0; i < 2; i++) {
+                const char *qr = (const char *) q + (r + (i < n2 ? i : 0)) * q_stride;
                 memcpy(&dq[i], qr, sizeof(float));
-                q4[i] = (const int8_t *) qr + 32;
+                q2[i] = (const int8_t *) qr + 32;
             }
             __m256i acc[8];
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
             for (int64_t d = 0; d < D32; d += 32) {
-                const __m256i kq0 = _mm256_loadu_si256((const __m256i *) (k0 + d));
-                const __m256i kq1 = _mm256_loadu_si256((const __m256i *) (k1 + d));
-                for (int i = 0; i < 4; i++) {
-                    const __m256i qq = _mm256_loadu_si256((const __m256i *) (q4[i] + d));
+                __m256i kq[4];
+                for (int c = 0; c < 4; c++) kq[c] = _mm256_loadu_si256((const __m256i *) (k4[c] + d));
+                for (int i = 0; i < 2; i++) {
+                    const __m256i qq = _mm256_loadu_si256((const __m256i *) (q2[i] + d));
                     const __m256i aq = _mm256_sign_epi8(qq, qq);
-                    acc[2 * i] = ggml_py_dot_u8s8_acc(acc[2 * i], aq, _mm256_sign_epi8(kq0, qq));
-                    acc[2 * i + 1] = ggml_py_dot_u8s8_acc(acc[2 * i + 1], aq, _mm256_sign_epi8(kq1, qq));
+                    for (int c = 0; c < 4; c++)
+                        acc[4 * i + c] = ggml_py_dot_u8s8_acc(acc[4 * i + c], aq, _mm256_sign_epi8(kq[c], qq));
                 }
             }
-            if (n4 == 4 && D32 == D) {   /* lane 2i + k: (float) sum * (dq_i * dk_k) * scale */
-                const __m256 dq8 = _mm256_setr_ps(dq[0], dq[0], dq[1], dq[1], dq[2], dq[2], dq[3], dq[3]);
-                const __m256 dk8 = _mm256_setr_ps(dk0, dk1, dk0, dk1, dk0, dk1, dk0, dk1);
+            if (n2 == 2 && D32 == D) {   /* lane 4i + c: (float) sum * (dq_i * dk_c) * scale */
+                const __m256 dq8 = _mm256_setr_ps(dq[0], dq[0], dq[0], dq[0], dq[1], dq[1], dq[1], dq[1]);
+                const __m256 dk8 = _mm256_setr_ps(dk[0], dk[1], dk[2], dk[3], dk[0], dk[1], dk[2], dk[3]);
                 const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(reduce8_i32(acc)), _mm256_mul_ps(dq8, dk8));
-                store_scores_4x2(_mm256_mul_ps(s, _mm256_set1_ps(scale)), S + r * lds + j, lds, two);
+                store_2x4(_mm256_mul_ps(s, _mm256_set1_ps(scale)), S + r * lds + j, lds, n4);
                 continue;
             }
             int32_t s8[8];
             _mm256_storeu_si256((__m256i *) s8, reduce8_i32(acc));
-            for (int i = 0; i < n4; i++) {
-                const int32_t i0 = s8[2 * i] + tail_i8(q4[i], k0, D32, D);
-                S[(r + i) * lds + j] = (float) i0 * (dq[i] * dk0) * scale;
-                if (two) {
-                    const int32_t i1 = s8[2 * i + 1] + tail_i8(q4[i], k1, D32, D);
-                    S[(r + i) * lds + j + 1] = (float) i1 * (dq[i] * dk1) * scale;
+            for (int i = 0; i < n2; i++) {
+                for (int c = 0; c < n4; c++) {
+                    const int32_t sum = s8[4 * i + c] + tail_i8(q2[i], k4[c], D32, D);
+                    S[(r + i) * lds + j + c] = (float) sum * (dq[i] * dk[c]) * scale;
                 }
             }
         }
