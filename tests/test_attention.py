@@ -3,6 +3,8 @@ own slot list) against a float64 numpy reference, for every KV cache type (F32, 
 Q4_0, I8 with a scale per row and head) and both profiles (slim, flash); its batch
 invariance (a token's result is bitwise the same whatever else is in the batch); the
 SIMD kernels against their scalar twins (bit for bit); set_rows into I8; bad input."""
+import itertools
+
 import numpy as np
 import pytest
 from conftest import compute, same_bits
@@ -17,9 +19,15 @@ TYPES = [gg.F32, gg.F16, gg.Q8_0, gg.Q4_0, gg.I8]
 PROFILES = ["auto", "slim", "flash"]
 
 
-def make_index(lists):
-    """kv_index of per-token slot lists: the (start, count) pairs, then the lists."""
+def make_index(lists, shared=False):
+    """kv_index of per-token slot lists: the (start, count) pairs, then the lists.
+    shared: the lists are prefixes of the longest, stored once and read by every token
+    (as the tokens of one sequence read its page table)."""
     T = len(lists)
+    if shared:
+        longest = max(lists, key=len)
+        assert all(list(longest[:len(s)]) == list(s) for s in lists)
+        return np.array([x for s in lists for x in (2 * T, len(s))] + list(longest), np.int32)
     pairs, flat = [], []
     for slots in lists:
         pairs += [2 * T + len(flat), len(slots)]
@@ -72,13 +80,14 @@ def pool(ctx, x, type, D, head_major=False):
     return ctx.from_numpy(x, type=type), None, held
 
 
-def attention_node(q, k, v, lists, scale, type, profile, type_v=None, head_major=False):
+def attention_node(q, k, v, lists, scale, type, profile, type_v=None, head_major=False, shared=False):
     """The attention node over pools of k, v, its profile set; and the values they hold."""
     ctx = gg.Context(mem_size=64 << 20)
     D = q.shape[2]
     kp, ks, k_held = pool(ctx, k, type, D, head_major)
     vp, vs, v_held = pool(ctx, v, type_v or type, D, head_major)
-    out = gg.attention(ctx.from_numpy(q), kp, vp, ctx.from_numpy(make_index(lists)), scale, ks, vs)
+    index = ctx.from_numpy(make_index(lists, shared))
+    out = gg.attention(ctx.from_numpy(q), kp, vp, index, scale, ks, vs)
     assert out.shape == q.shape and out.type == gg.F32
     assert [p.name for p in out.profiles()] == PROFILES
     out.profile = next(p for p in out.profiles() if p.name == profile)
@@ -157,19 +166,21 @@ def test_the_simd_kernels_give_their_twins_bits(rng, type, H, Hkv, D):
 
 
 def test_odd_head_sizes_give_their_twins_bits(rng):
-    # the D % 8 last elements go one by one, after the eight lanes (attn.h); two query
-    # heads a kv head: the tiles of two rows, and of one
+    # the D % 8 last elements go one by one, after the eight lanes (attn.h): in the tiles of
+    # two rows and in an odd last row (G = 3), over last key groups of 1, 2 and 3 keys; each
+    # token on its own list (G rows a run), then the five on one list (a run of 5G rows)
     for D in (8, 12, 36, 77):
-        q = rng.standard_normal((3, 4, D)).astype(np.float32)
-        k = rng.standard_normal((70, 2 * D)).astype(np.float32)
-        lists = [list(range(n)) for n in (1, 69, 70)]
-        for type in (gg.F32, gg.F16, gg.I8):
-            out, k_held, v_held = attention_node(q, k, k, lists, 0.5, type, "slim")
-            graph = gg.build_forward(out)
-            twin, simd = with_twins(lambda out=out, graph=graph: compute(out, threads=(1,), graph=graph))
-            assert same_bits(twin, simd), (D, type.name)
-            np.testing.assert_allclose(simd, reference(query_held(q, type), k_held, v_held, lists, 0.5),
-                                       atol=TOLERANCE, rtol=TOLERANCE)
+        for G in (2, 3):
+            q = rng.standard_normal((5, 2 * G, D)).astype(np.float32)
+            k = rng.standard_normal((70, 2 * D)).astype(np.float32)
+            lists = [list(range(n)) for n in (1, 3, 67, 69, 70)]
+            for shared, type in itertools.product((False, True), (gg.F32, gg.F16, gg.I8)):
+                out, k_held, v_held = attention_node(q, k, k, lists, 0.5, type, "slim", shared=shared)
+                graph = gg.build_forward(out)
+                twin, simd = with_twins(lambda out=out, graph=graph: compute(out, threads=(1,), graph=graph))
+                assert same_bits(twin, simd), (D, G, shared, type.name)
+                np.testing.assert_allclose(simd, reference(query_held(q, type), k_held, v_held, lists, 0.5),
+                                           atol=TOLERANCE, rtol=TOLERANCE)
 
 
 def test_k_and_v_of_different_types(rng):

@@ -5,7 +5,8 @@
  * scores: 2 rows x 4 keys (8 accumulators), every row tile against four keys before
  *         the next four (a key row comes from memory once, not once per row tile; a row's
  *         four scores stored side by side, as the score buffer's rows lie far apart), then
- *         1 row x 8 keys for an odd last row; the eight accumulators are summed by one
+ *         1 row x 8 keys for an odd last row (I8: the row paired with a stand-in whose
+ *         scores are not stored); the eight accumulators are summed by one
  *         transposing reduction whose lane i is tree8 of accumulator i (attn.h), so a
  *         (row, key) score has the same bits in either tile. Quantized keys: the integer
  *         dot of each 32-value block (VNNI where the build targets it), K values in
@@ -162,7 +163,7 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
                 for (int c = 0; c < 4; c++) kv[c] = LOAD8(k4[c], d);                            \
                 for (int i = 0; i < 2; i++) {                                                   \
                     __m256 qv = _mm256_loadu_ps(q2[i] + d);                                     \
-                    __asm__("" : "+v"(qv));   /* loaded once, not once per key */               \
+                    __asm__("" : "+v"(qv));   /* in a register for the four keys */             \
                     for (int c = 0; c < 4; c++) acc[4 * i + c] = _mm256_fmadd_ps(qv, kv[c], acc[4 * i + c]); \
                 }                                                                               \
             }                                                                                   \
@@ -228,7 +229,8 @@ static inline __m256i key_bytes_q4_0(const char *row, int64_t b, __m256 *d) {
 }
 
 /* 2 rows x 4 keys and 1 row x 8 keys of quantized keys (blocks of 32) against Q8_0
- * queries: lane l of a pair accumulates fma(dk * dq, integer dot of elements 4l..4l+3) */
+ * queries: lane l of a (row, key) accumulator adds fma(dk * dq, integer dot of elements
+ * 4l..4l+3) */
 #define QUANT_SCORES_AVX2(t, KEY_BYTES)                                                         \
 void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,      \
                                     const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,   \
@@ -301,9 +303,9 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
     /* keys outer (each read once), 2 rows x 4 keys; a last row alone reuses the first
      * (its sums are not stored) */
     for (int64_t j = 0; j < nk; j += 4) {
-        const int8_t *k4[4];
+        const char *k4[4];
         float dk[4];
-        const int n4 = key_quad(k, j0, j, nk, (const char **) k4);
+        const int n4 = key_quad(k, j0, j, nk, k4);
         for (int c = 0; c < 4; c++) dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n4 ? c : 0));
         for (int64_t r = 0; r < nr; r += 2) {
             const int n2 = (int) GGML_PY_MIN(2, nr - r);
@@ -337,7 +339,7 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
             _mm256_storeu_si256((__m256i *) s8, reduce8_i32(acc));
             for (int i = 0; i < n2; i++) {
                 for (int c = 0; c < n4; c++) {
-                    const int32_t sum = s8[4 * i + c] + tail_i8(q2[i], k4[c], D32, D);
+                    const int32_t sum = s8[4 * i + c] + tail_i8(q2[i], (const int8_t *) k4[c], D32, D);
                     S[(r + i) * lds + j + c] = (float) sum * (dq[i] * dk[c]) * scale;
                 }
             }
