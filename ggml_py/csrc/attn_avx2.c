@@ -11,7 +11,8 @@
  *         (row, key) score has the same bits in either tile. Quantized keys: the integer
  *         dot of each 32-value block (VNNI where the build targets it), K values in
  *         registers, never a float copy of a row.
- * pv:     4 rows x 16 elements (8 accumulators) over a block of keys; each value row is
+ * pv:     4 rows x 16 elements (8 accumulators; 8 rows for the int8 types where there are
+ *         32 vector registers) over a block of keys; each value row is
  *         de-quantized in registers (int8 -> int32 -> float, times its block's scale; an
  *         I8 row's one scale is in its weight) and fed to the fused multiply-adds, keys in
  *         ascending order for every element.
@@ -390,7 +391,22 @@ static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); 
 #define P_AT(r, j) (P + (r) * ldp + (j))
 #define W_AT(r, j) (W + ((r) - r0) * PV_KEYS + (j) - jb)
 
-/* NR rows (1 or 4) of acc from element d, NW vectors wide (1 or 2), keys jb..je */
+/* With 32 vector registers the types whose values take more than one conversion (int8 ->
+ * int32 -> float) run tiles of 8 rows: each value row de-quantized once for twice the rows
+ * (F32 / F16 keep 4: their conversion is one instruction or none, and the 8-row tile's
+ * registers cost more than it saves) */
+#if defined(__AVX512VL__)
+#define PV_WIDE(t) PV_WIDE_##t
+#else
+#define PV_WIDE(t) 0
+#endif
+#define PV_WIDE_f32 0
+#define PV_WIDE_f16 0
+#define PV_WIDE_q8_0 1
+#define PV_WIDE_q4_0 1
+#define PV_WIDE_i8 1
+
+/* NR rows (1, 4 or 8) of acc from element d, NW vectors wide (1 or 2), keys jb..je */
 #define PV_TILE(DEQ8, WEIGHT, NR, NW)                                                           \
     do {                                                                                        \
         __m256 a[NR][NW];                                                                       \
@@ -439,6 +455,7 @@ void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t l
         const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
         prefetch_block(v, j0, jb, je, nk);                                                      \
         int64_t r = 0;                                                                          \
+        for (; PV_WIDE(t) && r + 8 <= nr; r += 8) PV_ROWS(deq8_##t, value_##t, P_AT, 8);        \
         for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, P_AT, 4);                      \
         for (; r < nr; r++) PV_ROWS(deq8_##t, value_##t, P_AT, 1);                              \
     }                                                                                           \
@@ -464,6 +481,7 @@ void ggml_py_attn_pv_i8_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,
             for (int64_t r = r0; r < r1; r++)
                 for (int64_t j = jb; j < je; j++) *W_AT(r, j) = *P_AT(r, j) * sv[j - jb];
             int64_t r = r0;
+            for (; PV_WIDE(i8) && r + 8 <= r1; r += 8) PV_ROWS(deq8_i8, value_i8, W_AT, 8);
             for (; r + 4 <= r1; r += 4) PV_ROWS(deq8_i8, value_i8, W_AT, 4);
             for (; r < r1; r++) PV_ROWS(deq8_i8, value_i8, W_AT, 1);
         }
