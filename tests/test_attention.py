@@ -167,10 +167,11 @@ def test_the_simd_kernels_give_their_twins_bits(rng, type, H, Hkv, D):
 
 def test_odd_head_sizes_give_their_twins_bits(rng):
     # the D % 8 last elements go one by one, after the eight lanes (attn.h): in the tiles of
-    # two rows and in an odd last row (G = 3), over last key groups of 1, 2 and 3 keys; each
-    # token on its own list (G rows a run), then the five on one list (a run of 5G rows)
+    # two rows and in an odd last row (G = 3), over last key groups of 1, 2 and 3 keys, and
+    # in the values' tiles of 8 rows (G = 8, I8); each token on its own list (G rows a run),
+    # then the five on one list (a run of 5G rows)
     for D in (8, 12, 36, 77):
-        for G in (2, 3):
+        for G in (2, 3, 8):
             q = rng.standard_normal((5, 2 * G, D)).astype(np.float32)
             k = rng.standard_normal((70, 2 * D)).astype(np.float32)
             lists = [list(range(n)) for n in (1, 3, 67, 69, 70)]
