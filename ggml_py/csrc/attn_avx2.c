@@ -78,7 +78,7 @@ float ggml_py_attn_exp_sum_avx2(int64_t n, float *x, float max) {
     __m256 acc = _mm256_setzero_ps();
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) {
-        const __m256 e = ggml_py_exp_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmax));
+        const __m256 e = ggml_py_exp_nonpositive_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vmax));
         _mm256_storeu_ps(x + j, e);
         acc = _mm256_add_ps(acc, e);
     }
