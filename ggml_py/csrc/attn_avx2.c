@@ -164,7 +164,7 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
                 for (int c = 0; c < 4; c++) kv[c] = LOAD8(k4[c], d);                            \
                 for (int i = 0; i < 2; i++) {                                                   \
                     __m256 qv = _mm256_loadu_ps(q2[i] + d);                                     \
-                    __asm__("" : "+v"(qv));   /* in a register for the four keys */             \
+                    GGML_PY_KEEP_IN_REGISTER(qv);   /* one load for the four keys */          \
                     for (int c = 0; c < 4; c++) acc[4 * i + c] = _mm256_fmadd_ps(qv, kv[c], acc[4 * i + c]); \
                 }                                                                               \
             }                                                                                   \

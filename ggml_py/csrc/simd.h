@@ -16,6 +16,11 @@ static inline float ggml_py_hsum_ps_avx(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
+/* An opaque step on a vector: the compiler must hold v in a register here, as it is.
+ * Without it, gcc re-associates a chain of integer adds into a tree that spills, or
+ * folds one load into every instruction that uses the value. */
+#define GGML_PY_KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
+
 /* exp(r) for |r| <= ln2 / 2 by its Taylor polynomial to r^7 (both exps below) */
 static inline __m256 ggml_py_exp_poly_ps(__m256 r) {
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);

@@ -21,11 +21,6 @@
  * (FULL_SIZES below), where the compiler keeps every accumulator in a register. */
 #define INLINE static inline __attribute__((always_inline))
 
-/* An opaque step on a running sum: the compiler otherwise re-associates a chain of
- * integer adds into a tree of all the products of a sub-block and four activation
- * rows, which spills them to the stack (the panel ran at ~x0.6 that way). */
-#define KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
-
 /* Whether a byte dot product is one VNNI instruction (into int32 lanes), or maddubs +
  * madd, whose int16 step can sum several products before the widening madd. */
 #if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(GGML_PY_HAVE_VNNI)
@@ -497,7 +492,7 @@ INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const 
                     int32_t y4;
                     memcpy(&y4, ((const ggml_py_block_q8_0 *) (y + c * by) + b)->qs + 4 * g, 4);
                     s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(w0, _mm256_set1_epi32(y4)));
-                    KEEP_IN_REGISTER(s16[c]);
+                    GGML_PY_KEEP_IN_REGISTER(s16[c]);
                 }
             }
             for (int c = 0; c < nc; c++) even[c] = _mm256_add_epi32(even[c], _mm256_madd_epi16(s16[c], _mm256_set1_epi16(1)));
@@ -632,7 +627,7 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
                     __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(y4[0]));
                     for (int g = 1; g < 8; g++) {
                         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(v[g], _mm256_set1_epi32(y4[g])));
-                        KEEP_IN_REGISTER(s16);
+                        GGML_PY_KEEP_IN_REGISTER(s16);
                     }
                     sum = _mm256_add_epi32(sum, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
                 } else {
@@ -757,7 +752,7 @@ INLINE void k4_panel_chunk(int five_bits, int nc, int nbc, const struct k_panel 
                         int32_t y4;
                         memcpy(&y4, qs, 4);
                         s16[c] = _mm256_add_epi16(s16[c], _mm256_maddubs_epi16(w, _mm256_set1_epi32(y4)));
-                        KEEP_IN_REGISTER(s16[c]);
+                        GGML_PY_KEEP_IN_REGISTER(s16[c]);
                     }
                 }
                 for (int c = 0; c < nc; c++) isum[c] = _mm256_add_epi32(isum[c], _mm256_madd_epi16(s16[c], sc));
@@ -940,8 +935,8 @@ INLINE void k4_rows8_few_body(int five_bits, int ng, int nc, int64_t nb, const c
                             memcpy(&yhi, q8 + 32, 4);
                             lo16[c] = _mm256_add_epi16(lo16[c], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ylo)));
                             hi16[c] = _mm256_add_epi16(hi16[c], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(yhi)));
-                            KEEP_IN_REGISTER(lo16[c]);
-                            KEEP_IN_REGISTER(hi16[c]);
+                            GGML_PY_KEEP_IN_REGISTER(lo16[c]);
+                            GGML_PY_KEEP_IN_REGISTER(hi16[c]);
                         }
                     }
                     for (int c = 0; c < nc; c++) {
