@@ -21,8 +21,14 @@ static inline float ggml_py_hsum_ps_avx(__m256 v) {
  * folds one load into every instruction that uses the value. */
 #define GGML_PY_KEEP_IN_REGISTER(v) __asm__("" : "+x"(v))
 
-/* exp(r) for |r| <= ln2 / 2 by its Taylor polynomial to r^7 (both exps below) */
-static inline __m256 ggml_py_exp_poly_ps(__m256 r) {
+/* The step both exps below share, for x clamped to [-87.3, ln(FLT_MAX)]: *k = x / ln2
+ * rounded to nearest (ties to even), r = x - k ln2 (|r| <= ln2 / 2), exp(r) by its Taylor
+ * polynomial to r^7 (relative error < 2e-7 there). */
+static inline __m256 ggml_py_exp_reduced_ps(__m256 x, __m256 *k) {
+    *k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(*k, _mm256_set1_ps(0.693359375f), x);       /* ln2, high part */
+    r = _mm256_fnmadd_ps(*k, _mm256_set1_ps(-2.12194440e-4f), r);           /* ln2, low part */
     __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
@@ -33,27 +39,26 @@ static inline __m256 ggml_py_exp_poly_ps(__m256 r) {
     return _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
 }
 
-/* exp(x) for 8 floats: x = k ln2 + r with |r| <= ln2/2, exp(r) by its Taylor
- * polynomial to r^7 (relative error < 2e-7 there), times 2^k built in the
- * exponent bits. Below -87.3 (2^k would leave the normal range) the result is
- * 0, -inf included; above ln(FLT_MAX) it is +inf, as expf overflows; NaN
- * stays NaN. */
+/* 2^k for integral k in [-126, 127], built in the exponent bits */
+static inline __m256 ggml_py_exp2_int_ps(__m256 k) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+}
+
+/* exp(x) for 8 floats: exp(r) times 2^k (ggml_py_exp_reduced_ps). Below -87.3 (2^k would
+ * leave the normal range) the result is 0, -inf included; above ln(FLT_MAX) it is +inf,
+ * as expf overflows; NaN stays NaN. */
 static inline __m256 ggml_py_exp_ps(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.72283935546875f);
     const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
     const __m256 overflow = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
     x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));   /* NaN: both return their second operand, x */
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);        /* ln2, high part */
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);            /* ln2, low part */
-    __m256 p = ggml_py_exp_poly_ps(r);
+    __m256 k;
+    __m256 p = ggml_py_exp_reduced_ps(x, &k);
     /* k = 128 (x near ln(FLT_MAX)) has no exponent bits: 2^127, and p doubled */
     const __m256 top = _mm256_cmp_ps(k, _mm256_set1_ps(127.5f), _CMP_GT_OQ);
     k = _mm256_sub_ps(k, _mm256_and_ps(top, _mm256_set1_ps(1.0f)));
     p = _mm256_add_ps(p, _mm256_and_ps(top, p));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+    const __m256 e = _mm256_andnot_ps(underflow, _mm256_mul_ps(p, ggml_py_exp2_int_ps(k)));
     return _mm256_blendv_ps(e, _mm256_set1_ps(INFINITY), overflow);
 }
 
@@ -62,13 +67,9 @@ static inline __m256 ggml_py_exp_ps(__m256 x) {
 static inline __m256 ggml_py_exp_nonpositive_ps(__m256 x) {
     const __m256 lo = _mm256_set1_ps(-87.3f);
     const __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(lo, x);   /* NaN: x */
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(underflow, _mm256_mul_ps(ggml_py_exp_poly_ps(r), _mm256_castsi256_ps(bits)));
+    __m256 k;
+    const __m256 p = ggml_py_exp_reduced_ps(_mm256_max_ps(lo, x), &k);   /* NaN: max returns x */
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, ggml_py_exp2_int_ps(k)));
 }
 #endif
 
