@@ -10,7 +10,7 @@
  *           blocks; I8 K: int8 with one scale (the cache's own quantizer)
  *   scores  S[r * lds + j - j0] = scale * dot(q_r, k_j) for r < nr, j0 <= j < j0 + nk
  *   pv      acc[r * D + d] += sum over j of P[r * ldp + j - j0] * v_j[d], j ascending (I8:
- *           (P * the row's scale) * its int8 value)
+ *           in integers, below)
  *
  * Every (row, key) score and every (row, element) sum is computed by the same operations
  * in the same order whichever tile of a kernel computes it, and the SIMD kernels do the
@@ -65,6 +65,14 @@ struct ggml_py_attn_kernels {
     ggml_py_attn_scores_fn scores;     /* by the K type */
     ggml_py_attn_pv_fn pv;             /* by the V type */
 };
+
+/* I8 values are summed in integers. In each block of GGML_PY_ATTN_I8_KEYS keys (from j0),
+ * row r's weights w_j = P[r][j] * (value row j's scale) are rounded to int16 on the
+ * block's own scale: wq_j = nearest(w_j * (32767 / m)), m the largest w_j, ws = m / 32767
+ * (all wq_j 0 when m is 0); then acc[r][d] = fma((float) sum_j wq_j * v_j[d], ws,
+ * acc[r][d]), the sum exact in int32. A block with a weight that is not finite gives NaN. */
+#define GGML_PY_ATTN_I8_KEYS 64
+#define GGML_PY_ATTN_I8_WMAX 32767.0f
 
 /* Bytes of one prepared query row (any K type), a multiple of 64. */
 static inline size_t ggml_py_attn_q_bytes(int64_t D) {

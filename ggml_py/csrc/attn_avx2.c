@@ -10,12 +10,13 @@
  *         transposing reduction whose lane i is tree8 of accumulator i (attn.h), so a
  *         (row, key) score has the same bits in either tile. Quantized keys: the integer
  *         dot of each 32-value block (VNNI where the build targets it), K values in
- *         registers, never a float copy of a row.
- * pv:     4 rows x 16 elements (8 accumulators; 8 rows for the int8 types where there are
- *         32 vector registers) over a block of keys; each value row is
- *         de-quantized in registers (int8 -> int32 -> float, times its block's scale; an
- *         I8 row's one scale is in its weight) and fed to the fused multiply-adds, keys in
- *         ascending order for every element.
+ *         registers, never a float copy of a row. I8 keys with VNNI: keys in lanes,
+ *         eight at a time (a panel), no reduction at all.
+ * pv:     4 rows x 16 elements (8 accumulators; 8 rows for Q8_0 / Q4_0 where there are
+ *         32 vector registers) over a block of keys; each value row is de-quantized in
+ *         registers (int8 -> int32 -> float, times its block's scale) and fed to the fused
+ *         multiply-adds, keys in ascending order for every element. I8: integer sums of
+ *         int16 weights (attn.h), two keys per multiply-add.
  * The F32 / F16 and I8 score kernels run with the head size a constant where it is 64 or
  * 128 (SPECIALIZE_D). */
 #include "attn.h"
@@ -132,9 +133,8 @@ static inline void store_2x4(__m256 s, float *S, int64_t lds, int n4) {
     }
 }
 
-/* 1 row x 8 keys, n8 of them stored */
-static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8) {
-    const __m256 s = _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale));
+/* a row's eight adjacent scores, n8 of them stored */
+static inline void store_1x8_scores(__m256 s, float *S, int n8) {
     if (n8 == 8) {
         _mm256_storeu_ps(S, s);
     } else {
@@ -142,6 +142,11 @@ static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8)
         _mm256_storeu_ps(s8, s);
         for (int i = 0; i < n8; i++) S[i] = s8[i];
     }
+}
+
+/* 1 row x 8 keys, n8 of them stored */
+static inline void store_1x8(const __m256 acc[8], float scale, float *S, int n8) {
+    store_1x8_scores(_mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)), S, n8);
 }
 
 #define FLOAT_SCORES_AVX2(t, LOAD8, AT)                                                         \
@@ -348,9 +353,97 @@ scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct gg
     }
 }
 
+#if defined(GGML_PY_HAVE_VNNI)
+/* With VNNI: keys in lanes. Eight keys are turned into a panel once, then every query
+ * row takes D / 4 vpdpbusd against it, each with four of its bytes broadcast: the row's
+ * eight sums come out side by side, with no horizontal reduction. vpdpbusd multiplies
+ * unsigned by signed bytes, so the panel holds k + 128 and the row's 128 * sum(q) is taken
+ * off after: the same exact integer sum. (Without VNNI, maddubs would saturate on k + 128.) */
+#define I8_PANEL_MAX_D 256
+
+/* x[c] lane g -> x[g] lane c */
+static inline void transpose8_epi32(__m256i x[8]) {
+    __m256i t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(x[2 * i], x[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(x[2 * i], x[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++)     /* rows 4h .. 4h + 3 */
+        for (int i = 0; i < 2; i++) {
+            u[4 * h + 2 * i] = _mm256_unpacklo_epi64(t[4 * h + i], t[4 * h + 2 + i]);
+            u[4 * h + 2 * i + 1] = _mm256_unpackhi_epi64(t[4 * h + i], t[4 * h + 2 + i]);
+        }
+    for (int g = 0; g < 4; g++) {
+        x[g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x20);
+        x[g + 4] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x31);
+    }
+}
+
+/* panel[g] lane c = bytes 4g .. 4g + 3 of key row k8[c], each + 128; D % 32 == 0 */
+static inline void i8_key_panel(int64_t D, const char *k8[8], __m256i *panel) {
+    const __m256i flip = _mm256_set1_epi8((char) 0x80);
+    for (int64_t d = 0; d < D; d += 32) {
+        __m256i x[8];
+        for (int c = 0; c < 8; c++) x[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *) (k8[c] + d)), flip);
+        transpose8_epi32(x);
+        for (int g = 0; g < 8; g++) panel[d / 4 + g] = x[g];
+    }
+}
+
+static inline __attribute__((always_inline)) void
+scores_i8_panel(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
+                int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
+    __m256i panel[I8_PANEL_MAX_D / 4];
+    for (int64_t j = 0; j < nk; j += 8) {
+        const int n8 = (int) GGML_PY_MIN(8, nk - j);
+        const char *k8[8];
+        float dk[8];
+        for (int c = 0; c < 8; c++) {
+            k8[c] = ggml_py_attn_row(k, j0 + j + (c < n8 ? c : 0));
+            dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n8 ? c : 0));
+            prefetch_row(k, j0 + j + 8 + c, j0 + nk);
+        }
+        i8_key_panel(D, k8, panel);
+        const __m256 dk8 = _mm256_loadu_ps(dk);
+        for (int64_t r = 0; r < nr; r += 8) {   /* rows past nr: stand-ins, not stored */
+            const int n = (int) GGML_PY_MIN(8, nr - r);
+            const int8_t *qs[8];
+            for (int i = 0; i < 8; i++) qs[i] = (const int8_t *) q + (r + (i < n ? i : 0)) * q_stride + 32;
+            __m256i acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_si256();
+#pragma GCC unroll 16   /* the whole row at D = 64: no loop counting between the multiply-adds */
+            for (int64_t g = 0; g < D / 4; g++) {
+                const __m256i p = panel[g];
+                for (int i = 0; i < 8; i++) {
+                    int32_t q4;
+                    memcpy(&q4, qs[i] + 4 * g, 4);
+                    acc[i] = ggml_py_dot_u8s8_acc(acc[i], p, _mm256_set1_epi32(q4));
+                }
+            }
+            for (int i = 0; i < n; i++) {
+                const char *qr = (const char *) q + (r + i) * q_stride;
+                float dq;
+                int32_t qsum;
+                memcpy(&dq, qr, sizeof(dq));
+                memcpy(&qsum, qr + 4, sizeof(qsum));
+                const __m256i sums = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(128 * qsum));
+                const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(dq), dk8));
+                store_1x8_scores(_mm256_mul_ps(s, _mm256_set1_ps(scale)), S + (r + i) * lds + j, n8);
+            }
+        }
+    }
+}
+#endif
+
 void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_stride,
                                  const struct ggml_py_attn_rows *k, int64_t j0, int64_t nk,
                                  float *S, int64_t lds, float scale) {
+#if defined(GGML_PY_HAVE_VNNI)
+    if (D % 32 == 0 && D <= I8_PANEL_MAX_D) {
+        SPECIALIZE_D(scores_i8_panel, D, nr, q, q_stride, k, j0, nk, S, lds, scale);
+        return;
+    }
+#endif
     SPECIALIZE_D(scores_i8, D, nr, q, q_stride, k, j0, nk, S, lds, scale);
 }
 
@@ -359,8 +452,7 @@ void ggml_py_attn_scores_i8_avx2(int64_t D, int64_t nr, const void *q, size_t q_
 #define PV_KEYS 64   /* keys per pass: their value rows stay in L1 for every tile */
 
 /* 8 values of a row from element d (d % 8 == 0), as floats: q * block scale for Q8_0 /
- * Q4_0 (the exact product de-quantization makes); I8: q alone (its one scale a row is in
- * the weight, attn_ref.c) */
+ * Q4_0 (the exact product de-quantization makes) */
 static inline __m256 deq8_f32(const char *vr, int64_t d) { return load8_f32(vr, d); }
 static inline __m256 deq8_f16(const char *vr, int64_t d) { return load8_f16(vr, d); }
 static inline __m256 deq8_q8_0(const char *vr, int64_t d) {
@@ -376,23 +468,18 @@ static inline __m256 deq8_q4_0(const char *vr, int64_t d) {
     qi = _mm256_sub_epi32(qi, _mm256_set1_epi32(8));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(qi), _mm256_set1_ps(ggml_py_fp16_to_fp32(b->d)));
 }
-static inline __m256 deq8_i8(const char *vr, int64_t d) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (vr + d))));
-}
 
 static inline float value_f32(const char *vr, int64_t d) { return at_f32(vr, d); }
 static inline float value_f16(const char *vr, int64_t d) { return at_f16(vr, d); }
-static inline float value_i8(const char *vr, int64_t d) { return (float) ((const int8_t *) vr)[d]; }
 /* (Q8_0 and Q4_0 rows are whole blocks of 32: no element is left for these) */
 static inline float value_q8_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); return 0.0f; }
 static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); GGML_PY_UNUSED(d); return 0.0f; }
 
-/* the weight of row r, key j: the probability (P_AT), or the block's scaled copy (W_AT) */
+/* the weight of row r, key j: its probability */
 #define P_AT(r, j) (P + (r) * ldp + (j))
-#define W_AT(r, j) (W + ((r) - r0) * PV_KEYS + (j) - jb)
 
-/* With 32 vector registers the types whose values take more than one conversion (int8 ->
- * int32 -> float) run tiles of 8 rows: each value row de-quantized once for twice the rows
+/* With 32 vector registers the quantized types (their values take more than one conversion,
+ * int8 -> int32 -> float) run tiles of 8 rows: each value row de-quantized once for twice the rows
  * (F32 / F16 keep 4: their conversion is one instruction or none, and the 8-row tile's
  * registers cost more than it saves) */
 #if defined(__AVX512VL__)
@@ -404,7 +491,6 @@ static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); 
 #define PV_WIDE_f16 0
 #define PV_WIDE_q8_0 1
 #define PV_WIDE_q4_0 1
-#define PV_WIDE_i8 1
 
 /* NR rows (1, 4 or 8) of acc from element d, NW vectors wide (1 or 2), keys jb..je */
 #define PV_TILE(DEQ8, WEIGHT, NR, NW)                                                           \
@@ -465,25 +551,118 @@ PV_AVX2(f16)
 PV_AVX2(q8_0)
 PV_AVX2(q4_0)
 
-/* I8: each block of keys' weights times their rows' scales first (W, PV_ROWS_MAX rows at a
- * time), then the int8 values converted in registers, as the other types */
+/* I8: each block of keys' weights rounded to int16 (attn.h), the value rows interleaved in
+ * pairs (int8 -> int16, lane l: element l of both rows) so that one multiply-add of int16
+ * pairs takes two keys, the sums exact in int32 lanes, then scaled into acc. Tiles of
+ * PV_I8_ROWS rows x 16 elements. */
 #define PV_ROWS_MAX 32
+#if defined(__AVX512VL__)
+#define PV_I8_ROWS 8
+#else
+#define PV_I8_ROWS 4
+#endif
+
+/* wq[0 .. 15] = the int16 nearest to w[0 .. 15] * iw (all in [0, 32767]) */
+static inline void round16_i16(__m256 w0, __m256 w1, __m256 iw, int16_t *wq) {
+    const __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(w0, iw));
+    const __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(w1, iw));
+    _mm256_storeu_si256((__m256i *) wq, _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
+}
+
+/* a block with a weight that is not finite: weights 0, scale NaN (attn.h) */
+static inline float i8_weights_not_finite(int16_t *wq) {
+    memset(wq, 0, sizeof(int16_t) * GGML_PY_ATTN_I8_KEYS);
+    return NAN;
+}
+
+/* A row's int16 weights of n keys (attn.h: i8_weights_ref's operations, the largest
+ * weight found in any order), a zero after an odd last key; returns the block's scale.
+ * The weights are finite when their sum is (none is negative, and 64 of them cannot
+ * overflow: a value row's scale is at most FLT_MAX / 127). */
+static inline float i8_weights(const float *p, const float *sv, int64_t n, int16_t *wq) {
+    if (n == GGML_PY_ATTN_I8_KEYS) {   /* the whole block in registers */
+        __m256 w[8];
+        for (int k = 0; k < 8; k++) w[k] = _mm256_mul_ps(_mm256_loadu_ps(p + 8 * k), _mm256_loadu_ps(sv + 8 * k));
+        __m256 m8 = w[0], sum8 = w[0];
+        for (int k = 1; k < 8; k++) m8 = _mm256_max_ps(w[k], m8), sum8 = _mm256_add_ps(sum8, w[k]);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        float sums[8];
+        _mm256_storeu_ps(sums, sum8);
+        if (!isfinite(ggml_py_attn_tree8(sums))) return i8_weights_not_finite(wq);
+        const __m256 iw = _mm256_set1_ps(m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f);
+        for (int k = 0; k < 8; k += 2) round16_i16(w[k], w[k + 1], iw, wq + 8 * k);
+        return m / GGML_PY_ATTN_I8_WMAX;
+    }
+    float w[GGML_PY_ATTN_I8_KEYS + 16] = { 0 }, m = 0.0f;
+    int finite = 1;
+    for (int64_t j = 0; j < n; j++) {
+        w[j] = p[j] * sv[j];
+        finite = finite && isfinite(w[j]);
+        m = w[j] > m ? w[j] : m;
+    }
+    if (!finite) return i8_weights_not_finite(wq);
+    const __m256 iw = _mm256_set1_ps(m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f);
+    for (int64_t j = 0; j < n + (n & 1); j += 16) round16_i16(_mm256_loadu_ps(w + j), _mm256_loadu_ps(w + j + 8), iw, wq + j);
+    return m / GGML_PY_ATTN_I8_WMAX;
+}
+
+/* NR rows (r ..) x 16 elements (d ..) of the block's n keys (value rows vr) */
+#define PV_I8_TILE(NR)                                                                          \
+    do {                                                                                        \
+        __m256i lo[NR], hi[NR];   /* elements 0-3, 8-11 and 4-7, 12-15 */                     \
+        for (int i = 0; i < NR; i++) lo[i] = hi[i] = _mm256_setzero_si256();                    \
+        for (int64_t j = 0; j < n; j += 2) {                                                    \
+            const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) (vr[j] + d))); \
+            const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *) (vr[j + 1] + d))); \
+            const __m256i vl = _mm256_unpacklo_epi16(a, b), vh = _mm256_unpackhi_epi16(a, b);   \
+            for (int i = 0; i < NR; i++) {                                                      \
+                int32_t w2;                                                                     \
+                memcpy(&w2, wq[r + i - r0] + j, sizeof(w2));                                    \
+                const __m256i w = _mm256_set1_epi32(w2);                                        \
+                lo[i] = ggml_py_dot_s16_acc(lo[i], vl, w);                                      \
+                hi[i] = ggml_py_dot_s16_acc(hi[i], vh, w);                                      \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < NR; i++) {                                                          \
+            float *a = acc + (r + i) * D + d;                                                   \
+            const __m256 s = _mm256_set1_ps(ws[r + i - r0]);                                   \
+            const __m256i s0 = _mm256_permute2x128_si256(lo[i], hi[i], 0x20);                   \
+            const __m256i s1 = _mm256_permute2x128_si256(lo[i], hi[i], 0x31);                   \
+            _mm256_storeu_ps(a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), s, _mm256_loadu_ps(a))); \
+            _mm256_storeu_ps(a + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), s, _mm256_loadu_ps(a + 8))); \
+        }                                                                                       \
+    } while (0)
 
 void ggml_py_attn_pv_i8_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,
                              const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk, float *acc) {
-    float W[PV_ROWS_MAX * PV_KEYS], sv[PV_KEYS];
-    for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {
-        const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);
-        prefetch_block(v, j0, jb, je, nk);
-        for (int64_t j = jb; j < je; j++) sv[j - jb] = ggml_py_attn_row_scale(v, j0 + j);
+    int16_t wq[PV_ROWS_MAX][GGML_PY_ATTN_I8_KEYS + 16];
+    float ws[PV_ROWS_MAX], sv[GGML_PY_ATTN_I8_KEYS];
+    const char *vr[GGML_PY_ATTN_I8_KEYS + 1];
+    for (int64_t jb = 0; jb < nk; jb += GGML_PY_ATTN_I8_KEYS) {
+        const int64_t n = GGML_PY_MIN(GGML_PY_ATTN_I8_KEYS, nk - jb);
+        prefetch_block(v, j0, jb, jb + n, nk);
+        for (int64_t j = 0; j < n; j++) {
+            vr[j] = ggml_py_attn_row(v, j0 + jb + j);
+            sv[j] = ggml_py_attn_row_scale(v, j0 + jb + j);
+        }
+        vr[n] = vr[0];   /* an odd last key's partner, of weight 0 */
         for (int64_t r0 = 0; r0 < nr; r0 += PV_ROWS_MAX) {
             const int64_t r1 = GGML_PY_MIN(nr, r0 + PV_ROWS_MAX);
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t j = jb; j < je; j++) *W_AT(r, j) = *P_AT(r, j) * sv[j - jb];
-            int64_t r = r0;
-            for (; PV_WIDE(i8) && r + 8 <= r1; r += 8) PV_ROWS(deq8_i8, value_i8, W_AT, 8);
-            for (; r + 4 <= r1; r += 4) PV_ROWS(deq8_i8, value_i8, W_AT, 4);
-            for (; r < r1; r++) PV_ROWS(deq8_i8, value_i8, W_AT, 1);
+            for (int64_t r = r0; r < r1; r++) ws[r - r0] = i8_weights(P + r * ldp + jb, sv, n, wq[r - r0]);
+            int64_t d = 0;
+            for (; d + 16 <= D; d += 16) {
+                int64_t r = r0;
+                for (; r + PV_I8_ROWS <= r1; r += PV_I8_ROWS) PV_I8_TILE(PV_I8_ROWS);
+                for (; r < r1; r++) PV_I8_TILE(1);
+            }
+            for (; d < D; d++)
+                for (int64_t r = r0; r < r1; r++) {
+                    int32_t sum = 0;
+                    for (int64_t j = 0; j < n; j++) sum += wq[r - r0][j] * ((const int8_t *) vr[j])[d];
+                    acc[r * D + d] = fmaf((float) sum, ws[r - r0], acc[r * D + d]);
+                }
         }
     }
 }

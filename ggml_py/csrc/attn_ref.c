@@ -95,14 +95,18 @@ void ggml_py_attn_q_prep_q4_0(int k_type, int64_t D, const float *q, void *out) 
     ggml_py_attn_q_prep_q8_0(k_type, D, q, out);
 }
 
-/* I8: the scale (a float) at byte 0, the int8 values from byte 32, zeros up to a
- * multiple of 32 (the SIMD kernel reads whole vectors of the query) */
+/* I8: the scale (a float) at byte 0, the sum of the values (an int32) at byte 4, the int8
+ * values from byte 32, zeros up to a multiple of 32 (the SIMD kernel reads whole vectors
+ * of the query; the sum is what its unsigned operand adds, attn_avx2.c) */
 void ggml_py_attn_q_prep_i8(int k_type, int64_t D, const float *q, void *out) {
     GGML_PY_UNUSED(k_type);
     int8_t *qs = (int8_t *) out + 32;
     float d;
+    int32_t sum = 0;
     ggml_py_quantize_i8_group(q, qs, &d, D);
+    for (int64_t i = 0; i < D; i++) sum += qs[i];
     memcpy(out, &d, sizeof(d));
+    memcpy((char *) out + 4, &sum, sizeof(sum));
     memset(qs + D, 0, (size_t) ((D + 31) / 32 * 32 - D));
 }
 
@@ -236,18 +240,50 @@ static inline float q4_0_value(const char *vr, int64_t d) {
 
 #define Q8_0_VALUE(vr, d, j) q8_0_value(vr, d)
 #define Q4_0_VALUE(vr, d, j) q4_0_value(vr, d)
-#define I8_VALUE(vr, d, j) ((float) ((const int8_t *) (vr))[d])
 
-/* the weight of value row j: its probability, times the row's scale for I8 (one scale a
- * row, so it is applied once to the weight rather than to every value) */
 #define P_WEIGHT(p, j) (p)
-#define P_TIMES_SCALE(p, j) ((p) * ggml_py_attn_row_scale(v, j))
 
 PV_REF(f32, P_WEIGHT, F32_VALUE)
 PV_REF(f16, P_WEIGHT, F16_VALUE)
 PV_REF(q8_0, P_WEIGHT, Q8_0_VALUE)
 PV_REF(q4_0, P_WEIGHT, Q4_0_VALUE)
-PV_REF(i8, P_TIMES_SCALE, I8_VALUE)
+
+/* A row's int16 weights of n keys of a block (attn.h): p its probabilities, sv the value
+ * rows' scales; returns the block's scale ws */
+static float i8_weights_ref(const float *p, const float *sv, int64_t n, int16_t *wq) {
+    float w[GGML_PY_ATTN_I8_KEYS], m = 0.0f;
+    int finite = 1;
+    for (int64_t j = 0; j < n; j++) {
+        w[j] = p[j] * sv[j];
+        finite = finite && isfinite(w[j]);
+        m = w[j] > m ? w[j] : m;
+    }
+    if (!finite) {
+        memset(wq, 0, sizeof(int16_t) * (size_t) n);
+        return NAN;
+    }
+    const float iw = m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f;
+    for (int64_t j = 0; j < n; j++) wq[j] = (int16_t) ggml_py_nearest_int(w[j] * iw);
+    return m / GGML_PY_ATTN_I8_WMAX;
+}
+
+void ggml_py_attn_pv_i8_ref(int64_t D, int64_t nr, const float *P, int64_t ldp,
+                            const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk, float *acc) {
+    float sv[GGML_PY_ATTN_I8_KEYS];
+    int16_t wq[GGML_PY_ATTN_I8_KEYS];
+    for (int64_t jb = 0; jb < nk; jb += GGML_PY_ATTN_I8_KEYS) {
+        const int64_t n = GGML_PY_MIN(GGML_PY_ATTN_I8_KEYS, nk - jb);
+        for (int64_t j = 0; j < n; j++) sv[j] = ggml_py_attn_row_scale(v, j0 + jb + j);
+        for (int64_t r = 0; r < nr; r++) {
+            const float ws = i8_weights_ref(P + r * ldp + jb, sv, n, wq);
+            for (int64_t d = 0; d < D; d++) {
+                int32_t sum = 0;   /* exact: |sum| <= 64 * 32767 * 127 */
+                for (int64_t j = 0; j < n; j++) sum += wq[j] * ((const int8_t *) ggml_py_attn_row(v, j0 + jb + j))[d];
+                acc[r * D + d] = fmaf((float) sum, ws, acc[r * D + d]);
+            }
+        }
+    }
+}
 
 /* ---- generic kernels: any type with a vec_dot (K) or a to_float (V) ---------------------- */
 

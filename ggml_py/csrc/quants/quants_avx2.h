@@ -33,8 +33,8 @@ static inline __m256i ggml_py_bits32(const uint8_t *x) {
 
 /* acc + (int32 lane k = sum of ux[e] * sy[e] for e in 4k..4k+3), ux unsigned.
  * One VNNI instruction where the build targets it, maddubs + madd otherwise. The two
- * agree exactly because no caller's unsigned bytes exceed 128: a pair's sum then
- * lies in [-32768, 32512] and maddubs never saturates. */
+ * agree exactly because no caller's unsigned bytes exceed 128 without VNNI: a pair's
+ * sum then lies in [-32768, 32512] and maddubs never saturates. */
 static inline __m256i ggml_py_dot_u8s8_acc(__m256i acc, __m256i ux, __m256i sy) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, ux, sy);
@@ -42,6 +42,18 @@ static inline __m256i ggml_py_dot_u8s8_acc(__m256i acc, __m256i ux, __m256i sy) 
     return _mm256_dpbusd_avx_epi32(acc, ux, sy);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ux, sy), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* acc + (int32 lane k = x[2k] * y[2k] + x[2k+1] * y[2k+1]), int16 lanes (exact: no caller
+ * multiplies -32768 by -32768) */
+static inline __m256i ggml_py_dot_s16_acc(__m256i acc, __m256i x, __m256i y) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpwssd_epi32(acc, x, y);
+#elif defined(GGML_PY_HAVE_VNNI)   /* AVX-VNNI */
+    return _mm256_dpwssd_avx_epi32(acc, x, y);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(x, y));
 #endif
 }
 
