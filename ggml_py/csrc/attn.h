@@ -36,6 +36,7 @@ struct ggml_py_attn_rows {
     const char *scale;         /* I8 pools: the scale of this head at slot 0 (else NULL) */
     size_t scale_stride;
     const int32_t *slots;      /* the list */
+    int64_t n_slots;           /* its length (a kernel given part of it may prefetch past its part) */
     int32_t type;              /* the pool's enum ggml_py_type */
     int32_t row_bytes;         /* bytes of one head's row */
 };

@@ -42,23 +42,30 @@ static inline __m256i reduce8_i32(const __m256i v[8]) {
 }
 
 /* Rows come from a slot list (pages anywhere in the pool): the hardware prefetchers
- * cannot guess them, so each kernel asks for the rows it reads PREFETCH keys ahead. */
-#define PREFETCH 8
+ * cannot guess them, so each kernel asks for the row PREFETCH_BYTES of rows ahead of the
+ * one it reads, past its own keys up to the list's end (slim and flash hand the score
+ * kernel the list 64 keys at a time). */
+#define PREFETCH_BYTES 2048
 
-static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j, int64_t end) {
-    if (j >= end) return;
+/* keys from the one read to the one asked for */
+static inline int64_t prefetch_ahead(const struct ggml_py_attn_rows *x) {
+    return GGML_PY_MAX(8, PREFETCH_BYTES / x->row_bytes);
+}
+
+static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j) {
+    if (j >= x->n_slots) return;
     const char *row = ggml_py_attn_row(x, j);
     for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
 }
 
 /* Keys j .. j + 3 of the list at j0 (nk keys) into k4 (the first again past the end), the
- * four PREFETCH keys on asked for; how many there are. The 2-row x 4-key tiles' step. */
+ * four `ahead` keys on asked for; how many there are. The 2-row x 4-key tiles' step. */
 static inline int key_quad(const struct ggml_py_attn_rows *k, int64_t j0, int64_t j, int64_t nk,
-                           const char *k4[4]) {
+                           int64_t ahead, const char *k4[4]) {
     const int n4 = (int) GGML_PY_MIN(4, nk - j);
     for (int c = 0; c < 4; c++) {
         k4[c] = ggml_py_attn_row(k, j0 + j + (c < n4 ? c : 0));
-        prefetch_row(k, j0 + j + PREFETCH + c, j0 + nk);
+        prefetch_row(k, j0 + j + ahead + c);
     }
     return n4;
 }
@@ -156,9 +163,10 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
                  float *S, int64_t lds, float scale) {                                           \
     const int64_t D8 = D & ~(int64_t) 7;                                                        \
     const int64_t nr2 = nr & ~(int64_t) 1;                                                      \
+    const int64_t ahead = prefetch_ahead(k);                                                    \
     for (int64_t j = 0; nr2 > 0 && j < nk; j += 4) {   /* keys outer: each read once */         \
         const char *k4[4];                                                                      \
-        const int n4 = key_quad(k, j0, j, nk, k4);                                              \
+        const int n4 = key_quad(k, j0, j, nk, ahead, k4);                                       \
         for (int64_t r = 0; r < nr2; r += 2) {                                                  \
             const float *q2[2];                                                                 \
             for (int i = 0; i < 2; i++) q2[i] = (const float *) ((const char *) q + (r + i) * q_stride); \
@@ -192,7 +200,7 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
         const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
-            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + ahead + i);                    \
             const float *qr[8];                                                                 \
             const char *kr[8];                                                                  \
             float *out[8];                                                                      \
@@ -243,9 +251,10 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
                                     float *S, int64_t lds, float scale) {                        \
     const int64_t nb = D / 32;                                                                  \
     const int64_t nr2 = nr & ~(int64_t) 1;                                                      \
+    const int64_t ahead = prefetch_ahead(k);                                                    \
     for (int64_t j = 0; nr2 > 0 && j < nk; j += 4) {   /* keys outer: each read once */         \
         const char *k4[4];                                                                      \
-        const int n4 = key_quad(k, j0, j, nk, k4);                                              \
+        const int n4 = key_quad(k, j0, j, nk, ahead, k4);                                       \
         for (int64_t r = 0; r < nr2; r += 2) {                                                  \
             const ggml_py_block_q8_0 *q2[2];                                                    \
             for (int i = 0; i < 2; i++) q2[i] = (const void *) ((const char *) q + (r + i) * q_stride); \
@@ -273,7 +282,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
             const char *kr[8];                                                                  \
             for (int i = 0; i < 8; i++) kr[i] = ggml_py_attn_row(k, j0 + j + (i < n8 ? i : 0)); \
-            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + 8 + i, j0 + nk);               \
+            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + ahead + i);                    \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -306,12 +315,13 @@ static inline __attribute__((always_inline)) void
 scores_i8(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
           int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
     const int64_t D32 = D & ~(int64_t) 31;
+    const int64_t ahead = prefetch_ahead(k);
     /* keys outer (each read once), 2 rows x 4 keys; a last row alone reuses the first
      * (its sums are not stored) */
     for (int64_t j = 0; j < nk; j += 4) {
         const char *k4[4];
         float dk[4];
-        const int n4 = key_quad(k, j0, j, nk, k4);
+        const int n4 = key_quad(k, j0, j, nk, ahead, k4);
         for (int c = 0; c < 4; c++) dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n4 ? c : 0));
         for (int64_t r = 0; r < nr; r += 2) {
             const int n2 = (int) GGML_PY_MIN(2, nr - r);
@@ -394,6 +404,7 @@ static inline __attribute__((always_inline)) void
 scores_i8_panel(int64_t D, int64_t nr, const void *q, size_t q_stride, const struct ggml_py_attn_rows *k,
                 int64_t j0, int64_t nk, float *S, int64_t lds, float scale) {
     __m256i panel[I8_PANEL_MAX_D / 4];
+    const int64_t ahead = prefetch_ahead(k);
     for (int64_t j = 0; j < nk; j += 8) {
         const int n8 = (int) GGML_PY_MIN(8, nk - j);
         const char *k8[8];
@@ -401,7 +412,7 @@ scores_i8_panel(int64_t D, int64_t nr, const void *q, size_t q_stride, const str
         for (int c = 0; c < 8; c++) {
             k8[c] = ggml_py_attn_row(k, j0 + j + (c < n8 ? c : 0));
             dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n8 ? c : 0));
-            prefetch_row(k, j0 + j + 8 + c, j0 + nk);
+            prefetch_row(k, j0 + j + ahead + c);
         }
         i8_key_panel(D, k8, panel);
         const __m256 dk8 = _mm256_loadu_ps(dk);
@@ -526,11 +537,10 @@ static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); 
     } while (0)
 
 /* the value rows of the next block in cache (their slots are anywhere in the pool) */
-static inline void prefetch_block(const struct ggml_py_attn_rows *v, int64_t j0, int64_t jb, int64_t je,
-                                  int64_t nk) {
+static inline void prefetch_block(const struct ggml_py_attn_rows *v, int64_t j0, int64_t jb, int64_t je) {
     if (jb == 0)
-        for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j, j0 + nk);
-    for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j, j0 + nk);
+        for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j);
+    for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j);
 }
 
 #define PV_AVX2(t)                                                                              \
@@ -539,7 +549,7 @@ void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t l
                                 float *acc) {                                                   \
     for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {                                              \
         const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
-        prefetch_block(v, j0, jb, je, nk);                                                      \
+        prefetch_block(v, j0, jb, je);                                                      \
         int64_t r = 0;                                                                          \
         for (; PV_WIDE(t) && r + 8 <= nr; r += 8) PV_ROWS(deq8_##t, value_##t, P_AT, 8);        \
         for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, P_AT, 4);                      \
@@ -642,7 +652,7 @@ void ggml_py_attn_pv_i8_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,
     const char *vr[GGML_PY_ATTN_I8_KEYS + 1];
     for (int64_t jb = 0; jb < nk; jb += GGML_PY_ATTN_I8_KEYS) {
         const int64_t n = GGML_PY_MIN(GGML_PY_ATTN_I8_KEYS, nk - jb);
-        prefetch_block(v, j0, jb, jb + n, nk);
+        prefetch_block(v, j0, jb, jb + n);
         for (int64_t j = 0; j < n; j++) {
             vr[j] = ggml_py_attn_row(v, j0 + jb + j);
             sv[j] = ggml_py_attn_row_scale(v, j0 + jb + j);

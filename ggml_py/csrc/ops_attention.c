@@ -111,7 +111,7 @@ static bool index_ok(int32_t start, int32_t count, int64_t first, int64_t n_inde
 /* The rows of kv head g of a pool (and its scales) over one list: part g % n of a row of
  * plane g / n, n heads a row. */
 static struct ggml_py_attn_rows rows_of(const struct ggml_py_tensor *pool, const struct ggml_py_tensor *scales,
-                                        int64_t g, int64_t D, const int32_t *slots) {
+                                        int64_t g, int64_t D, const int32_t *slots, int64_t n_slots) {
     const int64_t n = pool->ne[0] / D;
     struct ggml_py_attn_rows x;
     x.base = (const char *) pool->data + g / n * pool->nb[2] + g % n * ggml_py_row_size(pool->type, D);
@@ -119,6 +119,7 @@ static struct ggml_py_attn_rows rows_of(const struct ggml_py_tensor *pool, const
     x.scale = scales ? (const char *) scales->data + g / n * scales->nb[2] + g % n * sizeof(float) : NULL;
     x.scale_stride = scales ? scales->nb[1] : 0;
     x.slots = slots;
+    x.n_slots = n_slots;
     x.type = pool->type;
     x.row_bytes = (int32_t) ggml_py_row_size(pool->type, D);
     return x;
@@ -249,7 +250,8 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
             const int32_t *slots = index + index[2 * t0];
             struct attn_run run = {
                 .nr = (t1 - t0) * G, .longest = longest, .count = index + 2 * t0 + 1,
-                .k = rows_of(k, dst->src[4], g, D, slots), .v = rows_of(v, dst->src[5], g, D, slots),
+                .k = rows_of(k, dst->src[4], g, D, slots, longest),
+                .v = rows_of(v, dst->src[5], g, D, slots, longest),
             };
             for (int64_t r = 0; r < run.nr; r++) {
                 const float *qr = (const float *) ((const char *) q->data + (g * G + r % G) * q->nb[1] +
