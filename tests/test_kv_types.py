@@ -176,6 +176,15 @@ def test_bench_attn_prints_a_row_per_length(capsys):
     assert all(v > 0 for r in out["results"] for v in r["ms"].values())
 
 
+def test_bench_attn_cold_decode(capsys):
+    from ggml_py.cli.bench import main as bench_main
+    assert bench_main(["attn", "--shape", "8,2,64", "-L", "128", "-ctk", "int8", "--profiles", "slim",
+                       "--decode", "--cold", "-r", "2", "-t", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "one new token over L cached, K and V from memory" in out
+    assert len([line for line in out.splitlines() if line.startswith("|   128 |")]) == 1
+
+
 def test_bench_model_depth(capsys):
     from ggml_py.cli.bench import main as bench_main
     assert bench_main(["model", "-p", "0", "-n", "4", "-d", "0,40", "-r", "1", "-t", "1",

@@ -7,7 +7,10 @@ new token's over L cached ones - computed by the three-node graph (mul_mat, soft
 mul_mat over an F16 cache; BLAS for 32 query rows and more, as the model runs it) and by
 the attention op with each profile (slim, flash) and each -ctk type (K and V of that
 type). Reported: milliseconds per layer, the best of -r runs after a warm-up, profiles
-and types in turns so that a slow spell on the machine falls on all of them.
+and types in turns so that a slow spell on the machine falls on all of them. With --cold,
+the CPU's caches are filled with other data before each run (a read of 64 MiB), as in a
+model, where a layer's weights stream through between one layer's attention and the next:
+the layer's K and V then come from memory.
 Shapes: the model's (-m) or --shape H,Hkv,D (default 32,32,128: Llama 2 7B's, the paper's).
 """
 import json
@@ -27,6 +30,7 @@ from ggml_py.model.kv_rows import KV_TYPE_NAMES, KVRows
 
 PROG = "ggml-bench attn"
 GRAPH_MAX_SCORE_BYTES = 3 << 30     # the three-node graph's (H, T, L) scores, at most
+COLD_BYTES = 64 << 20               # --cold: read before each run, twice a large L3
 
 
 def shape_triple(text):
@@ -60,6 +64,9 @@ def add_arguments(parser):
                         help="among graph (three nodes), slim, flash (default all three)")
     parser.add_argument("--decode", action="store_true",
                         help="one query token over L cached ones (default: L causal query tokens)")
+    parser.add_argument("--cold", action="store_true",
+                        help="fill the caches with other data before each run, so that K and V "
+                             "come from memory (as in a model)")
     parser.add_argument("-t", "--threads", type=positive_int, default=None,
                         help="threads (default: physical cores)")
     parser.add_argument("-r", "--repetitions", type=positive_int, default=3,
@@ -142,6 +149,7 @@ def bench_attn(args):
     n_threads = args.threads or gg.default_threads()
     cols = columns(args)
     rng = np.random.default_rng(0)
+    other = np.ones(COLD_BYTES // 4, np.float32) if args.cold else None
     rows = []
     for L in args.lengths:
         T = 1 if args.decode else L
@@ -157,17 +165,19 @@ def bench_attn(args):
             case.time(n_threads)                   # warm-up
         for _ in range(args.repetitions):
             for key, case in cases.items():
+                if args.cold:
+                    other.sum()
                 best[key] = min(best[key], case.time(n_threads))
         rows.append({"length": L, "tokens": T,
                      "ms": {f"{p} {t}": 1e3 * best[(p, t)] if (p, t) in best else None
                             for p, t in cols}})
         if not args.json:
             print_row(rows[-1], cols, first=len(rows) == 1, H=H, Hkv=Hkv, D=D, n_threads=n_threads,
-                      decode=args.decode)
+                      decode=args.decode, cold=args.cold)
         cases.clear()
     if args.json:
-        print(json.dumps({"system_info": gg.system_info(), "shape": [H, Hkv, D],
-                          "n_threads": n_threads, "decode": args.decode, "results": rows}, indent=1))
+        print(json.dumps({"system_info": gg.system_info(), "shape": [H, Hkv, D], "n_threads": n_threads,
+                          "decode": args.decode, "cold": args.cold, "results": rows}, indent=1))
     else:
         print(f"\n{gg.system_info()}")
     if args.plot is not None:
@@ -175,10 +185,11 @@ def bench_attn(args):
     return 0
 
 
-def print_row(r, cols, first, H, Hkv, D, n_threads, decode):
+def print_row(r, cols, first, H, Hkv, D, n_threads, decode, cold=False):
     """One Markdown row (the header before the first)."""
     if first:
         what = "one new token over L cached" if decode else "L causal query tokens"
+        what += ", K and V from memory" if cold else ""
         print(f"attention of one layer, H={H} Hkv={Hkv} D={D}, {what}, {n_threads} threads, "
               f"ms (best of runs)\n")
         print("|     L | " + " | ".join(f"{p} {t}" for p, t in cols) + " |")
