@@ -7,7 +7,8 @@
  *
  *   q_prep  one query row (D floats) in the form the K kernel reads: F32 K: as it is;
  *           F16 K: rounded to F16 (as MUL_MAT converts activations); Q8_0 / Q4_0 K: Q8_0
- *           blocks; I8 K: int8 with one scale (the cache's own quantizer)
+ *           blocks; I8 K: int8 with one scale (the cache's own quantizer) and the
+ *           values' sum
  *   scores  S[r * lds + j - j0] = scale * dot(q_r, k_j) for r < nr, j0 <= j < j0 + nk
  *   pv      acc[r * D + d] += sum over j of P[r * ldp + j - j0] * v_j[d], j ascending (I8:
  *           in integers, below)

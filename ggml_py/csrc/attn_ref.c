@@ -207,9 +207,8 @@ void ggml_py_attn_scores_i8_ref(int64_t D, int64_t nr, const void *q, size_t q_s
 
 /* ---- scores times V ---------------------------------------------------------------- */
 
-/* acc[r][d] += p * (value d of row j), j ascending for each (r, d); p = WEIGHT(P[r][j], j),
- * the value VALUE(vr, d, j) */
-#define PV_REF(t, WEIGHT, VALUE)                                                                  \
+/* acc[r][d] += P[r][j] * (value d of row j: VALUE(vr, d)), j ascending for each (r, d) */
+#define PV_REF(t, VALUE)                                                                          \
 void ggml_py_attn_pv_##t##_ref(int64_t D, int64_t nr, const float *P, int64_t ldp,               \
                                const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk,         \
                                float *acc) {                                                      \
@@ -217,14 +216,11 @@ void ggml_py_attn_pv_##t##_ref(int64_t D, int64_t nr, const float *P, int64_t ld
         float *a = acc + r * D;                                                                   \
         for (int64_t j = 0; j < nk; j++) {                                                        \
             const char *vr = ggml_py_attn_row(v, j0 + j);                                         \
-            const float p = WEIGHT(P[r * ldp + j], j0 + j);                                       \
-            for (int64_t d = 0; d < D; d++) a[d] = fmaf(p, VALUE(vr, d, j0 + j), a[d]);           \
+            const float p = P[r * ldp + j];                                                       \
+            for (int64_t d = 0; d < D; d++) a[d] = fmaf(p, VALUE(vr, d), a[d]);                  \
         }                                                                                         \
     }                                                                                             \
 }
-
-#define F32_VALUE(vr, d, j) f32_at(vr, d)
-#define F16_VALUE(vr, d, j) f16_at(vr, d)
 
 static inline float q8_0_value(const char *vr, int64_t d) {
     const ggml_py_block_q8_0 *b = (const ggml_py_block_q8_0 *) vr + d / 32;
@@ -238,15 +234,10 @@ static inline float q4_0_value(const char *vr, int64_t d) {
     return (float) (nib - 8) * FP16_TO_FP32(b->d);
 }
 
-#define Q8_0_VALUE(vr, d, j) q8_0_value(vr, d)
-#define Q4_0_VALUE(vr, d, j) q4_0_value(vr, d)
-
-#define P_WEIGHT(p, j) (p)
-
-PV_REF(f32, P_WEIGHT, F32_VALUE)
-PV_REF(f16, P_WEIGHT, F16_VALUE)
-PV_REF(q8_0, P_WEIGHT, Q8_0_VALUE)
-PV_REF(q4_0, P_WEIGHT, Q4_0_VALUE)
+PV_REF(f32, f32_at)
+PV_REF(f16, f16_at)
+PV_REF(q8_0, q8_0_value)
+PV_REF(q4_0, q4_0_value)
 
 /* A row's int16 weights of n keys of a block (attn.h): p its probabilities, sv the value
  * rows' scales; returns the block's scale ws */
