@@ -17,7 +17,8 @@ prompt (the cache cut back to it before each) and -n tokens from the empty conte
 best round of each is kept. Printed per config: decode tokens/s at depth and from empty,
 their ratio, and the median over the rounds of each round's ratio (its two decodes run back
 to back, so a machine that slows down between rounds moves it less than the best figures'
-ratio), and llama.cpp's. --pp N adds, to each round, N prompt tokens evaluated after the
+ratio), and llama.cpp's; then each config's decode at depth against the first config's, the
+median of the rounds' ratios. --pp N adds, to each round, N prompt tokens evaluated after the
 -d ones (one batch of -b at most each; the cache cut back after): the prompt speed where
 attention weighs most. Never part of the tests.
 """
@@ -206,6 +207,7 @@ def main():
                 row["best"] = [min(b, t) for b, t in zip(row["best"], times + [np.inf] * 2)]
                 theirs = times[3] / times[2] if np.isfinite(times[2]) else np.nan
                 row.setdefault("ratios", []).append((times[1] / times[0], theirs))
+                row.setdefault("depth_s", []).append(times[0])
     print(f"\n{args.model}, {args.threads} threads, decode of {args.n_gen} tokens after "
           f"{args.depth} and from empty, best of {args.rounds} rounds taken in turns\n")
     print("| attention:ctk:ctv | t/s @ d | t/s empty | ratio | median ratio | llama.cpp @ d "
@@ -216,6 +218,11 @@ def main():
         ours, theirs = np.median(np.array(row["ratios"]), axis=0)
         print(f"| {row['config']} | {ts[0]:.2f} | {ts[1]:.2f} | {ts[0] / ts[1]:.3f} | {ours:.3f} | "
               f"{ts[2]:.2f} | {ts[3]:.2f} | {ts[2] / ts[3]:.3f} | {theirs:.3f} |")
+    if len(rows) > 1:
+        print(f"\ndecode at {args.depth} against {rows[0]['config']}'s, the median of the rounds' "
+              "ratios (the configs' decodes of a round run within seconds of each other): "
+              + ", ".join(f"{row['config']} ×{np.median(np.divide(rows[0]['depth_s'], row['depth_s'])):.3f}"
+                          for row in rows[1:]))
     if args.pp:
         print(f"\nprompt of {args.pp} tokens after {args.depth} (batches of {args.batch_size}), "
               f"tokens/s, best of {args.rounds} rounds\n")
