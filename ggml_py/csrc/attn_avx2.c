@@ -431,15 +431,14 @@ scores_i8_panel(int64_t D, int64_t nr, const void *q, size_t q_stride, const str
                     acc[i] = ggml_py_dot_u8s8_acc(acc[i], p, _mm256_set1_epi32(q4));
                 }
             }
+            const __m256 vscale = _mm256_set1_ps(scale);
             for (int i = 0; i < n; i++) {
-                const char *qr = (const char *) q + (r + i) * q_stride;
-                float dq;
+                const char *qr = (const char *) q + (r + i) * q_stride;   /* dq at 0, sum(q) at 4 */
                 int32_t qsum;
-                memcpy(&dq, qr, sizeof(dq));
                 memcpy(&qsum, qr + 4, sizeof(qsum));
-                const __m256i sums = _mm256_sub_epi32(acc[i], _mm256_set1_epi32(128 * qsum));
-                const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_set1_ps(dq), dk8));
-                store_1x8_scores(_mm256_mul_ps(s, _mm256_set1_ps(scale)), S + (r + i) * lds + j, n8);
+                const __m256i sums = _mm256_sub_epi32(acc[i], _mm256_slli_epi32(_mm256_set1_epi32(qsum), 7));
+                const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(_mm256_broadcast_ss((const float *) qr), dk8));
+                store_1x8_scores(_mm256_mul_ps(s, vscale), S + (r + i) * lds + j, n8);
             }
         }
     }
