@@ -61,6 +61,8 @@ typedef void (*ggml_py_attn_pv_fn)(int64_t D, int64_t nr, const float *P, int64_
                                    float *acc);
 /* x[j] = exp(x[j] - max) for j < n; returns their sum (lanes j % 8, then the tail) */
 typedef float (*ggml_py_attn_exp_sum_fn)(int64_t n, float *x, float max);
+/* the largest of x[0 .. n - 1] that is not NaN (-inf if none; lanes j % 8, then the tail) */
+typedef float (*ggml_py_attn_max_fn)(int64_t n, const float *x);
 
 struct ggml_py_attn_kernels {
     ggml_py_attn_q_prep_fn q_prep;     /* by the K type */
@@ -86,6 +88,7 @@ static inline size_t ggml_py_attn_q_bytes(int64_t D) {
  * read it through its traits (vec_dot, to_float). */
 void ggml_py_attn_kernels_for(int k_type, int v_type, struct ggml_py_attn_kernels *out);
 ggml_py_attn_exp_sum_fn ggml_py_attn_exp_sum(void);
+ggml_py_attn_max_fn ggml_py_attn_max(void);
 /* simd = 0: the scalar twins; 1: the SIMD kernels where built (called by select_kernels) */
 void ggml_py_attn_kernels_select(int simd);
 
@@ -109,6 +112,8 @@ GGML_PY_ATTN_TYPES(GGML_PY_ATTN_DECLARE)
 
 float ggml_py_attn_exp_sum_ref(int64_t n, float *x, float max);
 float ggml_py_attn_exp_sum_avx2(int64_t n, float *x, float max);
+float ggml_py_attn_max_ref(int64_t n, const float *x);
+float ggml_py_attn_max_avx2(int64_t n, const float *x);
 
 /* The int8 quantizer of I8 caches: x (n) -> q (n) with x ~ q * *d, d = max|x| / 127
  * (symmetric, one scale per group; rounding to nearest, ties to even). */

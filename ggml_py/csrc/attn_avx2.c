@@ -100,6 +100,18 @@ float ggml_py_attn_exp_sum_avx2(int64_t n, float *x, float max) {
     return sum;
 }
 
+/* maxps(x, m) is x > m ? x : m, the twin's comparison in each lane */
+float ggml_py_attn_max_avx2(int64_t n, const float *x) {
+    __m256 m8 = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) m8 = _mm256_max_ps(_mm256_loadu_ps(x + j), m8);
+    float lanes[8], max = -INFINITY;
+    _mm256_storeu_ps(lanes, m8);
+    for (int l = 0; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
+    for (; j < n; j++) max = x[j] > max ? x[j] : max;
+    return max;
+}
+
 /* ---- float keys (F32, F16) -------------------------------------------------------- */
 
 static inline __m256 load8_f32(const char *row, int64_t d) { return _mm256_loadu_ps((const float *) row + d); }

@@ -56,6 +56,19 @@ float ggml_py_attn_exp_sum_ref(int64_t n, float *x, float max) {
     return sum;
 }
 
+/* the softmax's max: lanes j % 8, then the lanes in order, then the tail; a comparison
+ * keeps the larger (NaN never wins; of -0 and +0 the one met first) */
+float ggml_py_attn_max_ref(int64_t n, const float *x) {
+    float lanes[8], max = -INFINITY;
+    for (int l = 0; l < 8; l++) lanes[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int l = 0; l < 8; l++) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
+    for (int l = 0; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
+    for (; j < n; j++) max = x[j] > max ? x[j] : max;
+    return max;
+}
+
 /* ---- the int8 quantizer of I8 caches and queries ------------------------------------- */
 
 void ggml_py_quantize_i8_group(const float *x, int8_t *q, float *d, int64_t n) {
@@ -345,6 +358,13 @@ ggml_py_attn_exp_sum_fn ggml_py_attn_exp_sum(void) {
     if (use_simd) return ggml_py_attn_exp_sum_avx2;
 #endif
     return ggml_py_attn_exp_sum_ref;
+}
+
+ggml_py_attn_max_fn ggml_py_attn_max(void) {
+#if defined(GGML_PY_HAVE_AVX2)
+    if (use_simd) return ggml_py_attn_max_avx2;
+#endif
+    return ggml_py_attn_max_ref;
 }
 
 static const struct kernel_row *row_of(int type) {

@@ -136,20 +136,6 @@ static inline int64_t count_of(const struct attn_run *run, int64_t G, int64_t r)
     return run->count[2 * (r / G)];
 }
 
-/* the largest of x[0 .. n) (-inf for none), in eight lanes so that the compiler
- * vectorizes it: the maximum does not depend on the order */
-static float max_of(const float *x, int64_t n) {
-    float lanes[8];
-    for (int l = 0; l < 8; l++) lanes[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (int l = 0; l < 8; l++) lanes[l] = x[j + l] > lanes[l] ? x[j + l] : lanes[l];
-    float max = lanes[0];
-    for (int l = 1; l < 8; l++) max = lanes[l] > max ? lanes[l] : max;
-    for (; j < n; j++) max = x[j] > max ? x[j] : max;
-    return max;
-}
-
 /* rows j0 .. j0 + n - 1 of x asked into cache */
 static void prefetch_rows(const struct ggml_py_attn_rows *x, int64_t j0, int64_t n) {
     for (int64_t j = j0; j < j0 + n; j++) {
@@ -162,6 +148,7 @@ static void prefetch_rows(const struct ggml_py_attn_rows *x, int64_t j0, int64_t
 static void run_slim(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
                      const struct ggml_py_attn_kernels *kern, float scale) {
     const ggml_py_attn_exp_sum_fn exp_sum = ggml_py_attn_exp_sum();
+    const ggml_py_attn_max_fn max_of = ggml_py_attn_max();
     const size_t qb = ggml_py_attn_q_bytes(s->D);
     for (int64_t j0 = 0; j0 < run->longest; j0 += KEYS) {
         kern->scores(s->D, run->nr, w->q, qb, &run->k, j0, GGML_PY_MIN(KEYS, run->longest - j0),
@@ -172,7 +159,7 @@ static void run_slim(const struct attn_run *run, const struct attn_shape *s, con
         float *sr = w->S + r * w->lds;
         const int64_t count = count_of(run, s->G, r);
         if (count > 0) {
-            const float inv = 1.0f / exp_sum(count, sr, max_of(sr, count));
+            const float inv = 1.0f / exp_sum(count, sr, max_of(count, sr));
             for (int64_t j = 0; j < count; j++) sr[j] *= inv;
         }
         for (int64_t j = count; j < run->longest; j++) sr[j] = 0.0f;   /* not this row's keys */
@@ -185,6 +172,7 @@ static void run_slim(const struct attn_run *run, const struct attn_shape *s, con
 static void run_flash(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
                       const struct ggml_py_attn_kernels *kern, float scale) {
     const ggml_py_attn_exp_sum_fn exp_sum = ggml_py_attn_exp_sum();
+    const ggml_py_attn_max_fn max_of = ggml_py_attn_max();
     const size_t qb = ggml_py_attn_q_bytes(s->D);
     const int64_t D = s->D;
     for (int64_t r = 0; r < run->nr; r++) w->max[r] = -INFINITY, w->sum[r] = 0.0f;
@@ -195,7 +183,7 @@ static void run_flash(const struct attn_run *run, const struct attn_shape *s, co
         for (int64_t r = 0; r < run->nr; r++) {
             float *sr = w->S + r * w->lds;
             const int64_t valid = GGML_PY_MAX(0, GGML_PY_MIN(n, count_of(run, s->G, r) - j0));
-            const float tile_max = max_of(sr, valid);
+            const float tile_max = max_of(valid, sr);
             const float max = tile_max > w->max[r] ? tile_max : w->max[r];
             if (valid > 0) {
                 /* exp(old max - new max): 0 for the first tile (-inf), 1 when it holds */
