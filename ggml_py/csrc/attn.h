@@ -78,6 +78,10 @@ struct ggml_py_attn_kernels {
 #define GGML_PY_ATTN_I8_KEYS 64
 #define GGML_PY_ATTN_I8_WMAX 32767.0f
 
+/* A row's int16 weights wq of n <= GGML_PY_ATTN_I8_KEYS keys of a block, as above: p its
+ * probabilities, sv the value rows' scales; returns the block's scale ws. */
+float ggml_py_attn_i8_weights(const float *p, const float *sv, int64_t n, int16_t *wq);
+
 /* Bytes of one prepared query row (any K type), a multiple of 64. */
 static inline size_t ggml_py_attn_q_bytes(int64_t D) {
     return ((size_t) D * sizeof(float) + 64 + 63) / 64 * 64;

@@ -560,7 +560,7 @@ void ggml_py_attn_pv_##t##_avx2(int64_t D, int64_t nr, const float *P, int64_t l
                                 float *acc) {                                                   \
     for (int64_t jb = 0; jb < nk; jb += PV_KEYS) {                                              \
         const int64_t je = GGML_PY_MIN(nk, jb + PV_KEYS);                                       \
-        prefetch_block(v, j0, jb, je);                                                      \
+        prefetch_block(v, j0, jb, je);                                                          \
         int64_t r = 0;                                                                          \
         for (; PV_WIDE(t) && r + 8 <= nr; r += 8) PV_ROWS(deq8_##t, value_##t, P_AT, 8);        \
         for (; r + 4 <= nr; r += 4) PV_ROWS(deq8_##t, value_##t, P_AT, 4);                      \
@@ -590,42 +590,30 @@ static inline void round16_i16(__m256 w0, __m256 w1, __m256 iw, int16_t *wq) {
     _mm256_storeu_si256((__m256i *) wq, _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8));
 }
 
-/* a block with a weight that is not finite: weights 0, scale NaN (attn.h) */
-static inline float i8_weights_not_finite(int16_t *wq) {
-    memset(wq, 0, sizeof(int16_t) * GGML_PY_ATTN_I8_KEYS);
-    return NAN;
-}
-
-/* A row's int16 weights of n keys (attn.h: i8_weights_ref's operations, the largest
- * weight found in any order), a zero after an odd last key; returns the block's scale.
- * The weights are finite when their sum is (none is negative, and 64 of them cannot
- * overflow: a value row's scale is at most FLT_MAX / 127). */
+/* A row's int16 weights of n keys (attn.h), a zero after an odd last key; returns the
+ * block's scale. A whole block in registers, the largest weight found in any order; the
+ * weights are finite when their sum is (none is negative, and 64 of them cannot overflow: a
+ * value row's scale is at most FLT_MAX / 127). A shorter last block by the twin's code. */
 static inline float i8_weights(const float *p, const float *sv, int64_t n, int16_t *wq) {
-    if (n == GGML_PY_ATTN_I8_KEYS) {   /* the whole block in registers */
-        __m256 w[8];
-        for (int k = 0; k < 8; k++) w[k] = _mm256_mul_ps(_mm256_loadu_ps(p + 8 * k), _mm256_loadu_ps(sv + 8 * k));
-        __m256 m8 = w[0], sum8 = w[0];
-        for (int k = 1; k < 8; k++) m8 = _mm256_max_ps(w[k], m8), sum8 = _mm256_add_ps(sum8, w[k]);
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        float sums[8];
-        _mm256_storeu_ps(sums, sum8);
-        if (!isfinite(ggml_py_attn_tree8(sums))) return i8_weights_not_finite(wq);
-        const __m256 iw = _mm256_set1_ps(m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f);
-        for (int k = 0; k < 8; k += 2) round16_i16(w[k], w[k + 1], iw, wq + 8 * k);
-        return m / GGML_PY_ATTN_I8_WMAX;
+    if (n < GGML_PY_ATTN_I8_KEYS) {
+        wq[n] = 0;
+        return ggml_py_attn_i8_weights(p, sv, n, wq);
     }
-    float w[GGML_PY_ATTN_I8_KEYS + 16] = { 0 }, m = 0.0f;
-    int finite = 1;
-    for (int64_t j = 0; j < n; j++) {
-        w[j] = p[j] * sv[j];
-        finite = finite && isfinite(w[j]);
-        m = w[j] > m ? w[j] : m;
+    __m256 w[8];
+    for (int k = 0; k < 8; k++) w[k] = _mm256_mul_ps(_mm256_loadu_ps(p + 8 * k), _mm256_loadu_ps(sv + 8 * k));
+    __m256 m8 = w[0], sum8 = w[0];
+    for (int k = 1; k < 8; k++) m8 = _mm256_max_ps(w[k], m8), sum8 = _mm256_add_ps(sum8, w[k]);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    float sums[8];
+    _mm256_storeu_ps(sums, sum8);
+    if (!isfinite(ggml_py_attn_tree8(sums))) {
+        memset(wq, 0, sizeof(int16_t) * GGML_PY_ATTN_I8_KEYS);
+        return NAN;
     }
-    if (!finite) return i8_weights_not_finite(wq);
     const __m256 iw = _mm256_set1_ps(m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f);
-    for (int64_t j = 0; j < n + (n & 1); j += 16) round16_i16(_mm256_loadu_ps(w + j), _mm256_loadu_ps(w + j + 8), iw, wq + j);
+    for (int k = 0; k < 8; k += 2) round16_i16(w[k], w[k + 1], iw, wq + 8 * k);
     return m / GGML_PY_ATTN_I8_WMAX;
 }
 

@@ -252,9 +252,7 @@ PV_REF(f16, f16_at)
 PV_REF(q8_0, q8_0_value)
 PV_REF(q4_0, q4_0_value)
 
-/* A row's int16 weights of n keys of a block (attn.h): p its probabilities, sv the value
- * rows' scales; returns the block's scale ws */
-static float i8_weights_ref(const float *p, const float *sv, int64_t n, int16_t *wq) {
+float ggml_py_attn_i8_weights(const float *p, const float *sv, int64_t n, int16_t *wq) {
     float w[GGML_PY_ATTN_I8_KEYS], m = 0.0f;
     int finite = 1;
     for (int64_t j = 0; j < n; j++) {
@@ -279,7 +277,7 @@ void ggml_py_attn_pv_i8_ref(int64_t D, int64_t nr, const float *P, int64_t ldp,
         const int64_t n = GGML_PY_MIN(GGML_PY_ATTN_I8_KEYS, nk - jb);
         for (int64_t j = 0; j < n; j++) sv[j] = ggml_py_attn_row_scale(v, j0 + jb + j);
         for (int64_t r = 0; r < nr; r++) {
-            const float ws = i8_weights_ref(P + r * ldp + jb, sv, n, wq);
+            const float ws = ggml_py_attn_i8_weights(P + r * ldp + jb, sv, n, wq);
             for (int64_t d = 0; d < D; d++) {
                 int32_t sum = 0;   /* exact: |sum| <= 64 * 32767 * 127 */
                 for (int64_t j = 0; j < n; j++) sum += wq[j] * ((const int8_t *) ggml_py_attn_row(v, j0 + jb + j))[d];
