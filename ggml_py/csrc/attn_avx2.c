@@ -646,7 +646,7 @@ static inline float i8_weights(const float *p, const float *sv, int64_t n, int16
 
 void ggml_py_attn_pv_i8_avx2(int64_t D, int64_t nr, const float *P, int64_t ldp,
                              const struct ggml_py_attn_rows *v, int64_t j0, int64_t nk, float *acc) {
-    int16_t wq[PV_ROWS_MAX][GGML_PY_ATTN_I8_KEYS + 16];
+    int16_t wq[PV_ROWS_MAX][GGML_PY_ATTN_I8_KEYS];
     float ws[PV_ROWS_MAX], sv[GGML_PY_ATTN_I8_KEYS];
     const char *vr[GGML_PY_ATTN_I8_KEYS + 1];
     for (int64_t jb = 0; jb < nk; jb += GGML_PY_ATTN_I8_KEYS) {
