@@ -52,7 +52,9 @@ INLINE void store_rows16(const __m512 *acc, int nr1, float *d, float *d2, int64_
 
 /* ---- Q4_0 ---- */
 #define BLOCK8 (8 * sizeof(ggml_py_block_q4_0))   /* a block of eight interleaved rows */
-#define CHUNK 32   /* blocks unpacked at a time: 16 KiB of values, in L1 */
+#define CHUNK 8   /* blocks unpacked at a time: their values (4 KiB) and every activation row's
+                    * bytes for them (32 rows: 8.5 KiB) stay in L1 together, where 32 blocks'
+                    * (16 KiB and 34 KiB) did not */
 
 /* Blocks [b0, b0 + nbc) of the two groups: w[8 b + g] = x's, then x2's, values
  * 4g .. 4g + 3 of their rows (0 .. 15), dx[b] their scales. The layout is
