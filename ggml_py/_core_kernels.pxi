@@ -121,6 +121,15 @@ def swiglu_variant(const float[::1] x, const float[::1] g, float[::1] y, bint si
         k.swiglu(x.shape[0], &y[0], &x[0], &g[0])
 
 
+def sum_sq_variant(const float[::1] x, double[::1] lanes, bint simd):
+    """Test hook: lanes[i % 16] += x[i] * x[i] (as a double) by the scalar or SIMD row kernel."""
+    if lanes.shape[0] != 16:
+        raise ValueError("sum_sq_variant: lanes must hold 16 doubles")
+    cdef const ggml_py_row_kernels *k = _row_kernels_or_raise(simd)
+    with nogil:
+        k.sum_sq(x.shape[0], &x[0] if x.shape[0] else NULL, &lanes[0])
+
+
 def vec_dot_variant(int type, int64_t n, const uint8_t[::1] x, const uint8_t[::1] y, bint simd):
     """Test hook: dot of n elements, x in `type`, y in its vec_dot type, by the
     scalar twin or the SIMD kernel."""

@@ -156,7 +156,9 @@ cdef extern from "ggml_py_quants.h" nogil:
 cdef extern from "vec.h" nogil:
     ctypedef double (*ggml_py_exp_sum_fn)(int64_t n, float *y, const float *x, float max)
     ctypedef void (*ggml_py_swiglu_fn)(int64_t n, float *y, const float *x, const float *g)
+    ctypedef void (*ggml_py_sum_sq_fn)(int64_t n, const float *x, double *lanes)
     cdef struct ggml_py_row_kernels:
         ggml_py_exp_sum_fn exp_sum
         ggml_py_swiglu_fn swiglu
+        ggml_py_sum_sq_fn sum_sq
     const ggml_py_row_kernels *ggml_py_row_kernel_set(int simd)

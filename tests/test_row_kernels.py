@@ -1,5 +1,5 @@
-"""Row kernels (softmax's exp-and-sum, SwiGLU): the SIMD twin against the
-scalar reference and both against float64 numpy."""
+"""Row kernels (softmax's exp-and-sum, SwiGLU, RMS_NORM's sum of squares): the SIMD
+twin against the scalar reference and both against float64 numpy."""
 import numpy as np
 import pytest
 
@@ -108,3 +108,37 @@ def test_exp_sum_near_the_top_of_float_range(simd):
     y = np.empty_like(x)
     _core.exp_sum_variant(x, 0.0, y, simd)
     np.testing.assert_allclose(y, np.exp(x.astype(np.float64)), rtol=1e-6)
+
+
+def sum_sq_lanes(x, simd, pieces=()):
+    """The sixteen lanes sum_sq leaves for x, given whole or cut at `pieces`."""
+    lanes = np.zeros(16)
+    for part in np.split(x, list(pieces)):
+        _core.sum_sq_variant(np.ascontiguousarray(part), lanes, simd)
+    return lanes
+
+
+@pytest.mark.parametrize("simd", variants(), ids=["ref", "simd"][:len(variants())])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 2048, 4099])
+def test_sum_sq_lane_k_holds_the_squares_of_elements_k_mod_16(simd, n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    lanes = sum_sq_lanes(x, simd)
+    squares = (x * x).astype(np.float64)            # each square rounded to float first
+    want = [squares[k::16].sum() for k in range(16)]
+    np.testing.assert_allclose(lanes, want, rtol=1e-13, atol=0)
+
+
+def test_sum_sq_twins_agree_bit_for_bit_whole_and_in_pieces():
+    """The lanes' order of additions is fixed, so the twins and a row given in pieces of a
+    multiple of 16 elements (a strided row, gathered a chunk at a time) give the same bits."""
+    x = (np.random.default_rng(5).standard_normal(4099) * 50).astype(np.float32)
+    ref = sum_sq_lanes(x, False)
+    for simd in variants():
+        assert sum_sq_lanes(x, simd).tolist() == ref.tolist()
+        assert sum_sq_lanes(x, simd, pieces=(1024, 2048, 3072)).tolist() == ref.tolist()
+
+
+def test_sum_sq_needs_sixteen_lanes():
+    with pytest.raises(ValueError, match="lanes must hold 16 doubles"):
+        _core.sum_sq_variant(np.zeros(3, np.float32), np.zeros(8), False)

@@ -1,5 +1,6 @@
 /* ops_reduce.c - SUM_ROWS, MEAN, ARGMAX, NORM, RMS_NORM, SOFT_MAX: one row at
- * a time, rows split over threads. Sums accumulate in double, as ggml's do. */
+ * a time, rows split over threads. Sums accumulate in double, as ggml's do
+ * (RMS_NORM's in sixteen lanes: the row kernel sum_sq). */
 #include "impl.h"
 #include "vec.h"
 
@@ -83,16 +84,30 @@ void ggml_py_compute_rms_norm(const struct ggml_py_compute_params *params, struc
     const struct ggml_py_tensor *src0 = dst->src[0];
     GGML_PY_UNARY_LOCALS(src0, dst);
     const float eps = ggml_py_get_op_param_f32(dst, 0);
+    const ggml_py_sum_sq_fn sum_sq = ggml_py_row_kernels()->sum_sq;
+    float buf[1024];   /* a strided row's elements, a multiple of the lanes at a time */
     FOR_EACH_ROW(src0) {
         ROW_INDICES;
         float *d = (float *) ((char *) dst->data + i1 * nb1 + i2 * nb2 + i3 * nb3);
-        double sum2 = 0.0;
-        for (int64_t i = 0; i < ne00; i++) {
-            const float v = *(const float *) (x + i * nb00);
-            sum2 += (double) (v * v);
+        double lanes[GGML_PY_SUM_SQ_LANES] = { 0 };
+        if (nb00 == sizeof(float)) {
+            sum_sq(ne00, (const float *) x, lanes);
+        } else {
+            for (int64_t i0 = 0; i0 < ne00; i0 += 1024) {
+                const int64_t n = GGML_PY_MIN(1024, ne00 - i0);
+                for (int64_t j = 0; j < n; j++) buf[j] = *(const float *) (x + (i0 + j) * nb00);
+                sum_sq(n, buf, lanes);
+            }
         }
+        double sum2 = 0.0;
+        for (int k = 0; k < GGML_PY_SUM_SQ_LANES; k++) sum2 += lanes[k];
         const float scale = 1.0f / sqrtf((float) (sum2 / (double) ne00) + eps);
-        for (int64_t i = 0; i < ne00; i++) d[i] = *(const float *) (x + i * nb00) * scale;
+        if (nb00 == sizeof(float)) {
+            const float *xs = (const float *) x;
+            for (int64_t i = 0; i < ne00; i++) d[i] = xs[i] * scale;
+        } else {
+            for (int64_t i = 0; i < ne00; i++) d[i] = *(const float *) (x + i * nb00) * scale;
+        }
     }
 }
 

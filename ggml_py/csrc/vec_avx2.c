@@ -73,4 +73,20 @@ void ggml_py_vec_swiglu_f32_avx2(int64_t n, float *y, const float *x, const floa
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
+/* lanes 4k .. 4k + 3 in acc[k]: sixteen floats squared, widened four at a time, added */
+void ggml_py_vec_sum_sq_f32_avx2(int64_t n, const float *x, double *lanes) {
+    __m256d acc[4];
+    for (int k = 0; k < 4; k++) acc[k] = _mm256_loadu_pd(lanes + 4 * k);
+    int64_t i = 0;
+    for (; i + GGML_PY_SUM_SQ_LANES <= n; i += GGML_PY_SUM_SQ_LANES) {
+        for (int h = 0; h < 2; h++) {
+            const __m256 v = _mm256_loadu_ps(x + i + 8 * h), sq = _mm256_mul_ps(v, v);
+            acc[2 * h] = _mm256_add_pd(acc[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+            acc[2 * h + 1] = _mm256_add_pd(acc[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+        }
+    }
+    for (int k = 0; k < 4; k++) _mm256_storeu_pd(lanes + 4 * k, acc[k]);
+    for (; i < n; i++) lanes[i % GGML_PY_SUM_SQ_LANES] += (double) (x[i] * x[i]);
+}
+
 #endif

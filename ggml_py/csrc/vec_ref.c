@@ -78,12 +78,16 @@ void ggml_py_vec_swiglu_f32_ref(int64_t n, float *y, const float *x, const float
     for (int64_t i = 0; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
+void ggml_py_vec_sum_sq_f32_ref(int64_t n, const float *x, double *lanes) {
+    for (int64_t i = 0; i < n; i++) lanes[i % GGML_PY_SUM_SQ_LANES] += (double) (x[i] * x[i]);
+}
+
 static const struct ggml_py_row_kernels row_ref = {
-    ggml_py_vec_exp_sum_f32_ref, ggml_py_vec_swiglu_f32_ref,
+    ggml_py_vec_exp_sum_f32_ref, ggml_py_vec_swiglu_f32_ref, ggml_py_vec_sum_sq_f32_ref,
 };
 #if defined(__AVX2__) && defined(__FMA__)
 static const struct ggml_py_row_kernels row_simd = {
-    ggml_py_vec_exp_sum_f32_avx2, ggml_py_vec_swiglu_f32_avx2,
+    ggml_py_vec_exp_sum_f32_avx2, ggml_py_vec_swiglu_f32_avx2, ggml_py_vec_sum_sq_f32_avx2,
 };
 #define ROW_SIMD (&row_simd)
 #else
