@@ -21,8 +21,9 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define COLS 4        /* activation rows run together: two chains each, eight in flight */
-#define K16_CHUNK 4   /* K-quant super-blocks at a time: the groups' 256-bit panels (~40 KiB), then
-                        * their side-by-side copy (~20 KiB) */
+#define K16_CHUNK 1   /* K-quant super-blocks at a time: one super-block's groups unpacked (~5 KiB),
+                        * their side-by-side copy (~5 KiB) and the activation rows' blocks stay in
+                        * L1 together, where four super-blocks' (~60 KiB) did not */
 
 INLINE __m512i side_by_side(__m256i a, __m256i b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
