@@ -281,8 +281,8 @@ def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
     over that copy at every M: registers only below M = 8 (up to four activation rows
     per pass), the panels' chunks from M = 8 (an item's two groups in one 512-bit
     register where the build has AVX-512 VNNI: groups 0 and 2 here; group 1 alone). On
-    random block bytes, rows of three groups and of 70 blocks (two or three panel
-    chunks), every output equals the scalar twin's vec_dot bit for bit."""
+    random block bytes, rows of three groups and of 70 blocks (chunks of 64 blocks in
+    the 256-bit panels, of 8 in the 512-bit ones: a short last chunk either way), every output equals the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
     assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_0, q4_0_raw(24, 70, rng), m, rng, rows8=True)
 
@@ -293,8 +293,8 @@ def test_k_quant_rows8_equal_scalar_twin_on_raw_bytes(t, m):
     """The K-quants the same way (below M = 8 up to two activation rows a pass; from M = 8
     an item's two groups in one 512-bit register where the build has AVX-512 VNNI: groups
     0 and 2 here; group 1 alone): on random super-block bytes (every scale, min and value
-    bit pattern, d and dmin finite), rows of three groups and of 17 super-blocks (three or
-    five panel chunks), every output equals the scalar twin's vec_dot bit for bit."""
+    bit pattern, d and dmin finite), rows of three groups and of 17 super-blocks (chunks of
+    eight in the 256-bit panels, a short last one; one at a time in the 512-bit ones), every output equals the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
     raw = rng.integers(0, 256, (24, 17, K_ROWS8[t][0]), dtype=np.uint8)
     halves = raw[..., K_QUANT_HALVES[t]]
