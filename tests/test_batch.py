@@ -523,6 +523,7 @@ def test_ggml_bench_batch_prints_the_table_and_json(tmp_path):
     rows = json.loads(proc.stdout)["results"]
     assert [r["n_seq"] for r in rows] == [1, 3] and rows[0]["vs_single"] == 1.0
     assert all(r["rounds"] == 2 for r in rows)
+    assert all(r["build_s"] == 0 for r in rows)      # graphs built in the untimed run only
     assert all(r["decode_ts"] > 0 and r["kv_bytes"] > 0 for r in rows)
     assert rows[1]["kv_bytes"] > rows[0]["kv_bytes"]        # KV grows with live tokens
     proc = run_program("ggml_py.cli.bench", "batch", "-np", "3", "-n", "2", "-t", "1",

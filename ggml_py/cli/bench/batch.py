@@ -30,6 +30,9 @@ from ggml_py.model.bundled import default_model_path, default_text_path
 
 PROG = "ggml-bench batch"
 PROMPT_TOKENS = 16
+# graphs kept: every size's (the sizes are timed in turns, and graphs of one size dropped
+# for the others' would be built again inside its timed run); each holds ~32 KB a layer
+KEPT_GRAPHS = 512
 
 
 def add_arguments(parser):
@@ -108,6 +111,7 @@ def bench_batch(args):
     model = args.model or default_model_path()
     llm, _ = open_llama(model, n_ctx=n_ctx, n_threads=args.threads, n_seq_max=max(sizes),
                         **kv_options(args))
+    llm.model.max_graphs = max(llm.model.max_graphs, KEPT_GRAPHS)
     run = {"prefix": args.prefix, "share_prefix": args.share_prefix}
     for n_seq in sizes:
         time_batch(llm, n_seq, args.n_gen, **run)  # builds the graphs the timed runs use
