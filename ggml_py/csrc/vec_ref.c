@@ -35,14 +35,24 @@ void ggml_py_vec_dot_bf16_ref(int64_t n, float *s, const void *vx, const void *v
     *s = (float) sum;
 }
 
+/* With F16C the row conversions take eight at a time the one instruction that
+ * ggml_py_fp16_to_fp32 / ggml_py_fp32_to_fp16 take one at a time: the same bits. */
 void ggml_py_f16_to_f32_row(const void *vx, float *y, int64_t n) {
     const ggml_py_fp16_t *x = vx;
-    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_fp16_to_fp32(x[i]);
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (x + i))));
+#endif
+    for (; i < n; i++) y[i] = ggml_py_fp16_to_fp32(x[i]);
 }
 
 void ggml_py_f32_to_f16_row(const float *x, void *vy, int64_t n) {
     ggml_py_fp16_t *y = vy;
-    for (int64_t i = 0; i < n; i++) y[i] = ggml_py_fp32_to_fp16(x[i]);
+    int64_t i = 0;
+#if defined(__F16C__)
+    for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i *) (y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+#endif
+    for (; i < n; i++) y[i] = ggml_py_fp32_to_fp16(x[i]);
 }
 
 void ggml_py_bf16_to_f32_row(const void *vx, float *y, int64_t n) {
