@@ -423,7 +423,7 @@ WIDE_SIZES(gemm_q8_0_wide, 1)
  * the eight sums in, in vec_dot's order (so a panel's outputs equal it bit for
  * bit). */
 #define PANEL_CHUNK 64   /* blocks interleaved at a time: 16 KiB of values, in L1 */
-#define PANEL_COLS 4     /* activation rows run together */
+#define PANEL_COLS GGML_PY_PANEL_PASS   /* activation rows run together */
 #define ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_0))   /* a block of eight interleaved rows */
 _Static_assert(GGML_PY_PANEL_ROWS == 8, "a panel's rows are the eight int32 lanes of a vector");
 
@@ -551,14 +551,11 @@ INLINE void legacy_panel(int q8, int rows8, int64_t n, int nr0, int nr1, const c
         const int nbc = (int) GGML_PY_MIN(PANEL_CHUNK, nb - b0);
         if (rows8) rows8_interleave(x, b0, nbc, w, dx);
         else legacy_interleave(q8, nr0, x, bx, b0, nbc, w, dx);
-        int c = 0;
-        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
-            legacy_panel_chunk(q8, PANEL_COLS, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
-                               q8 ? NULL : ysum + c * nb + b0, nb, acc + c);
-        }
-        if (c < nr1) {
-            legacy_panel_chunk(q8, nr1 - c, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by,
-                               q8 ? NULL : ysum + c * nb + b0, nb, acc + c);
+        for (int c = 0; c < nr1; c += PANEL_COLS) {
+#define PASS(nc) legacy_panel_chunk(q8, nc, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by, \
+                                    q8 ? NULL : ysum + c * nb + b0, nb, acc + c)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
         }
     }
     store_rows8(acc, nr0, nr1, d, ldd, 1);
@@ -880,11 +877,11 @@ INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1,
         if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, &p);
         else k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
-        int c = 0;
-        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) {
-            k4_panel_chunk(five_bits, PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
+        for (int c = 0; c < nr1; c += PANEL_COLS) {
+#define PASS(nc) k4_panel_chunk(five_bits, nc, nbc, &p, yc + c * by, by, acc + c)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
         }
-        if (c < nr1) k4_panel_chunk(five_bits, nr1 - c, nbc, &p, yc + c * by, by, acc + c);
     }
     store_rows8(acc, nr0, nr1, d, ldd, 1);
 }
@@ -1137,9 +1134,11 @@ INLINE void gemm_q6_panel(int rows8, int64_t n, int nr0, int nr1, const char *x,
         if (rows8) q6_rows8_interleave(x, b0, nbc, &p);
         else q6_K_interleave(nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
-        int c = 0;
-        for (; c + PANEL_COLS <= nr1; c += PANEL_COLS) q6_K_panel_chunk(PANEL_COLS, nbc, &p, yc + c * by, by, acc + c);
-        if (c < nr1) q6_K_panel_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c);
+        for (int c = 0; c < nr1; c += PANEL_COLS) {
+#define PASS(nc) q6_K_panel_chunk(nc, nbc, &p, yc + c * by, by, acc + c)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
+        }
     }
     store_rows8(acc, nr0, nr1, d, ldd, 1);
 }

@@ -20,7 +20,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-#define COLS 4        /* activation rows run together: two chains each, eight in flight */
+#define COLS GGML_PY_PANEL_PASS   /* activation rows run together: two chains each, eight in flight */
 #define K16_CHUNK 1   /* K-quant super-blocks at a time: one super-block's groups unpacked (~5 KiB),
                         * their side-by-side copy (~5 KiB) and the activation rows' blocks stay in
                         * L1 together, where four super-blocks' (~60 KiB) did not */
@@ -125,8 +125,9 @@ void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const ch
         const char *next = x + (b0 + nbc) * BLOCK8, *next2 = x2 + (b0 + nbc) * BLOCK8;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
             const char *yc = y + c * by + b0 * sizeof(ggml_py_block_q8_0);
-            if (c + COLS <= nr1) chunk(COLS, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2);
-            else chunk(nr1 - c, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2);
+#define PASS(nc) chunk(nc, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
         }
     }
     store_rows16(acc, nr1, d, d2, ldd);
@@ -229,8 +230,9 @@ void ggml_py_gemm_k4_rows16_avx512(int five_bits, int64_t n, int nr1, const char
         const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
         const char *next = x + (b0 + nbc) * block, *next2 = x2 + (b0 + nbc) * block;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
-            if (c + COLS <= nr1) k4_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
-            else k4_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2, block);
+#define PASS(nc) k4_panel16_chunk(nc, nbc, &p, yc + c * by, by, acc + c, next, next2, block)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
         }
     }
     store_rows16(acc, nr1, d, d2, ldd);
@@ -296,8 +298,9 @@ void ggml_py_gemm_q6_K_rows16_avx512(int64_t n, int nr1, const char *x, const ch
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         const char *next = x + (b0 + nbc) * Q6_ROWS8_BLOCK, *next2 = x2 + (b0 + nbc) * Q6_ROWS8_BLOCK;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
-            if (c + COLS <= nr1) q6_panel16_chunk(COLS, nbc, &p, yc + c * by, by, acc + c, next, next2);
-            else q6_panel16_chunk(nr1 - c, nbc, &p, yc + c * by, by, acc + c, next, next2);
+#define PASS(nc) q6_panel16_chunk(nc, nbc, &p, yc + c * by, by, acc + c, next, next2)
+            GGML_PY_PANEL_PASSES(nr1 - c, PASS)
+#undef PASS
         }
     }
     store_rows16(acc, nr1, d, d2, ldd);

@@ -10,6 +10,20 @@
 #include "quants_impl.h"
 
 #define K_PANEL_CHUNK 8   /* super-blocks interleaved at a time: 16 KiB of values */
+
+/* A panel chunk takes its activation rows in passes of up to GGML_PY_PANEL_PASS. PASS(nc)
+ * runs one, nc = min(GGML_PY_PANEL_PASS, n) a compile-time constant: the chunk kernels keep
+ * a pass's sums in registers only for a constant count (given a count known at run time,
+ * gcc kept them in memory, and a last pass of one to three rows, e.g. of 9 - 11 rows,
+ * slowed the whole product; docs/quants.md). */
+#define GGML_PY_PANEL_PASS 4
+#define GGML_PY_PANEL_PASSES(n, PASS)           \
+    switch (GGML_PY_MIN(GGML_PY_PANEL_PASS, n)) { \
+        case 1: PASS(1); break;                 \
+        case 2: PASS(2); break;                 \
+        case 3: PASS(3); break;                 \
+        default: PASS(GGML_PY_PANEL_PASS); break; \
+    }
 #define K4_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q4_K))   /* a super-block of eight rows */
 #define K5_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q5_K))
 #define Q6_ROWS8_BLOCK (8 * sizeof(ggml_py_block_q6_K))
