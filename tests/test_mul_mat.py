@@ -279,10 +279,12 @@ def test_interleave_rows8_layout():
 def test_q4_0_rows8_equal_scalar_twin_on_raw_bytes(m):
     """Q4_0 weights given with their rows interleaved by eight (rows8) run one kernel
     over that copy at every M: registers only below M = 8 (up to four activation rows
-    per pass), the panels' chunks from M = 8 (an item's two groups in one 512-bit
-    register where the build has AVX-512 VNNI: groups 0 and 2 here; group 1 alone). On
-    random block bytes, rows of three groups and of 70 blocks (chunks of 64 blocks in
-    the 256-bit panels, of 8 in the 512-bit ones: a short last chunk either way), every output equals the scalar twin's vec_dot bit for bit."""
+    per pass), the panels' chunks from M = 8, and where the build has AVX-512 VNNI an
+    item's two groups in one 512-bit register from M = 4 (groups 0 and 2 here; group 1
+    alone). Passes of four rows, and a last one of the rest (M = 5, 7, 9 - 11, 33, 70).
+    On random block bytes, rows of three groups and of 70 blocks (chunks of 64 blocks in
+    the 256-bit panels, of 8 in the 512-bit ones: a short last chunk either way), every
+    output equals the scalar twin's vec_dot bit for bit."""
     rng = np.random.default_rng(m)
     assert_cpu_equals_scalar_twin_on_raw_bytes(gg.Q4_0, q4_0_raw(24, 70, rng), m, rng, rows8=True)
 

@@ -638,17 +638,22 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
     for (int t = 0; t < ng; t++) store_rows8(acc[t], GGML_PY_PANEL_ROWS, nc, d[t], ldd, 1);
 }
 
+/* The 512-bit Q4_0 panel takes an item's two groups from this many activation rows (the
+ * 256-bit panels and the K-quants' 512-bit ones from GGML_PY_PANEL_MIN_M: below it their
+ * unpacking costs more than the few-row kernels' registers) */
+#define Q4_0_PANEL16_MIN_M 4
+
 /* The rows8 contract (mul_mat.h): x, x2 eight interleaved rows each (x2 may be NULL). */
 static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
                             const int32_t *ysum, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
-    if (nr1 >= GGML_PY_PANEL_MIN_M) {
 #if defined(GGML_PY_HAVE_PANEL16)
-        if (x2) {   /* both groups in one 512-bit register */
-            ggml_py_gemm_q4_0_rows16_avx512(n, nr1, x, x2, y, by, ysum, d, d2, ldd);
-            return;
-        }
+    if (x2 && nr1 >= Q4_0_PANEL16_MIN_M) {   /* both groups in one 512-bit register */
+        ggml_py_gemm_q4_0_rows16_avx512(n, nr1, x, x2, y, by, ysum, d, d2, ldd);
+        return;
+    }
 #endif
+    if (nr1 >= GGML_PY_PANEL_MIN_M) {
         legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, ysum, d, ldd);
         if (x2) legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, ysum, d2, ldd);
         return;

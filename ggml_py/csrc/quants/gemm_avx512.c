@@ -2,7 +2,7 @@
  * interleaved rows (mul_mat.c's compute_rows8: x and x2) in one register, for Q4_0, Q4_K,
  * Q5_K and Q6_K.
  *
- * From GGML_PY_PANEL_MIN_M activation rows a panel's work is byte products: four
+ * From GGML_PY_PANEL_MIN_M activation rows (Q4_0's from four) a panel's work is byte products: four
  * activation bytes broadcast to a vector meet every row in its lanes. In a 256-bit
  * register they meet eight rows, here sixteen, which halves the broadcasts, loads and
  * float steps per product (docs/quants.md has the figures). Lanes 0 .. 7 are x's rows,
