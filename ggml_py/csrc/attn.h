@@ -46,6 +46,13 @@ static inline const char *ggml_py_attn_row(const struct ggml_py_attn_rows *x, in
     return x->base + (int64_t) x->slots[j] * x->stride;
 }
 
+/* row j of the list asked into the L1 cache (nothing past the list's end) */
+static inline void ggml_py_attn_prefetch_row(const struct ggml_py_attn_rows *x, int64_t j) {
+    if (j >= x->n_slots) return;
+    const char *row = ggml_py_attn_row(x, j);
+    for (int32_t o = 0; o < x->row_bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
+}
+
 static inline float ggml_py_attn_row_scale(const struct ggml_py_attn_rows *x, int64_t j) {
     float s;
     __builtin_memcpy(&s, x->scale + (int64_t) x->slots[j] * x->scale_stride, sizeof(s));

@@ -52,12 +52,6 @@ static inline int64_t prefetch_ahead(const struct ggml_py_attn_rows *x) {
     return GGML_PY_MAX(8, PREFETCH_BYTES / x->row_bytes);
 }
 
-static inline void prefetch_row(const struct ggml_py_attn_rows *x, int64_t j) {
-    if (j >= x->n_slots) return;
-    const char *row = ggml_py_attn_row(x, j);
-    for (int32_t o = 0; o < x->row_bytes; o += 64) _mm_prefetch(row + o, _MM_HINT_T0);
-}
-
 /* Keys j .. j + 3 of the list at j0 (nk keys) into k4 (the first again past the end), the
  * four `ahead` keys on asked for; how many there are. The 2-row x 4-key tiles' step. */
 static inline int key_quad(const struct ggml_py_attn_rows *k, int64_t j0, int64_t j, int64_t nk,
@@ -65,7 +59,7 @@ static inline int key_quad(const struct ggml_py_attn_rows *k, int64_t j0, int64_
     const int n4 = (int) GGML_PY_MIN(4, nk - j);
     for (int c = 0; c < 4; c++) {
         k4[c] = ggml_py_attn_row(k, j0 + j + (c < n4 ? c : 0));
-        prefetch_row(k, j0 + j + ahead + c);
+        ggml_py_attn_prefetch_row(k, j0 + j + ahead + c);
     }
     return n4;
 }
@@ -212,7 +206,7 @@ float_scores_##t(int64_t D, int64_t nr, const void *q, size_t q_stride,         
         const float *q1 = (const float *) ((const char *) q + r * q_stride);                    \
         for (int64_t j = 0; j < nk; j += 8) {                                                   \
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
-            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + ahead + i);                    \
+            for (int i = 0; i < 8; i++) ggml_py_attn_prefetch_row(k, j0 + j + ahead + i);       \
             const float *qr[8];                                                                 \
             const char *kr[8];                                                                  \
             float *out[8];                                                                      \
@@ -294,7 +288,7 @@ void ggml_py_attn_scores_##t##_avx2(int64_t D, int64_t nr, const void *q, size_t
             const int n8 = (int) GGML_PY_MIN(8, nk - j);                                        \
             const char *kr[8];                                                                  \
             for (int i = 0; i < 8; i++) kr[i] = ggml_py_attn_row(k, j0 + j + (i < n8 ? i : 0)); \
-            for (int i = 0; i < 8; i++) prefetch_row(k, j0 + j + ahead + i);                    \
+            for (int i = 0; i < 8; i++) ggml_py_attn_prefetch_row(k, j0 + j + ahead + i);       \
             __m256 acc[8];                                                                      \
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();                           \
             for (int64_t b = 0; b < nb; b++) {                                                  \
@@ -424,7 +418,7 @@ scores_i8_panel(int64_t D, int64_t nr, const void *q, size_t q_stride, const str
         for (int c = 0; c < 8; c++) {
             k8[c] = ggml_py_attn_row(k, j0 + j + (c < n8 ? c : 0));
             dk[c] = ggml_py_attn_row_scale(k, j0 + j + (c < n8 ? c : 0));
-            prefetch_row(k, j0 + j + ahead + c);
+            ggml_py_attn_prefetch_row(k, j0 + j + ahead + c);
         }
         i8_key_panel(D, k8, panel);
         const __m256 dk8 = _mm256_loadu_ps(dk);
@@ -550,8 +544,8 @@ static inline float value_q4_0(const char *vr, int64_t d) { GGML_PY_UNUSED(vr); 
 /* the value rows of the next block in cache (their slots are anywhere in the pool) */
 static inline void prefetch_block(const struct ggml_py_attn_rows *v, int64_t j0, int64_t jb, int64_t je) {
     if (jb == 0)
-        for (int64_t j = 0; j < je; j++) prefetch_row(v, j0 + j);
-    for (int64_t j = je; j < je + PV_KEYS; j++) prefetch_row(v, j0 + j);
+        for (int64_t j = 0; j < je; j++) ggml_py_attn_prefetch_row(v, j0 + j);
+    for (int64_t j = je; j < je + PV_KEYS; j++) ggml_py_attn_prefetch_row(v, j0 + j);
 }
 
 #define PV_AVX2(t)                                                                              \

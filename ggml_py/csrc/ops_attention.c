@@ -136,14 +136,6 @@ static inline int64_t count_of(const struct attn_run *run, int64_t G, int64_t r)
     return run->count[2 * (r / G)];
 }
 
-/* rows j0 .. j0 + n - 1 of x asked into cache */
-static void prefetch_rows(const struct ggml_py_attn_rows *x, int64_t j0, int64_t n) {
-    for (int64_t j = j0; j < j0 + n; j++) {
-        const char *row = ggml_py_attn_row(x, j);
-        for (int32_t o = 0; o < x->row_bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
-    }
-}
-
 /* slim: every score of the run's rows, softmax in place, times V (into w->acc) */
 static void run_slim(const struct attn_run *run, const struct attn_shape *s, const struct attn_scratch *w,
                      const struct ggml_py_attn_kernels *kern, float scale) {
@@ -153,7 +145,7 @@ static void run_slim(const struct attn_run *run, const struct attn_shape *s, con
     for (int64_t j0 = 0; j0 < run->longest; j0 += KEYS) {
         kern->scores(s->D, run->nr, w->q, qb, &run->k, j0, GGML_PY_MIN(KEYS, run->longest - j0),
                      w->S + j0, w->lds, scale);
-        prefetch_rows(&run->v, j0, GGML_PY_MIN(KEYS, run->longest - j0));
+        for (int64_t j = j0; j < GGML_PY_MIN(j0 + KEYS, run->longest); j++) ggml_py_attn_prefetch_row(&run->v, j);
     }
     for (int64_t r = 0; r < run->nr; r++) {
         float *sr = w->S + r * w->lds;
