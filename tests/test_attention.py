@@ -370,6 +370,12 @@ def test_bad_input_is_refused(rng):
     out = gg.attention(q, k, k, ctx.from_numpy(bad), 1.0)
     with pytest.raises(ValueError, match="outside"):
         gg.build_forward(out).compute(n_threads=1)
+    # one list shared by both tokens (a sequence's): the bad slot only in the second's
+    # longer part, after the first token's shorter part was found good
+    bad = make_index([[0], [0, 10]], shared=True)
+    out = gg.attention(q, k, k, ctx.from_numpy(bad), 1.0)
+    with pytest.raises(ValueError, match="outside"):
+        gg.build_forward(out).compute(n_threads=1)
 
 
 @pytest.mark.parametrize("head_major", [False, True], ids=["by_slot", "by_head"])

@@ -99,12 +99,18 @@ size_t ggml_py_attention_work_size(const struct ggml_py_tensor *node, int n_thre
 }
 
 /* A token's slot list lies after the (start, count) pairs and holds valid slots
- * (the index is data written per step: a bad one is reported, never followed). */
+ * (the index is data written per step: a bad one is reported, never followed). The tokens
+ * of a sequence share one list, each reading a longer part of it, so a thread remembers
+ * how much of the last list it checked and checks only the rest. */
+struct checked_list { int32_t start, count; };
+
 static bool index_ok(int32_t start, int32_t count, int64_t first, int64_t n_index,
-                     const int32_t *index, int64_t n_slots) {
+                     const int32_t *index, int64_t n_slots, struct checked_list *checked) {
     if (count < 0 || count > n_slots || start < first || start + (int64_t) count > n_index) return false;
-    for (int32_t j = 0; j < count; j++)
+    const int32_t from = start == checked->start ? GGML_PY_MIN(count, checked->count) : 0;
+    for (int32_t j = from; j < count; j++)
         if (index[start + j] < 0 || index[start + j] >= n_slots) return false;
+    if (start != checked->start || count > checked->count) *checked = (struct checked_list) { start, count };
     return true;
 }
 
@@ -217,13 +223,16 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
 
     const int64_t n_blocks = (T + s.tokens - 1) / s.tokens;
     struct ggml_py_items taken = { 0, 0 };
-    /* items of one kv head are consecutive: a thread's chunk reads the same K and V rows */
+    struct checked_list checked = { -1, 0 };
+    /* items of one kv head are consecutive (a thread's chunk reads the same K and V rows),
+     * its last tokens first: in a prompt they have the longest lists, and the chunks taken
+     * last, while the other threads run out of work, are then the shortest */
     for (int64_t item; (item = ggml_py_next_item(params, s.Hkv * n_blocks, &taken)) >= 0;) {
-        const int64_t g = item / n_blocks, blk = item % n_blocks;
+        const int64_t g = item / n_blocks, blk = n_blocks - 1 - item % n_blocks;
         const int64_t t_end = GGML_PY_MIN(T, (blk + 1) * s.tokens);
         bool ok = true;
         for (int64_t t = blk * s.tokens; t < t_end; t++)
-            ok = ok && index_ok(index[2 * t], index[2 * t + 1], 2 * T, n_index, index, s.n_slots);
+            ok = ok && index_ok(index[2 * t], index[2 * t + 1], 2 * T, n_index, index, s.n_slots, &checked);
         if (!ok) {
             ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
             continue;
