@@ -50,11 +50,12 @@ def dequantize(buf, type, shape):
 ROWS8_TYPES = (Type.Q4_0, Type.Q4_K, Type.Q5_K, Type.Q6_K)
 
 
-def interleave_rows8(blocks, type):
+def interleave_rows8(blocks, type, out=None):
     """Q4_0, Q4_K, Q5_K or Q6_K weights (N, bytes of a row: N rows, N a multiple of 8) -> a new array
     of the same shape and bytes, their rows interleaved by eight: the layout MUL_MAT's
     SIMD kernels read fastest (include/ggml_py_quants.h, ggml_py_q4_0_interleave_rows8).
-    Pass it beside the weights as Context.from_buffer(..., rows8=...)."""
+    Pass it beside the weights as Context.from_buffer(..., rows8=...). out: a C-contiguous
+    uint8 array of that shape to write them into (and return) instead of a new one."""
     type = Type.of(type, "interleave_rows8")
     if type not in ROWS8_TYPES:
         raise ValueError(f"interleave_rows8: {type.name} has no interleaved layout (only "
@@ -64,7 +65,13 @@ def interleave_rows8(blocks, type):
     if blocks.ndim != 2 or blocks.shape[1] % traits["type_size"] or blocks.shape[0] % 8:
         raise ValueError(f"interleave_rows8: {type.name} rows (N, bytes of a row) with N a "
                          f"multiple of 8 are interleaved, got shape {blocks.shape}")
-    out = np.empty_like(blocks)
+    if out is None:
+        out = np.empty_like(blocks)
+    elif (not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != blocks.shape
+          or not out.flags.c_contiguous or not out.flags.writeable):
+        raise ValueError(f"interleave_rows8: out must be a writable C-contiguous uint8 array of "
+                         f"shape {blocks.shape}, got {getattr(out, 'dtype', out.__class__.__name__)} "
+                         f"{getattr(out, 'shape', '')}")
     _core.interleave_rows8(int(type), blocks, out,
                            blocks.shape[1] // traits["type_size"] * traits["blck_size"])
     return out

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ggml_py.core.memory import huge_page_bytes
 from ggml_py.core.quants import ROWS8_TYPES, interleave_rows8
 from ggml_py.core.types import row_bytes
 from ggml_py.files.gguf_reader import USE_MATMUL, USE_NORM, USE_ROWS, GGUFModelFile
@@ -97,11 +98,27 @@ def with_rows8(weights, release=None, n_threads=1):
     gets its columns packed and interleaved. release(data), if given, is called on each
     whole matrix's bytes once copied (GGUFModelFile.release_pages: the scalar kernels, a
     BLAS profile and get_rows of tied embeddings read them back from the file). The copies
-    are made on n_threads threads (the copying releases the GIL)."""
+    are made on n_threads threads (the copying releases the GIL), into one block of memory
+    on 2 MiB pages where the system gives them (core.memory)."""
+    def packed(w):
+        return w is not None and w.type in ROWS8_TYPES and len(w.shape) == 2 and w.shape[0] % 8 == 0
+
+    # each copy's place in the block, on a cache line
+    matrices = [w for lw in weights.layers for name, w in vars(lw).items() if name in MATMUL_FIELDS]
+    places, total = {}, 0
+    for w in matrices + [weights.output]:
+        if packed(w) and id(w) not in places:
+            places[id(w)] = total
+            total += (w.nbytes + 63) // 64 * 64
+    block = huge_page_bytes(total)
+
     def interleaved(w):
-        if w is None or w.type not in ROWS8_TYPES or len(w.shape) != 2 or w.shape[0] % 8:
+        if not packed(w):
             return w
-        copy = dataclasses.replace(w, rows8=interleave_rows8(w.data, w.type))   # packs a slice
+        data = np.ascontiguousarray(w.data).view(np.uint8)      # packs a slice
+        place = places[id(w)]
+        out = block[place:place + data.nbytes].reshape(data.shape)
+        copy = dataclasses.replace(w, rows8=interleave_rows8(data, w.type, out=out))
         if release is not None and not isinstance(w, ColumnSlice):   # a slice shares its pages
             release(w.data)
         return copy
