@@ -113,8 +113,11 @@ def bench_batch(args):
                         **kv_options(args))
     llm.model.max_graphs = max(llm.model.max_graphs, KEPT_GRAPHS)
     run = {"prefix": args.prefix, "share_prefix": args.share_prefix}
-    for n_seq in sizes:
-        time_batch(llm, n_seq, args.n_gen, **run)  # builds the graphs the timed runs use
+    # builds the graphs the timed runs use, the largest B first: its graphs size the shared
+    # buffer of intermediates, which a larger graph built after the others would grow,
+    # dropping them to be built again inside the timed runs
+    for n_seq in sorted(sizes, reverse=True):
+        time_batch(llm, n_seq, args.n_gen, **run)
     timed = {n_seq: [] for n_seq in sizes}
     for _ in range(args.rounds):
         for n_seq in sizes:
