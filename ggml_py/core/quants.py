@@ -51,11 +51,12 @@ ROWS8_TYPES = (Type.Q4_0, Type.Q4_K, Type.Q5_K, Type.Q6_K)
 
 
 def interleave_rows8(blocks, type, out=None):
-    """Q4_0, Q4_K, Q5_K or Q6_K weights (N, bytes of a row: N rows, N a multiple of 8) -> a new array
+    """Q4_0, Q4_K, Q5_K or Q6_K weights (N, bytes of a row: N rows, N a multiple of 8) -> an array
     of the same shape and bytes, their rows interleaved by eight: the layout MUL_MAT's
     SIMD kernels read fastest (include/ggml_py_quants.h, ggml_py_q4_0_interleave_rows8).
     Pass it beside the weights as Context.from_buffer(..., rows8=...). out: a C-contiguous
-    uint8 array of that shape to write them into (and return) instead of a new one."""
+    uint8 array of that shape, apart from the weights' memory, to write them into (and
+    return) instead of a new one."""
     type = Type.of(type, "interleave_rows8")
     if type not in ROWS8_TYPES:
         raise ValueError(f"interleave_rows8: {type.name} has no interleaved layout (only "
@@ -72,6 +73,8 @@ def interleave_rows8(blocks, type, out=None):
         raise ValueError(f"interleave_rows8: out must be a writable C-contiguous uint8 array of "
                          f"shape {blocks.shape}, got {getattr(out, 'dtype', out.__class__.__name__)} "
                          f"{getattr(out, 'shape', '')}")
+    elif np.shares_memory(out, blocks):
+        raise ValueError("interleave_rows8: out overlaps the weights it is made from")
     _core.interleave_rows8(int(type), blocks, out,
                            blocks.shape[1] // traits["type_size"] * traits["blck_size"])
     return out

@@ -101,7 +101,8 @@ size_t ggml_py_attention_work_size(const struct ggml_py_tensor *node, int n_thre
 /* A token's slot list lies after the (start, count) pairs and holds valid slots
  * (the index is data written per step: a bad one is reported, never followed). The tokens
  * of a sequence share one list, each reading a longer part of it, so a thread remembers
- * how much of the last list it checked and checks only the rest. */
+ * how much of the last list it checked and, for a token of that list, checks only the
+ * rest. */
 struct checked_list { int32_t start, count; };
 
 static bool index_ok(int32_t start, int32_t count, int64_t first, int64_t n_index,

@@ -99,7 +99,8 @@ def with_rows8(weights, release=None, n_threads=1):
     whole matrix's bytes once copied (GGUFModelFile.release_pages: the scalar kernels, a
     BLAS profile and get_rows of tied embeddings read them back from the file). The copies
     are made on n_threads threads (the copying releases the GIL), into one block of memory
-    on 2 MiB pages where the system gives them (core.memory)."""
+    on 2 MiB pages where the system gives them (core.memory): the block stays mapped while
+    any copy in it is held."""
     def packed(w):
         return w is not None and w.type in ROWS8_TYPES and len(w.shape) == 2 and w.shape[0] % 8 == 0
 
@@ -127,9 +128,15 @@ def with_rows8(weights, release=None, n_threads=1):
     # handlers of its own, which a program that never repacks need not carry)
     from concurrent.futures import Future, ThreadPoolExecutor
     with ThreadPoolExecutor(max(1, n_threads)) as pool:
-        layers = [{name: pool.submit(interleaved, w) if name in MATMUL_FIELDS else w
+        futures = {}     # one copy of a matrix that appears twice
+
+        def copy_of(w):
+            if id(w) not in futures:
+                futures[id(w)] = pool.submit(interleaved, w)
+            return futures[id(w)]
+        layers = [{name: copy_of(w) if name in MATMUL_FIELDS else w
                    for name, w in vars(lw).items()} for lw in weights.layers]
-        output = pool.submit(interleaved, weights.output)
+        output = copy_of(weights.output)
         layers = tuple(LayerWeights(**{name: w.result() if isinstance(w, Future) else w
                                        for name, w in lw.items()}) for lw in layers)
         return dataclasses.replace(weights, layers=layers, output=output.result())

@@ -664,14 +664,14 @@ static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, c
         const char *const both[2] = { x, x2 }, *const first[2] = { x, NULL }, *const second[2] = { x2, NULL };
         float *const d_both[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
         float *const d_first[2] = { d + c * ldd, NULL }, *const d_second[2] = { d_both[1], NULL };
-        switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c) + (x2 ? 10 : 0)) {   /* two groups: up to two rows */
+        switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c) + (x2 ? 10 : 0)) {   /* two groups: up to two rows (three below) */
             case 11: rows8_few_body(2, 1, nb, both, yc, by, sc, d_both, ldd); break;
             case 12: rows8_few_body(2, 2, nb, both, yc, by, sc, d_both, ldd); break;
             case 1:  rows8_few_body(1, 1, nb, first, yc, by, sc, d_first, ldd); break;
             case 2:  rows8_few_body(1, 2, nb, first, yc, by, sc, d_first, ldd); break;
             case 3:  rows8_few_body(1, 3, nb, first, yc, by, sc, d_first, ldd); break;
             case 4:  rows8_few_body(1, 4, nb, first, yc, by, sc, d_first, ldd); break;
-#if defined(__AVX512VL__) && defined(GGML_PY_HAVE_VNNI)
+#if defined(__AVX512VL__) && defined(__AVX512VNNI__)
             /* 32 vector registers and one instruction a byte dot: both groups' sums for
              * three rows, two streams of memory (without VNNI that measured slower) */
             case 13: rows8_few_body(2, 3, nb, both, yc, by, sc, d_both, ldd); break;
