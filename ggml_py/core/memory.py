@@ -4,9 +4,10 @@ system gives them.
 Read from 4 KiB pages, a matrix costs an address translation (a TLB miss and a page walk)
 every 4 KiB, and the hardware prefetchers stop at each page's end. Linux backs anonymous
 memory with 2 MiB pages ("transparent huge pages") where a program asks for them with
-madvise(MADV_HUGEPAGE), the mode most distributions ship; numpy asks for arrays of 4 MiB or
-more, but from wherever malloc put them, so a matrix's first and last 2 MiB stay on small
-pages, and smaller arrays get none. docs/llama.md ("Weights in memory") has the figures.
+madvise(MADV_HUGEPAGE) (the mode many distributions ship; "always" needs no asking). numpy
+asks for arrays of 4 MiB or more, but from wherever malloc put them, so a matrix's first
+and last 2 MiB stay on small pages, and smaller arrays get none. docs/llama.md ("Weights in
+memory") has the figures.
 """
 import mmap
 

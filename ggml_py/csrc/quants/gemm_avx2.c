@@ -664,7 +664,7 @@ static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, c
         const char *const both[2] = { x, x2 }, *const first[2] = { x, NULL }, *const second[2] = { x2, NULL };
         float *const d_both[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
         float *const d_first[2] = { d + c * ldd, NULL }, *const d_second[2] = { d_both[1], NULL };
-        switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c) + (x2 ? 10 : 0)) {   /* two groups: up to two rows (three below) */
+        switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c) + (x2 ? 10 : 0)) {   /* two groups: up to two rows (three with 32 registers and VNNI) */
             case 11: rows8_few_body(2, 1, nb, both, yc, by, sc, d_both, ldd); break;
             case 12: rows8_few_body(2, 2, nb, both, yc, by, sc, d_both, ldd); break;
             case 1:  rows8_few_body(1, 1, nb, first, yc, by, sc, d_first, ldd); break;
