@@ -14,7 +14,8 @@
  *
  * A work item is a kv head and a block of up to ROWS / G tokens: its rows are the G query
  * heads of that kv head for each token, and tokens with the same list (one sequence) share
- * every K and V row read. The profiles (enum ggml_py_attention_profile) differ in how the
+ * every K and V row read (fewer tokens a block where that leaves too few items for the
+ * threads: a block's size changes how the work is shared, never a row's numbers). The profiles (enum ggml_py_attention_profile) differ in how the
  * scores of an item's rows are held:
  *   slim   the whole score row-block (rows x the longest list) in the thread's buffer:
  *          scores, softmax in place, times V; no correction (SlimAttention)
@@ -32,7 +33,10 @@
 #include "attn.h"
 #include "impl.h"
 
-#define ROWS 32   /* query rows per work item (heads x tokens), G when G is larger */
+#define ROWS 64   /* query rows per work item at most (heads x tokens), G when G is larger */
+#define ITEMS_PER_THREAD 4   /* fewer tokens a block rather than fewer items than this */
+#define LIMIT_ROWS 32   /* the rows auto's default limit is reckoned for: a constant, so that
+                           the limit never moves with the batch or the threads */
 #define KEYS 64   /* keys per tile: flash's tile, and slim's passes over the keys */
 
 /* auto's default limit: slim while a block's score buffer stays small (docs/attention.md) */
@@ -40,8 +44,8 @@
 
 struct attn_shape {
     int64_t D, H, T, Hkv, G;
-    int64_t tokens;      /* tokens per work item */
-    int64_t rows;        /* rows per work item: G * tokens */
+    int64_t tokens;      /* tokens per work item at most */
+    int64_t rows;        /* rows per work item at most: G * tokens */
     int64_t n_slots;     /* slots in the pools */
     int64_t longest;     /* the longest list a token can have */
     int64_t slim_limit;  /* auto: slim for a token with at most this many slots */
@@ -57,7 +61,7 @@ static struct attn_shape shape_of(const struct ggml_py_tensor *node) {
     s.n_slots = k->ne[1];
     s.longest = GGML_PY_MAX(0, GGML_PY_MIN(s.n_slots, index->ne[0] - 2 * s.T));
     s.slim_limit = node->op_params[1] > 0 ? node->op_params[1] : node->op_params[1] < 0 ? 0
-                 : (int64_t) (SLIM_MAX_SCORE_BYTES / (sizeof(float) * s.rows));
+                 : (int64_t) (SLIM_MAX_SCORE_BYTES / (sizeof(float) * s.G * GGML_PY_MAX(1, LIMIT_ROWS / s.G)));
     return s;
 }
 
@@ -222,7 +226,10 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
     ggml_py_attn_kernels_for(k->type, v->type, &kern);
     const size_t qb = ggml_py_attn_q_bytes(D);
 
-    const int64_t n_blocks = (T + s.tokens - 1) / s.tokens;
+    /* a prompt's blocks of ROWS rows read each K and V row once for more query rows; a
+     * step of few tokens takes smaller blocks, enough items for every thread */
+    const int64_t tokens = GGML_PY_MAX(1, GGML_PY_MIN(s.tokens, T * s.Hkv / (ITEMS_PER_THREAD * params->nth)));
+    const int64_t n_blocks = (T + tokens - 1) / tokens;
     struct ggml_py_items taken = { 0, 0 };
     struct checked_list checked = { -1, 0 };
     /* items of one kv head are consecutive (a thread's chunk reads the same K and V rows),
@@ -230,16 +237,16 @@ void ggml_py_compute_attention(const struct ggml_py_compute_params *params, stru
      * last, while the other threads run out of work, are then the shortest */
     for (int64_t item; (item = ggml_py_next_item(params, s.Hkv * n_blocks, &taken)) >= 0;) {
         const int64_t g = item / n_blocks, blk = n_blocks - 1 - item % n_blocks;
-        const int64_t t_end = GGML_PY_MIN(T, (blk + 1) * s.tokens);
+        const int64_t t_end = GGML_PY_MIN(T, (blk + 1) * tokens);
         bool ok = true;
-        for (int64_t t = blk * s.tokens; t < t_end; t++)
+        for (int64_t t = blk * tokens; t < t_end; t++)
             ok = ok && index_ok(index[2 * t], index[2 * t + 1], 2 * T, n_index, index, s.n_slots, &checked);
         if (!ok) {
             ggml_py_set_error(params, GGML_PY_STATUS_BAD_INDEX);
             continue;
         }
         /* runs of tokens with the same list (and, for auto, the same way) */
-        for (int64_t t0 = blk * s.tokens, t1; t0 < t_end; t0 = t1) {
+        for (int64_t t0 = blk * tokens, t1; t0 < t_end; t0 = t1) {
             int64_t longest = index[2 * t0 + 1];
             const int flash = profile == GGML_PY_ATTENTION_AUTO ? longest > s.slim_limit
                                                                 : profile == GGML_PY_ATTENTION_FLASH;
