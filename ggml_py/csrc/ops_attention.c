@@ -15,8 +15,9 @@
  * A work item is a kv head and a block of up to ROWS / G tokens: its rows are the G query
  * heads of that kv head for each token, and tokens with the same list (one sequence) share
  * every K and V row read (fewer tokens a block where that leaves too few items for the
- * threads: a block's size changes how the work is shared, never a row's numbers). The profiles (enum ggml_py_attention_profile) differ in how the
- * scores of an item's rows are held:
+ * threads: a block's size changes how the work is shared, never a row's numbers). The
+ * profiles (enum ggml_py_attention_profile) differ in how the scores of an item's rows
+ * are held:
  *   slim   the whole score row-block (rows x the longest list) in the thread's buffer:
  *          scores, softmax in place, times V; no correction (SlimAttention)
  *   flash  tiles of KEYS keys: scores of the tile, a running max and sum per row, the
