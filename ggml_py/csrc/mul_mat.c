@@ -6,7 +6,7 @@
  *
  * Profiles (data; the executor reads the stage flags):
  *   cpu         INIT (parallel): src1 rows -> src0's vec_dot type, into the work
- *               buffer (and their block sums, for Q4_0's panels); COMPUTE
+ *               buffer (and their block terms, for Q4_0's and Q8_0's panels); COMPUTE
  *               (parallel): eight neighbouring src0 rows in a panel kernel where
  *               the type has one for this M, else groups of eight far-apart rows
  *               through a wide 8 x 4 kernel below M = 8 where it has one (Q4_0, Q8_0), else of four
@@ -152,7 +152,7 @@ static bool src1_needs_conversion(const struct ggml_py_tensor *node) {
 }
 
 /* The CPU profile's panel kernel for this node, or NULL: it reads the converted
- * src1 rows and their block sums from the work buffer. */
+ * src1 rows and their block terms from the work buffer. */
 static ggml_py_gemm_panel_fn panel_for(const struct ggml_py_tensor *node) {
     if (!panel_for_type || !src1_needs_conversion(node)) return NULL;
     return panel_for_type(node->src[0]->type, node->src[1]->ne[1]);
@@ -168,14 +168,15 @@ static ggml_py_gemm_rows8_fn rows8_for(const struct ggml_py_tensor *node) {
     return one_matrix ? rows8_for_type(src0->type) : NULL;
 }
 
-/* Whether the panel kernel reads the block sums of the converted src1 rows
- * (Q4_0's: its values' offset of 8 is taken off through them). */
-static bool panel_takes_sums(const struct ggml_py_tensor *node) {
-    return node->src[0]->type == GGML_PY_TYPE_Q4_0 && (panel_for(node) != NULL || rows8_for(node) != NULL);
+/* Whether the panel or rows8 kernel reads the block terms of the converted src1 rows
+ * (ggml_py_q8_0_terms: Q4_0's and Q8_0's). */
+static bool kernel_takes_terms(const struct ggml_py_tensor *node) {
+    const int type = node->src[0]->type;
+    return (type == GGML_PY_TYPE_Q4_0 || type == GGML_PY_TYPE_Q8_0) && (panel_for(node) != NULL || rows8_for(node) != NULL);
 }
 
 /* The CPU profile's work buffer: src1's rows in the vec_dot type, then (for a
- * panel kernel) their block sums, from the next cache line on. */
+ * panel or rows8 kernel) their block terms, from the next cache line on. */
 static size_t src1_rows(const struct ggml_py_tensor *node) {
     return (size_t) (node->src[1]->ne[1] * node->src[1]->ne[2] * node->src[1]->ne[3]);
 }
@@ -185,12 +186,13 @@ static size_t converted_rows_size(const struct ggml_py_tensor *node) {
     return ggml_py_row_size(vec_dot_type, node->src[1]->ne[0]) * src1_rows(node);
 }
 
-static size_t block_sums_offset(const struct ggml_py_tensor *node) {
+static size_t block_terms_offset(const struct ggml_py_tensor *node) {
     return (converted_rows_size(node) + GGML_PY_CACHE_LINE - 1) / GGML_PY_CACHE_LINE * GGML_PY_CACHE_LINE;
 }
 
-static int32_t *block_sums_at(const struct ggml_py_compute_params *params, const struct ggml_py_tensor *node) {
-    return (int32_t *) ((char *) params->wdata + block_sums_offset(node));
+static struct ggml_py_q8_0_terms *block_terms_at(const struct ggml_py_compute_params *params,
+                                                 const struct ggml_py_tensor *node) {
+    return (struct ggml_py_q8_0_terms *) ((char *) params->wdata + block_terms_offset(node));
 }
 
 size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_threads) {
@@ -199,8 +201,9 @@ size_t ggml_py_mul_mat_work_size(const struct ggml_py_tensor *node, int n_thread
     switch (node->profile.id) {
         case GGML_PY_MUL_MAT_CPU:
             if (!src1_needs_conversion(node)) return 0;
-            if (!panel_takes_sums(node)) return converted_rows_size(node);
-            return block_sums_offset(node) + sizeof(int32_t) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) * src1_rows(node);
+            if (!kernel_takes_terms(node)) return converted_rows_size(node);
+            return block_terms_offset(node)
+                 + sizeof(struct ggml_py_q8_0_terms) * (size_t) (src1->ne[0] / GGML_PY_QK8_0) * src1_rows(node);
         case GGML_PY_MUL_MAT_BLAS:        /* one src0 batch at a time */
             return src0_is_f32(node) ? 0 : sizeof(float) * (size_t) (src0->ne[0] * src0->ne[1]);
         case GGML_PY_MUL_MAT_BLAS_SPLIT:  /* all of src0 */
@@ -221,7 +224,7 @@ static void convert_src1(const struct ggml_py_compute_params *params, const stru
     const int vec_dot_type = ggml_py_get_type_traits(dst->src[0]->type)->vec_dot_type;
     const ggml_py_from_float_fn from_float = ggml_py_get_type_traits(vec_dot_type)->from_float;
     const size_t row_size = ggml_py_row_size(vec_dot_type, ne10);
-    int32_t *sums = panel_takes_sums(dst) ? block_sums_at(params, dst) : NULL;
+    struct ggml_py_q8_0_terms *terms = kernel_takes_terms(dst) ? block_terms_at(params, dst) : NULL;
     float buf[1024];   /* gathers strided rows, a whole number of blocks at a time */
     int64_t ir0, ir1;
     ggml_py_thread_rows(ne11 * ne12 * ne13, params->ith, params->nth, &ir0, &ir1);
@@ -238,17 +241,17 @@ static void convert_src1(const struct ggml_py_compute_params *params, const stru
                 from_float(buf, d + ggml_py_row_size(vec_dot_type, i0), n);
             }
         }
-        if (sums) ggml_py_q8_0_block_sums(d, ne10, sums + ir * (ne10 / GGML_PY_QK8_0));
+        if (terms) ggml_py_q8_0_block_terms(d, ne10, terms + ir * (ne10 / GGML_PY_QK8_0));
     }
 }
 
 /* Where batch (i12, i13) of a MUL_MAT lives: its src0 matrix x (broadcast), its
  * src1 rows y in the vec_dot type (by apart) and, for a panel kernel, their
- * block sums ysum; its dst rows d. */
+ * block terms yt; its dst rows d. */
 struct mul_mat_batch {
     const char *x, *y;
     size_t by;
-    const int32_t *ysum;
+    const struct ggml_py_q8_0_terms *yt;
     char *d;
 };
 
@@ -261,11 +264,11 @@ static struct mul_mat_batch batch_at(const struct ggml_py_compute_params *params
     const size_t row_size = ggml_py_row_size(ggml_py_get_type_traits(src0->type)->vec_dot_type, ne10);
     struct mul_mat_batch b;
     b.x = (const char *) src0->data + (i12 / r2) * nb02 + (i13 / r3) * nb03;
-    b.ysum = NULL;
+    b.yt = NULL;
     if (src1_needs_conversion(dst)) {
         b.y = (const char *) params->wdata + batch * ne11 * row_size;
         b.by = row_size;
-        if (panel_takes_sums(dst)) b.ysum = block_sums_at(params, dst) + batch * ne11 * (ne10 / GGML_PY_QK8_0);
+        if (kernel_takes_terms(dst)) b.yt = block_terms_at(params, dst) + batch * ne11 * (ne10 / GGML_PY_QK8_0);
     } else {
         b.y = (const char *) src1->data + i12 * nb12 + i13 * nb13;
         b.by = nb11;
@@ -325,8 +328,8 @@ static void compute_rows8(const struct ggml_py_compute_params *params, struct gg
         const char *x = (const char *) src0->rows8 + r * group_bytes;
         const char *x2 = r + h < groups ? x + h * group_bytes : NULL;
         float *d = (float *) (b.d + m0 * nb1) + 8 * r;
-        const int32_t *ysum = b.ysum ? b.ysum + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
-        kernel(ne00, (int) (m_end - m0), x, x2, b.y + m0 * b.by, b.by, ysum, d, x2 ? d + 8 * h : NULL, ldd);
+        const struct ggml_py_q8_0_terms *yt = b.yt ? b.yt + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
+        kernel(ne00, (int) (m_end - m0), x, x2, b.y + m0 * b.by, b.by, yt, d, x2 ? d + 8 * h : NULL, ldd);
     }
 }
 
@@ -371,8 +374,8 @@ static void compute_cpu(const struct ggml_py_compute_params *params, struct ggml
         const char *x = b.x + first * nb01;
         const size_t bx = step * nb01;
         if (panel) {   /* neighbouring rows, all of the block of src1 rows at once */
-            const int32_t *ysum = b.ysum ? b.ysum + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
-            panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by, ysum,
+            const struct ggml_py_q8_0_terms *yt = b.yt ? b.yt + m0 * (ne10 / GGML_PY_QK8_0) : NULL;
+            panel(ne00, nr0, (int) (m_end - m0), x, nb01, b.y + m0 * b.by, b.by, yt,
                   (float *) (b.d + m0 * nb1) + first, ldd);
             continue;
         }

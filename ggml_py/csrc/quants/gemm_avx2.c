@@ -468,16 +468,16 @@ INLINE void legacy_interleave(int q8, int nr0, const char *x, size_t bx, int64_t
 }
 
 /* acc[c] += the interleaved blocks [0, nbc) against activation rows c < nc
- * (y: their block b0, by apart; ysum: their block sums, nb apart, Q4_0's only).
+ * (y: their block b0, by apart; yt: their block terms, nb apart).
  * Q8_0's signed values meet the activation bytes with their signs moved over. */
 INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const float *dx, const char *y,
-                               size_t by, const int32_t *ysum, int64_t nb, __m256 *acc) {
+                               size_t by, const struct ggml_py_q8_0_terms *yt, int64_t nb, __m256 *acc) {
     __m256 a[PANEL_COLS];
     for (int c = 0; c < nc; c++) a[c] = acc[c];
     for (int b = 0; b < nbc; b++) {
         __m256i even[PANEL_COLS], odd[PANEL_COLS];   /* two chains per row */
         for (int c = 0; c < nc; c++) {
-            even[c] = q8 ? _mm256_setzero_si256() : _mm256_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
+            even[c] = q8 ? _mm256_setzero_si256() : _mm256_set1_epi32(yt[c * nb + b].minus8_sum);   /* (q - 8) . y */
             odd[c] = _mm256_setzero_si256();
         }
         if (!q8 && !BYTE_DOT_IS_ONE_INSTRUCTION) {
@@ -514,9 +514,8 @@ INLINE void legacy_panel_chunk(int q8, int nc, int nbc, const __m256i *w, const 
         }
         const __m256 dxv = _mm256_load_ps(dx + 8 * b);
         for (int c = 0; c < nc; c++) {
-            const float dy = FP16_TO_FP32(((const ggml_py_block_q8_0 *) (y + c * by) + b)->d);
             const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(even[c], odd[c]));
-            a[c] = _mm256_fmadd_ps(_mm256_mul_ps(dxv, _mm256_set1_ps(dy)), sums, a[c]);
+            a[c] = _mm256_fmadd_ps(_mm256_mul_ps(dxv, _mm256_set1_ps(yt[c * nb + b].d)), sums, a[c]);
         }
     }
     for (int c = 0; c < nc; c++) acc[c] = a[c];
@@ -541,7 +540,7 @@ INLINE void rows8_interleave(const char *x, int64_t b0, int nbc, __m256i *w, flo
 /* A panel of nr0 rows bx apart (rows8: eight rows interleaved by
  * ggml_py_q4_0_interleave_rows8 at x) against nr1 activation rows. */
 INLINE void legacy_panel(int q8, int rows8, int64_t n, int nr0, int nr1, const char *x, size_t bx,
-                         const char *y, size_t by, const int32_t *ysum, float *d, int64_t ldd) {
+                         const char *y, size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     _Alignas(32) __m256i w[8 * PANEL_CHUNK];
     _Alignas(32) float dx[8 * PANEL_CHUNK];
@@ -553,7 +552,7 @@ INLINE void legacy_panel(int q8, int rows8, int64_t n, int nr0, int nr1, const c
         else legacy_interleave(q8, nr0, x, bx, b0, nbc, w, dx);
         for (int c = 0; c < nr1; c += PANEL_COLS) {
 #define PASS(nc) legacy_panel_chunk(q8, nc, nbc, w, dx, y + c * by + b0 * sizeof(ggml_py_block_q8_0), by, \
-                                    q8 ? NULL : ysum + c * nb + b0, nb, acc + c)
+                                    yt + c * nb + b0, nb, acc + c)
             GGML_PY_PANEL_PASSES(nr1 - c, PASS)
 #undef PASS
         }
@@ -562,14 +561,13 @@ INLINE void legacy_panel(int q8, int rows8, int64_t n, int nr0, int nr1, const c
 }
 
 static void gemm_q4_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    legacy_panel(0, 0, n, nr0, nr1, x, bx, y, by, ysum, d, ldd);
+                            size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
+    legacy_panel(0, 0, n, nr0, nr1, x, bx, y, by, yt, d, ldd);
 }
 
 static void gemm_q8_0_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    (void) ysum;
-    legacy_panel(1, 0, n, nr0, nr1, x, bx, y, by, NULL, d, ldd);
+                            size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
+    legacy_panel(1, 0, n, nr0, nr1, x, bx, y, by, yt, d, ldd);
 }
 
 /* The rows8 kernels below M = 8 ask for their stream ROWS8_PREFETCH bytes ahead, part
@@ -598,7 +596,7 @@ INLINE void rows8_prefetch(const char *xb, size_t block, int i, int n) {
  * 11.5 - 12.2 GB/s with one group, 16.8 - 17.7 with two). */
 #define ROWS8_FEW 4
 INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], const char *y, size_t by,
-                           const int32_t *ysum, float *const d[2], int64_t ldd) {
+                           const struct ggml_py_q8_0_terms *yt, float *const d[2], int64_t ldd) {
     const __m256i low = _mm256_set1_epi8(0xF);
     __m256 acc[2][ROWS8_FEW];   /* lane r: row r of group t against activation row c */
     for (int t = 0; t < ng; t++)
@@ -618,7 +616,7 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
                 const ggml_py_block_q8_0 *yb = (const ggml_py_block_q8_0 *) (y + c * by) + ib;
                 int32_t y4[8];
                 memcpy(y4, yb->qs, sizeof(y4));
-                __m256i sum = _mm256_set1_epi32(-8 * ysum[c * nb + ib]);   /* (q - 8) . y */
+                __m256i sum = _mm256_set1_epi32(yt[c * nb + ib].minus8_sum);   /* (q - 8) . y */
                 if (!BYTE_DOT_IS_ONE_INSTRUCTION) {
                     /* summed in int16 (values < 16: |sum| <= 8 * 2 * 15 * 127 < 2^15), one madd */
                     __m256i s16 = _mm256_maddubs_epi16(v[0], _mm256_set1_epi32(y4[0]));
@@ -630,7 +628,7 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
                 } else {
                     for (int g = 0; g < 8; g++) sum = ggml_py_dot_u8s8_acc(sum, v[g], _mm256_set1_epi32(y4[g]));
                 }
-                const __m256 dxy = _mm256_mul_ps(dx, _mm256_set1_ps(FP16_TO_FP32(yb->d)));
+                const __m256 dxy = _mm256_mul_ps(dx, _mm256_set1_ps(yt[c * nb + ib].d));
                 acc[t][c] = _mm256_fmadd_ps(dxy, _mm256_cvtepi32_ps(sum), acc[t][c]);
             }
         }
@@ -645,45 +643,45 @@ INLINE void rows8_few_body(int ng, int nc, int64_t nb, const char *const x[2], c
 
 /* The rows8 contract (mul_mat.h): x, x2 eight interleaved rows each (x2 may be NULL). */
 static void gemm_q4_0_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+                            const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
 #if defined(GGML_PY_HAVE_PANEL16)
     if (x2 && nr1 >= Q4_0_PANEL16_MIN_M) {   /* both groups in one 512-bit register */
-        ggml_py_gemm_q4_0_rows16_avx512(n, nr1, x, x2, y, by, ysum, d, d2, ldd);
+        ggml_py_gemm_q4_0_rows16_avx512(n, nr1, x, x2, y, by, yt, d, d2, ldd);
         return;
     }
 #endif
     if (nr1 >= GGML_PY_PANEL_MIN_M) {
-        legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, ysum, d, ldd);
-        if (x2) legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, ysum, d2, ldd);
+        legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x, 0, y, by, yt, d, ldd);
+        if (x2) legacy_panel(0, 1, n, GGML_PY_PANEL_ROWS, nr1, x2, 0, y, by, yt, d2, ldd);
         return;
     }
     for (int c = 0; c < nr1; c += ROWS8_FEW) {   /* one specialization per count */
         const char *yc = y + c * by;
-        const int32_t *sc = ysum + c * nb;
+        const struct ggml_py_q8_0_terms *tc = yt + c * nb;
         const char *const both[2] = { x, x2 }, *const first[2] = { x, NULL }, *const second[2] = { x2, NULL };
         float *const d_both[2] = { d + c * ldd, d2 ? d2 + c * ldd : NULL };
         float *const d_first[2] = { d + c * ldd, NULL }, *const d_second[2] = { d_both[1], NULL };
         switch (GGML_PY_MIN(ROWS8_FEW, nr1 - c) + (x2 ? 10 : 0)) {   /* two groups: up to two rows (three with 32 registers and VNNI) */
-            case 11: rows8_few_body(2, 1, nb, both, yc, by, sc, d_both, ldd); break;
-            case 12: rows8_few_body(2, 2, nb, both, yc, by, sc, d_both, ldd); break;
-            case 1:  rows8_few_body(1, 1, nb, first, yc, by, sc, d_first, ldd); break;
-            case 2:  rows8_few_body(1, 2, nb, first, yc, by, sc, d_first, ldd); break;
-            case 3:  rows8_few_body(1, 3, nb, first, yc, by, sc, d_first, ldd); break;
-            case 4:  rows8_few_body(1, 4, nb, first, yc, by, sc, d_first, ldd); break;
+            case 11: rows8_few_body(2, 1, nb, both, yc, by, tc, d_both, ldd); break;
+            case 12: rows8_few_body(2, 2, nb, both, yc, by, tc, d_both, ldd); break;
+            case 1:  rows8_few_body(1, 1, nb, first, yc, by, tc, d_first, ldd); break;
+            case 2:  rows8_few_body(1, 2, nb, first, yc, by, tc, d_first, ldd); break;
+            case 3:  rows8_few_body(1, 3, nb, first, yc, by, tc, d_first, ldd); break;
+            case 4:  rows8_few_body(1, 4, nb, first, yc, by, tc, d_first, ldd); break;
 #if defined(__AVX512VL__) && defined(__AVX512VNNI__)
             /* 32 vector registers and one instruction a byte dot: both groups' sums for
              * three rows, two streams of memory (without VNNI that measured slower) */
-            case 13: rows8_few_body(2, 3, nb, both, yc, by, sc, d_both, ldd); break;
+            case 13: rows8_few_body(2, 3, nb, both, yc, by, tc, d_both, ldd); break;
 #else
             case 13:
-                rows8_few_body(1, 3, nb, first, yc, by, sc, d_first, ldd);
-                rows8_few_body(1, 3, nb, second, yc, by, sc, d_second, ldd);
+                rows8_few_body(1, 3, nb, first, yc, by, tc, d_first, ldd);
+                rows8_few_body(1, 3, nb, second, yc, by, tc, d_second, ldd);
                 break;
 #endif
             default:
-                rows8_few_body(1, 4, nb, first, yc, by, sc, d_first, ldd);
-                rows8_few_body(1, 4, nb, second, yc, by, sc, d_second, ldd);
+                rows8_few_body(1, 4, nb, first, yc, by, tc, d_first, ldd);
+                rows8_few_body(1, 4, nb, second, yc, by, tc, d_second, ldd);
                 break;
         }
     }
@@ -845,34 +843,39 @@ INLINE __m256i k4_rows8_mins(const __m256i mn[2], int k) {
 }
 
 /* Super-blocks [b0, b0 + nbc) of eight rows8 rows (x: the group's first byte) into
- * k4_interleave's panel. */
-INLINE void k4_rows8_interleave(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel *p) {
+ * k4_interleave's layout, vectors `step` apart (gemm_panels.h). */
+INLINE void k4_rows8_interleave(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v, int step) {
     const __m256i low = _mm256_set1_epi8(0xF);
     const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
     for (int b = 0; b < nbc; b++) {
         const char *xb = x + (b0 + b) * block;
         __m256i sc[2], mn[2];
         k4_rows8_scales(xb, sc, mn);
-        for (int s = 0; s < 8; s++) p->sc[8 * b + s] = k4_rows8_scale(sc, s);
-        for (int k = 0; k < 4; k++) p->mn[4 * b + k] = k4_rows8_mins(mn, k);
-        _mm256_store_ps(p->dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb)));
-        _mm256_store_ps(p->dm + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + 16))));
+        for (int s = 0; s < 8; s++) v.sc[step * (8 * b + s)] = k4_rows8_scale(sc, s);
+        for (int k = 0; k < 4; k++) v.mn[step * (4 * b + k)] = k4_rows8_mins(mn, k);
+        _mm256_store_ps(v.dx + 8 * step * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) xb)));
+        _mm256_store_ps(v.dm + 8 * step * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + 16))));
         for (int j = 0; j < 32; j++) {   /* sub-blocks 2 (j / 8) and 2 (j / 8) + 1, group j % 8 */
-            const __m256i v = _mm256_loadu_si256((const __m256i *) (xb + K_ROWS8_QS(five_bits) + 32 * j));
-            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            const __m256i q = _mm256_loadu_si256((const __m256i *) (xb + K_ROWS8_QS(five_bits) + 32 * j));
+            __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             if (five_bits) {
                 const __m256i h = _mm256_loadu_si256((const __m256i *) (xb + K5_ROWS8_QH + 32 * (j % 8)));
                 lo = _mm256_or_si256(lo, k5_bit_at_4(h, 2 * (j / 8)));
                 hi = _mm256_or_si256(hi, k5_bit_at_4(h, 2 * (j / 8) + 1));
             }
-            p->w[64 * b + 8 * (2 * (j / 8)) + j % 8] = lo;
-            p->w[64 * b + 8 * (2 * (j / 8) + 1) + j % 8] = hi;
+            v.w[step * (64 * b + 8 * (2 * (j / 8)) + j % 8)] = lo;
+            v.w[step * (64 * b + 8 * (2 * (j / 8) + 1) + j % 8)] = hi;
         }
     }
 }
 
-void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel *p) {
-    k4_rows8_interleave(five_bits, x, b0, nbc, p);
+INLINE struct k_panel_view k4_view(struct k_panel *p) {
+    return (struct k_panel_view) { p->w, p->sc, p->mn, p->dx, p->dm };
+}
+
+void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v, int step) {
+    if (step == 2) k4_rows8_interleave(five_bits, x, b0, nbc, v, 2);   /* a constant step for each */
+    else k4_rows8_interleave(five_bits, x, b0, nbc, v, 1);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight Q4_K or Q5_K rows interleaved at x) against
@@ -885,7 +888,7 @@ INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1,
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, &p);
+        if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, k4_view(&p), 1);
         else k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         for (int c = 0; c < nr1; c += PANEL_COLS) {
@@ -898,8 +901,8 @@ INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1,
 }
 
 static void gemm_q4_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
+                            size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
+    (void) yt;   /* the blocks' bsums */
     gemm_k4_panel(0, 0, n, nr0, nr1, x, bx, y, by, d, ldd);
 }
 
@@ -978,8 +981,8 @@ INLINE void k4_rows8_few_body(int five_bits, int ng, int nc, int64_t nb, const c
 }
 
 static void gemm_q5_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    (void) ysum;
+                            size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
+    (void) yt;
     gemm_k4_panel(1, 0, n, nr0, nr1, x, bx, y, by, d, ldd);
 }
 
@@ -1112,24 +1115,25 @@ INLINE __m256i q6_rows8_values(const char *w, int m) {
 }
 
 /* Super-blocks [b0, b0 + nbc) of eight rows8 rows (x: the group's first byte) into
- * q6_K_interleave's panel. */
-INLINE void q6_rows8_interleave(const char *x, int64_t b0, int nbc, struct q6_panel *p) {
+ * q6_K_interleave's layout, vectors `step` apart (gemm_panels.h). */
+INLINE void q6_rows8_interleave(const char *x, int64_t b0, int nbc, struct q6_panel_view v, int step) {
     for (int b = 0; b < nbc; b++) {
         const char *xb = x + (b0 + b) * Q6_ROWS8_BLOCK;
-        for (int s = 0; s < 16; s++) p->sc[16 * b + s] = q6_rows8_scale(xb, s);
-        for (int k = 0; k < 8; k++) p->sp[8 * b + k] = q6_rows8_pair(xb, k);
-        _mm256_store_ps(p->dx + 8 * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + Q6_ROWS8_D))));
+        for (int s = 0; s < 16; s++) v.sc[step * (16 * b + s)] = q6_rows8_scale(xb, s);
+        for (int k = 0; k < 8; k++) v.sp[step * (8 * b + k)] = q6_rows8_pair(xb, k);
+        _mm256_store_ps(v.dx + 8 * step * b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (xb + Q6_ROWS8_D))));
         for (int h = 0; h < 2; h++) {
             for (int j = 0; j < 8; j++) {
                 const char *w = xb + Q6_ROWS8_VALUES + 96 * (8 * h + j);
-                for (int m = 0; m < 4; m++) p->w[64 * b + 8 * (4 * h + m) + j] = q6_rows8_values(w, m);
+                for (int m = 0; m < 4; m++) v.w[step * (64 * b + 8 * (4 * h + m) + j)] = q6_rows8_values(w, m);
             }
         }
     }
 }
 
-void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel *p) {
-    q6_rows8_interleave(x, b0, nbc, p);
+void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel_view v, int step) {
+    if (step == 2) q6_rows8_interleave(x, b0, nbc, v, 2);   /* a constant step for each */
+    else q6_rows8_interleave(x, b0, nbc, v, 1);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight rows interleaved at x) against nr1
@@ -1142,7 +1146,7 @@ INLINE void gemm_q6_panel(int rows8, int64_t n, int nr0, int nr1, const char *x,
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        if (rows8) q6_rows8_interleave(x, b0, nbc, &p);
+        if (rows8) q6_rows8_interleave(x, b0, nbc, (struct q6_panel_view) { p.w, p.sc, p.sp, p.dx }, 1);
         else q6_K_interleave(nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         for (int c = 0; c < nr1; c += PANEL_COLS) {
@@ -1155,8 +1159,8 @@ INLINE void gemm_q6_panel(int rows8, int64_t n, int nr0, int nr1, const char *x,
 }
 
 static void gemm_q6_K_panel(int64_t n, int nr0, int nr1, const char *x, size_t bx, const char *y,
-                            size_t by, const int32_t *ysum, float *d, int64_t ldd) {
-    (void) ysum;   /* the blocks' bsums */
+                            size_t by, const struct ggml_py_q8_0_terms *yt, float *d, int64_t ldd) {
+    (void) yt;   /* the blocks' bsums */
     gemm_q6_panel(0, n, nr0, nr1, x, bx, y, by, d, ldd);
 }
 
@@ -1256,22 +1260,22 @@ INLINE void gemm_k_rows8(int kind, int64_t n, int nr1, const char *x, const char
     }
 }
 
-/* ysum: unused, the Q8_K blocks carry their bsums */
+/* yt: unused, the Q8_K blocks carry their bsums and scale */
 static void gemm_q4_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;
+                            const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd) {
+    (void) yt;
     gemm_k_rows8(0, n, nr1, x, x2, y, by, d, d2, ldd);
 }
 
 static void gemm_q5_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;
+                            const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd) {
+    (void) yt;
     gemm_k_rows8(1, n, nr1, x, x2, y, by, d, d2, ldd);
 }
 
 static void gemm_q6_K_rows8(int64_t n, int nr1, const char *x, const char *x2, const char *y, size_t by,
-                            const int32_t *ysum, float *d, float *d2, int64_t ldd) {
-    (void) ysum;
+                            const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd) {
+    (void) yt;
     gemm_k_rows8(K_ROWS8_Q6, n, nr1, x, x2, y, by, d, d2, ldd);
 }
 
@@ -1287,11 +1291,13 @@ ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
     }
 }
 
-void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
+void ggml_py_q8_0_block_terms(const void *row, int64_t n, struct ggml_py_q8_0_terms *terms) {
     const ggml_py_block_q8_0 *yb = row;
     const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < n / GGML_PY_QK8_0; b++) {
-        sums[b] = ggml_py_hsum_i32_8(ggml_py_dot_u8s8(ones, _mm256_loadu_si256((const __m256i *) yb[b].qs)));
+        const int32_t sum = ggml_py_hsum_i32_8(ggml_py_dot_u8s8(ones, _mm256_loadu_si256((const __m256i *) yb[b].qs)));
+        terms[b].minus8_sum = -8 * sum;
+        terms[b].d = FP16_TO_FP32(yb[b].d);
     }
 }
 
@@ -1354,12 +1360,13 @@ ggml_py_gemm_panel_fn ggml_py_gemm_panel_avx2(int type, int64_t m) {
     return NULL;
 }
 
-void ggml_py_q8_0_block_sums(const void *row, int64_t n, int32_t *sums) {
+void ggml_py_q8_0_block_terms(const void *row, int64_t n, struct ggml_py_q8_0_terms *terms) {
     const ggml_py_block_q8_0 *yb = row;
     for (int64_t b = 0; b < n / GGML_PY_QK8_0; b++) {
         int32_t sum = 0;
         for (int j = 0; j < GGML_PY_QK8_0; j++) sum += yb[b].qs[j];
-        sums[b] = sum;
+        terms[b].minus8_sum = -8 * sum;
+        terms[b].d = ggml_py_fp16_to_fp32(yb[b].d);
     }
 }
 

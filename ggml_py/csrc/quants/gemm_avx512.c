@@ -21,17 +21,9 @@
 #define INLINE static inline __attribute__((always_inline))
 
 #define COLS GGML_PY_PANEL_PASS   /* activation rows run together: two chains each, eight in flight */
-#define K16_CHUNK 1   /* K-quant super-blocks at a time: one super-block's groups unpacked (~5 KiB),
-                        * their side-by-side copy (~5 KiB) and the activation rows' blocks stay in
-                        * L1 together, where four super-blocks' (~60 KiB) did not */
-
-INLINE __m512i side_by_side(__m256i a, __m256i b) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
-INLINE __m512 side_by_side_ps(const float *a, const float *b) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_load_ps(a)), _mm256_load_ps(b), 1);
-}
+#define K16_CHUNK 1   /* K-quant super-blocks at a time: one super-block's two groups unpacked
+                        * (~5 KiB) and the activation rows' blocks stay in L1 together, where four
+                        * super-blocks' (and their side-by-side copy then: ~60 KiB) did not */
 
 /* The next chunk's bytes (a block of each group) asked for while this one is computed:
  * the unpacking reads a chunk in one burst, which the hardware prefetchers alone did not
@@ -78,17 +70,17 @@ INLINE void unpack(const char *x, const char *x2, int64_t b0, int nbc, __m512i *
 }
 
 /* acc[c] += the unpacked blocks [0, nbc) against activation rows c < nc (y: their
- * block b0, by apart; ysum: their block sums, nb apart); next, next2: the groups'
+ * block b0, by apart; yt: their block terms, nb apart); next, next2: the groups'
  * bytes to ask for, a block per block (NULL: none). */
 INLINE void chunk(int nc, int nbc, const __m512i *w, const __m512 *dx, const char *y, size_t by,
-                  const int32_t *ysum, int64_t nb, __m512 *acc, const char *next, const char *next2) {
+                  const struct ggml_py_q8_0_terms *yt, int64_t nb, __m512 *acc, const char *next, const char *next2) {
     __m512 a[COLS];
     for (int c = 0; c < nc; c++) a[c] = acc[c];
     for (int b = 0; b < nbc; b++) {
         if (next) prefetch_blocks(next + b * BLOCK8, next2 + b * BLOCK8, BLOCK8);
         __m512i even[COLS], odd[COLS];
         for (int c = 0; c < nc; c++) {
-            even[c] = _mm512_set1_epi32(-8 * ysum[c * nb + b]);   /* (q - 8) . y */
+            even[c] = _mm512_set1_epi32(yt[c * nb + b].minus8_sum);   /* (q - 8) . y */
             odd[c] = _mm512_setzero_si512();
         }
         for (int g = 0; g < 8; g += 2) {
@@ -103,16 +95,15 @@ INLINE void chunk(int nc, int nbc, const __m512i *w, const __m512 *dx, const cha
             }
         }
         for (int c = 0; c < nc; c++) {   /* vec_dot's float step: acc += (dx * dy) * sum */
-            const float dy = FP16_TO_FP32(((const ggml_py_block_q8_0 *) (y + c * by) + b)->d);
             const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even[c], odd[c]));
-            a[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[b], _mm512_set1_ps(dy)), sums, a[c]);
+            a[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx[b], _mm512_set1_ps(yt[c * nb + b].d)), sums, a[c]);
         }
     }
     for (int c = 0; c < nc; c++) acc[c] = a[c];
 }
 
 void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
-                                     size_t by, const int32_t *ysum, float *d, float *d2, int64_t ldd) {
+                                     size_t by, const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK4_0;
     _Alignas(64) __m512i w[8 * CHUNK];
     _Alignas(64) __m512 dx[CHUNK];
@@ -125,7 +116,7 @@ void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const ch
         const char *next = x + (b0 + nbc) * BLOCK8, *next2 = x2 + (b0 + nbc) * BLOCK8;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {
             const char *yc = y + c * by + b0 * sizeof(ggml_py_block_q8_0);
-#define PASS(nc) chunk(nc, nbc, w, dx, yc, by, ysum + c * nb + b0, nb, acc + c, next, next2)
+#define PASS(nc) chunk(nc, nbc, w, dx, yc, by, yt + c * nb + b0, nb, acc + c, next, next2)
             GGML_PY_PANEL_PASSES(nr1 - c, PASS)
 #undef PASS
         }
@@ -160,25 +151,21 @@ INLINE void add_scaled_sub_block(int nc, int ng, const __m512i *w, __m512i sc, c
 
 /* ---- Q4_K / Q5_K ----
  *
- * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack), the two
- * put side by side, then gemm_avx2.c's k4_panel_chunk on sixteen rows. */
+ * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack) into its
+ * halves of the 512-bit vectors, then gemm_avx2.c's k4_panel_chunk on sixteen rows. */
 struct k_panel16 {
     __m512i w[64 * K16_CHUNK], sc[8 * K16_CHUNK], mn[4 * K16_CHUNK];
     __m512 dx[K16_CHUNK], dm[K16_CHUNK];
 };
 
-/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p. */
+/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p: x's in the
+ * vectors' low halves (lanes 0 .. 7), x2's in their high halves. */
 static void k4_rows16_interleave(int five_bits, const char *x, const char *x2, int64_t b0, int nbc,
-                                 struct k_panel *p0, struct k_panel *p1, struct k_panel16 *p) {
-    ggml_py_k4_rows8_unpack(five_bits, x, b0, nbc, p0);
-    ggml_py_k4_rows8_unpack(five_bits, x2, b0, nbc, p1);
-    for (int i = 0; i < 64 * nbc; i++) p->w[i] = side_by_side(p0->w[i], p1->w[i]);
-    for (int i = 0; i < 8 * nbc; i++) p->sc[i] = side_by_side(p0->sc[i], p1->sc[i]);
-    for (int i = 0; i < 4 * nbc; i++) p->mn[i] = side_by_side(p0->mn[i], p1->mn[i]);
-    for (int b = 0; b < nbc; b++) {
-        p->dx[b] = side_by_side_ps(p0->dx + 8 * b, p1->dx + 8 * b);
-        p->dm[b] = side_by_side_ps(p0->dm + 8 * b, p1->dm + 8 * b);
-    }
+                                 struct k_panel16 *p) {
+    __m256i *w = (__m256i *) p->w, *sc = (__m256i *) p->sc, *mn = (__m256i *) p->mn;
+    float *dx = (float *) p->dx, *dm = (float *) p->dm;
+    ggml_py_k4_rows8_unpack(five_bits, x, b0, nbc, (struct k_panel_view) { w, sc, mn, dx, dm }, 2);
+    ggml_py_k4_rows8_unpack(five_bits, x2, b0, nbc, (struct k_panel_view) { w + 1, sc + 1, mn + 1, dx + 8, dm + 8 }, 2);
 }
 
 /* acc[c] += the unpacked super-blocks [0, nbc) against activation rows c < nc (y: their
@@ -219,13 +206,12 @@ INLINE void k4_panel16_chunk(int nc, int nbc, const struct k_panel16 *p, const c
 void ggml_py_gemm_k4_rows16_avx512(int five_bits, int64_t n, int nr1, const char *x, const char *x2,
                                    const char *y, size_t by, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
-    _Alignas(64) struct k_panel p0, p1;
     _Alignas(64) struct k_panel16 p;
     __m512 acc[GGML_PY_PANEL_COLS];
     for (int c = 0; c < nr1; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K16_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K16_CHUNK, nb - b0);
-        k4_rows16_interleave(five_bits, x, x2, b0, nbc, &p0, &p1, &p);
+        k4_rows16_interleave(five_bits, x, x2, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         const size_t block = five_bits ? K5_ROWS8_BLOCK : K4_ROWS8_BLOCK;
         const char *next = x + (b0 + nbc) * block, *next2 = x2 + (b0 + nbc) * block;
@@ -244,15 +230,12 @@ struct q6_panel16 {
     __m512 dx[K16_CHUNK];
 };
 
-/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p. */
-static void q6_rows16_interleave(const char *x, const char *x2, int64_t b0, int nbc, struct q6_panel *p0,
-                                 struct q6_panel *p1, struct q6_panel16 *p) {
-    ggml_py_q6_rows8_unpack(x, b0, nbc, p0);
-    ggml_py_q6_rows8_unpack(x2, b0, nbc, p1);
-    for (int i = 0; i < 64 * nbc; i++) p->w[i] = side_by_side(p0->w[i], p1->w[i]);
-    for (int i = 0; i < 16 * nbc; i++) p->sc[i] = side_by_side(p0->sc[i], p1->sc[i]);
-    for (int i = 0; i < 8 * nbc; i++) p->sp[i] = side_by_side(p0->sp[i], p1->sp[i]);
-    for (int b = 0; b < nbc; b++) p->dx[b] = side_by_side_ps(p0->dx + 8 * b, p1->dx + 8 * b);
+/* Super-blocks [b0, b0 + nbc) of the groups x and x2 (nbc <= K16_CHUNK) into p, as Q4_K's. */
+static void q6_rows16_interleave(const char *x, const char *x2, int64_t b0, int nbc, struct q6_panel16 *p) {
+    __m256i *w = (__m256i *) p->w, *sc = (__m256i *) p->sc, *sp = (__m256i *) p->sp;
+    float *dx = (float *) p->dx;
+    ggml_py_q6_rows8_unpack(x, b0, nbc, (struct q6_panel_view) { w, sc, sp, dx }, 2);
+    ggml_py_q6_rows8_unpack(x2, b0, nbc, (struct q6_panel_view) { w + 1, sc + 1, sp + 1, dx + 8 }, 2);
 }
 
 /* gemm_avx2.c's q6_K_panel_chunk on sixteen rows, each sub-block's sum by
@@ -288,13 +271,12 @@ INLINE void q6_panel16_chunk(int nc, int nbc, const struct q6_panel16 *p, const 
 void ggml_py_gemm_q6_K_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
                                      size_t by, float *d, float *d2, int64_t ldd) {
     const int64_t nb = n / GGML_PY_QK_K;
-    _Alignas(64) struct q6_panel p0, p1;
     _Alignas(64) struct q6_panel16 p;
     __m512 acc[GGML_PY_PANEL_COLS];
     for (int c = 0; c < nr1; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K16_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K16_CHUNK, nb - b0);
-        q6_rows16_interleave(x, x2, b0, nbc, &p0, &p1, &p);
+        q6_rows16_interleave(x, x2, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         const char *next = x + (b0 + nbc) * Q6_ROWS8_BLOCK, *next2 = x2 + (b0 + nbc) * Q6_ROWS8_BLOCK;
         for (int c = 0; c < nr1; c += COLS, next = next2 = NULL) {

@@ -45,17 +45,30 @@ struct q6_panel {
     float dx[8 * K_PANEL_CHUNK];
 };
 
+/* Where an unpacking writes eight rows: a panel's arrays as above (step 1), or one group's
+ * halves of a 512-bit panel's (step 2: vector i of the layout above at [2 i], the floats
+ * of super-block b from [16 b]; the other group's from [2 i + 1] and [16 b + 8]), so that
+ * the two groups' unpackings meet in one register without being copied. */
+struct k_panel_view {
+    __m256i *w, *sc, *mn;
+    float *dx, *dm;
+};
+struct q6_panel_view {
+    __m256i *w, *sc, *sp;
+    float *dx;
+};
+
 /* Super-blocks [b0, b0 + nbc) (nbc <= K_PANEL_CHUNK) of eight rows interleaved by
  * ggml_py_q4_K_interleave_rows8 (five_bits: Q5_K's) or ggml_py_q6_K_interleave_rows8 at
- * x, unpacked into p. */
-void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel *p);
-void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel *p);
+ * x, unpacked into v, vectors `step` (1 or 2) apart. */
+void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v, int step);
+void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel_view v, int step);
 
 /* The rows8 kernels from GGML_PY_PANEL_MIN_M activation rows for an item's two groups at
  * once (x2 not NULL) on 512-bit vectors, built where GGML_PY_HAVE_PANEL16 (simd.h): Q4_0,
  * Q4_K or (five_bits) Q5_K, Q6_K. The rows8 contract (mul_mat.h) otherwise. */
 void ggml_py_gemm_q4_0_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
-                                     size_t by, const int32_t *ysum, float *d, float *d2, int64_t ldd);
+                                     size_t by, const struct ggml_py_q8_0_terms *yt, float *d, float *d2, int64_t ldd);
 void ggml_py_gemm_k4_rows16_avx512(int five_bits, int64_t n, int nr1, const char *x, const char *x2,
                                    const char *y, size_t by, float *d, float *d2, int64_t ldd);
 void ggml_py_gemm_q6_K_rows16_avx512(int64_t n, int nr1, const char *x, const char *x2, const char *y,
