@@ -22,8 +22,7 @@
 
 #define COLS GGML_PY_PANEL_PASS   /* activation rows run together: two chains each, eight in flight */
 #define K16_CHUNK 1   /* K-quant super-blocks at a time: one super-block's two groups unpacked
-                        * (~5 KiB) and the activation rows' blocks stay in L1 together, where four
-                        * super-blocks' (and their side-by-side copy then: ~60 KiB) did not */
+                        * (~5 KiB) and the activation rows' blocks stay in L1 together */
 
 /* The next chunk's bytes (a block of each group) asked for while this one is computed:
  * the unpacking reads a chunk in one burst, which the hardware prefetchers alone did not
