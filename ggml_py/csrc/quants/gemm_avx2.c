@@ -869,13 +869,8 @@ INLINE void k4_rows8_interleave(int five_bits, const char *x, int64_t b0, int nb
     }
 }
 
-INLINE struct k_panel_view k4_view(struct k_panel *p) {
-    return (struct k_panel_view) { p->w, p->sc, p->mn, p->dx, p->dm };
-}
-
-void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v, int step) {
-    if (step == 2) k4_rows8_interleave(five_bits, x, b0, nbc, v, 2);   /* a constant step for each */
-    else k4_rows8_interleave(five_bits, x, b0, nbc, v, 1);
+void ggml_py_k4_rows8_unpack_half(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v) {
+    k4_rows8_interleave(five_bits, x, b0, nbc, v, 2);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight Q4_K or Q5_K rows interleaved at x) against
@@ -888,7 +883,7 @@ INLINE void gemm_k4_panel(int five_bits, int rows8, int64_t n, int nr0, int nr1,
     for (int c = 0; c < nr1; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += K_PANEL_CHUNK) {
         const int nbc = (int) GGML_PY_MIN(K_PANEL_CHUNK, nb - b0);
-        if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, k4_view(&p), 1);
+        if (rows8) k4_rows8_interleave(five_bits, x, b0, nbc, (struct k_panel_view) { p.w, p.sc, p.mn, p.dx, p.dm }, 1);
         else k4_interleave(five_bits, nr0, x, bx, b0, nbc, &p);
         const char *yc = y + b0 * sizeof(ggml_py_block_q8_K);
         for (int c = 0; c < nr1; c += PANEL_COLS) {
@@ -1131,9 +1126,8 @@ INLINE void q6_rows8_interleave(const char *x, int64_t b0, int nbc, struct q6_pa
     }
 }
 
-void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel_view v, int step) {
-    if (step == 2) q6_rows8_interleave(x, b0, nbc, v, 2);   /* a constant step for each */
-    else q6_rows8_interleave(x, b0, nbc, v, 1);
+void ggml_py_q6_rows8_unpack_half(const char *x, int64_t b0, int nbc, struct q6_panel_view v) {
+    q6_rows8_interleave(x, b0, nbc, v, 2);
 }
 
 /* A panel of nr0 rows bx apart (rows8: eight rows interleaved at x) against nr1

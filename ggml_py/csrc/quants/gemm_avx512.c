@@ -150,7 +150,7 @@ INLINE void add_scaled_sub_block(int nc, int ng, const __m512i *w, __m512i sc, c
 
 /* ---- Q4_K / Q5_K ----
  *
- * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack) into its
+ * Each group unpacked as the 256-bit panel unpacks it (ggml_py_k4_rows8_unpack_half) into its
  * halves of the 512-bit vectors, then gemm_avx2.c's k4_panel_chunk on sixteen rows. */
 struct k_panel16 {
     __m512i w[64 * K16_CHUNK], sc[8 * K16_CHUNK], mn[4 * K16_CHUNK];
@@ -163,8 +163,8 @@ static void k4_rows16_interleave(int five_bits, const char *x, const char *x2, i
                                  struct k_panel16 *p) {
     __m256i *w = (__m256i *) p->w, *sc = (__m256i *) p->sc, *mn = (__m256i *) p->mn;
     float *dx = (float *) p->dx, *dm = (float *) p->dm;
-    ggml_py_k4_rows8_unpack(five_bits, x, b0, nbc, (struct k_panel_view) { w, sc, mn, dx, dm }, 2);
-    ggml_py_k4_rows8_unpack(five_bits, x2, b0, nbc, (struct k_panel_view) { w + 1, sc + 1, mn + 1, dx + 8, dm + 8 }, 2);
+    ggml_py_k4_rows8_unpack_half(five_bits, x, b0, nbc, (struct k_panel_view) { w, sc, mn, dx, dm });
+    ggml_py_k4_rows8_unpack_half(five_bits, x2, b0, nbc, (struct k_panel_view) { w + 1, sc + 1, mn + 1, dx + 8, dm + 8 });
 }
 
 /* acc[c] += the unpacked super-blocks [0, nbc) against activation rows c < nc (y: their
@@ -233,8 +233,8 @@ struct q6_panel16 {
 static void q6_rows16_interleave(const char *x, const char *x2, int64_t b0, int nbc, struct q6_panel16 *p) {
     __m256i *w = (__m256i *) p->w, *sc = (__m256i *) p->sc, *sp = (__m256i *) p->sp;
     float *dx = (float *) p->dx;
-    ggml_py_q6_rows8_unpack(x, b0, nbc, (struct q6_panel_view) { w, sc, sp, dx }, 2);
-    ggml_py_q6_rows8_unpack(x2, b0, nbc, (struct q6_panel_view) { w + 1, sc + 1, sp + 1, dx + 8 }, 2);
+    ggml_py_q6_rows8_unpack_half(x, b0, nbc, (struct q6_panel_view) { w, sc, sp, dx });
+    ggml_py_q6_rows8_unpack_half(x2, b0, nbc, (struct q6_panel_view) { w + 1, sc + 1, sp + 1, dx + 8 });
 }
 
 /* gemm_avx2.c's q6_K_panel_chunk on sixteen rows, each sub-block's sum by

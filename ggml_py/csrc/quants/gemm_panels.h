@@ -60,9 +60,10 @@ struct q6_panel_view {
 
 /* Super-blocks [b0, b0 + nbc) (nbc <= K_PANEL_CHUNK) of eight rows interleaved by
  * ggml_py_q4_K_interleave_rows8 (five_bits: Q5_K's) or ggml_py_q6_K_interleave_rows8 at
- * x, unpacked into v, vectors `step` (1 or 2) apart. */
-void ggml_py_k4_rows8_unpack(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v, int step);
-void ggml_py_q6_rows8_unpack(const char *x, int64_t b0, int nbc, struct q6_panel_view v, int step);
+ * x, unpacked as the 256-bit panels unpack them into one group's halves of a 512-bit
+ * panel (v: step 2). */
+void ggml_py_k4_rows8_unpack_half(int five_bits, const char *x, int64_t b0, int nbc, struct k_panel_view v);
+void ggml_py_q6_rows8_unpack_half(const char *x, int64_t b0, int nbc, struct q6_panel_view v);
 
 /* The rows8 kernels from GGML_PY_PANEL_MIN_M activation rows for an item's two groups at
  * once (x2 not NULL) on 512-bit vectors, built where GGML_PY_HAVE_PANEL16 (simd.h): Q4_0,
