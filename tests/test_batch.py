@@ -6,6 +6,8 @@ bitwise the same logits at every step - whatever the other sequences are doing
 greedy and seeded, every KV cache type and attention profile, 1 and 2 threads. Then the pool's pages (reuse,
 a full pool, cancel), the interface and bad input.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -440,14 +442,77 @@ def test_bad_input():
         gg.Llama(n_ctx=64, n_seq_max=0)
     with pytest.raises(ValueError, match="n_ctx_seq"):
         llm.batch(n_ctx_seq=1000)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no sequence 99 in this batch"):
         b.sequence(99)
+    with pytest.raises(KeyError, match="no sequence 99 in this batch"):
+        b.cancel(99)
+    with pytest.raises(ValueError, match="n_ctx_seq must be in 3"):   # a shift drops one
+        llm.batch(n_ctx_seq=2)
+    with pytest.raises(ValueError, match="context_shift needs a context of 3"):
+        gg.Llama(n_ctx=2, n_threads=1).generate("", context_shift=True)
     sid = b.add("ROMEO.", max_tokens=2)
     with pytest.raises(ValueError, match="still running"):
         b.forget(sid)
     b.cancel(sid)
     b.forget(sid)
     assert not b.running
+
+
+def test_generate_batch_runs_to_the_end_of_the_context_as_generate_does():
+    """generate_batch's context_shift and keep are generate's (off by default): without
+    a shift max_tokens=-1 stops at the full context; with one, the batch shifts at the
+    same token as generate (a token that would take the last slot shifts it first)."""
+    llm = gg.Llama(n_ctx=64, n_threads=1)
+    greedy = dict(temperature=0, ignore_eos=True)
+    for kw in (dict(max_tokens=-1), dict(max_tokens=100, context_shift=True),
+               dict(max_tokens=100, context_shift=True, keep=-1)):
+        alone = list(llm.generate_tokens(PROMPTS[0], gg.SamplingParams(temperature=0),
+                                         ignore_eos=True, **kw))
+        assert llm.generate_batch_tokens([PROMPTS[0]], **greedy, **kw) == [alone]
+    assert len(alone) == 100 and llm.shift_log[-1] == (5, 29)   # BOS + the prompt kept
+
+
+def test_a_sequence_holds_n_ctx_tokens_not_the_pools_whole_pages():
+    llm = gg.Llama(n_ctx=100, n_threads=1)        # a pool of 7 pages: 112 slots
+    b = llm.batch(context_shift=False)
+    assert b.n_ctx_seq == 100
+    sid = b.add(PROMPTS[0], max_tokens=-1, temperature=0, ignore_eos=True)
+    while b.running:
+        b.step()
+    s = b.sequence(sid)
+    assert len(s.prompt_tokens) + len(s.tokens) == 100 and s.finish_reason == "length"
+    with pytest.raises(ValueError, match=r"n_ctx_seq must be in 3\.\.100"):
+        llm.batch(n_ctx_seq=112)
+
+
+def test_max_tokens_0_reads_the_prompt_and_generates_nothing():
+    llm = gg.Llama(n_ctx=64, n_threads=1)
+    assert llm.generate_batch_tokens([PROMPTS[0], PROMPTS[1]], max_tokens=0) == [[], []]
+    b = llm.batch()
+    sid = b.add(PROMPTS[0], max_tokens=0)
+    assert b.step() == [(sid, "")] and b.sequence(sid).finish_reason == "length"
+    assert llm.kv_pages_used() == 0
+
+
+def test_a_batch_dropped_unclosed_gives_its_pages_back():
+    import gc
+    llm = gg.Llama(n_ctx=128, n_threads=1)
+
+    def started():
+        b = llm.batch()
+        b.add("ROMEO. " * 20, max_tokens=100, temperature=0, ignore_eos=True)
+        for _ in range(3):
+            b.step()
+        return b
+    started()
+    gc.collect()
+    assert llm.kv_pages_used() == 0
+    want = llm.generate_batch(["JULIET. " * 10], max_tokens=4, temperature=0)
+    held = started()                               # 7 of the 8 pages held by a live batch
+    with pytest.raises(KVPoolFull, match="held by another batch"):
+        llm.generate_batch(["JULIET. " * 10], max_tokens=4, temperature=0)
+    held.close()
+    assert llm.generate_batch(["JULIET. " * 10], max_tokens=4, temperature=0) == want
 
 
 def test_generate_runs_past_a_full_context_with_context_shift():
@@ -513,6 +578,24 @@ def test_ggml_batched_streams_each_sequence_as_generate_gives_it(tmp_path):
     assert "generated tokens/s in all" in proc.stderr
     bad = run_program("ggml_py.cli.batched", "-n", "3", cwd=tmp_path)
     assert bad.returncode == 2 and "give a prompt" in bad.stderr
+    bad = run_program("ggml_py.cli.batched", "-p", "KING", "-f", "prompts.txt", cwd=tmp_path)
+    assert bad.returncode == 2 and "one of the two" in bad.stderr
+    bad = run_program("ggml_py.cli.batched", "-p", "KING", "-n", "-3", cwd=tmp_path)
+    assert bad.returncode == 2 and "-n -3" in bad.stderr
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9\n")
+    bad = run_program("ggml_py.cli.batched", "-f", "latin1.txt", cwd=tmp_path)
+    assert bad.returncode == 1 and "latin1.txt: not UTF-8" in bad.stderr
+
+
+def test_ggml_batched_n_minus_2_runs_each_sequence_to_its_share_of_the_context(tmp_path):
+    """-n -2 (and -1): no end but the context's, so each sequence holds n_ctx / -np, as
+    llama.cpp's server slots (none waits for ever on another)."""
+    proc = run_program("ggml_py.cli.batched", "-p", "ROMEO.", "-np", "2", "-n", "-2", "-c",
+                       "64", "--temp", "0", "-t", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "32 a sequence" in proc.stderr
+    lengths = re.findall(r"prompt +(\d+) tokens, generated +(\d+) \(length\)", proc.stderr)
+    assert len(lengths) == 2 and all(int(a) + int(b) == 32 for a, b in lengths)
 
 
 def test_ggml_bench_batch_prints_the_table_and_json(tmp_path):

@@ -30,7 +30,9 @@ def build_parser():
     p.add_argument("-np", "--parallel", type=positive_int, default=4, metavar="N",
                    help="sequences run at once (default: 4); with -p, also how many sequences")
     p.add_argument("-n", "--n-predict", type=int, default=64, metavar="N",
-                   help="tokens to generate per sequence (default: 64; -1: until end of text)")
+                   help="tokens to generate per sequence (default: 64; -1: until end of text, "
+                        "a full context shifting; -2: until the context is full; with either, "
+                        "each sequence's context is n_ctx / -np)")
     p.add_argument("-s", "--seed", type=int, default=-1,
                    help="RNG seed of the first sequence; sequence i gets seed + i "
                         "(default: -1, random)")
@@ -49,14 +51,30 @@ def log(*args):
 def read_prompts(args):
     """The prompts: -f's lines, or -p's prompt -np times."""
     if args.file is not None:
-        with open(args.file, encoding="utf-8") as f:
-            prompts = [line.rstrip("\r\n") for line in f]
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                prompts = [line.rstrip("\r\n") for line in f]
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         prompts = [p for p in prompts if p.strip()]
         if not prompts:
             raise ValueError(f"{args.file}: no prompts (one per line)")
         return prompts
     prompt = process_escapes(args.prompt) if args.escape else args.prompt
     return [prompt] * args.parallel
+
+
+def sequence_context(llm, args):
+    """llm.batch's arguments for -n: a sequence may hold the whole context; with -n -1 or
+    -2 (no end but the text's or the context's) each holds n_ctx / -np, as llama.cpp's
+    server slots do, so that none waits for ever on another that never ends."""
+    if args.n_predict >= 0:
+        return {}
+    n_ctx_seq = llm.n_ctx() // args.parallel
+    if n_ctx_seq < 3:
+        raise ValueError(f"-n {args.n_predict}: a sequence's context would be n_ctx / -np = "
+                         f"{llm.n_ctx()} / {args.parallel}, too small (3 tokens at least)")
+    return dict(n_ctx_seq=n_ctx_seq, context_shift=args.n_predict == -1)
 
 
 class LineStreams:
@@ -84,8 +102,11 @@ def main(argv=None):
     """Load the model, run every prompt, stream the texts. Returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.prompt is None and args.file is None:
-        parser.error("give a prompt (-p) or a file of prompts (-f)")
+    if (args.prompt is None) == (args.file is None):
+        parser.error("give a prompt (-p) or a file of prompts (-f), one of the two")
+    if args.n_predict < -2:
+        parser.error(f"-n {args.n_predict}: give a count, -1 (until end of text) or -2 "
+                     f"(until the context is full)")
     args.model = args.model or default_model_path()
     prompts = read_prompts(args)
     seed = args.seed if args.seed >= 0 else random.SystemRandom().randrange(2**31)
@@ -95,10 +116,10 @@ def main(argv=None):
                                tp_log=args.tp_log, n_seq_max=args.parallel)
     for message in warnings:
         log(f"batched: warning: {message}")
+    b = llm.batch(**sequence_context(llm, args))
     log(f"batched: {len(prompts)} sequences, {args.parallel} at once, n_ctx = {llm.n_ctx()} "
-        f"(pages of {llm.kv_pool().page_size} tokens), n_predict = {args.n_predict}, "
-        f"seed = {seed} | {gg.system_info()}")
-    b = llm.batch()
+        f"(pages of {llm.kv_pool().page_size} tokens, {b.n_ctx_seq} a sequence), "
+        f"n_predict = {args.n_predict}, seed = {seed} | {gg.system_info()}")
     sids = [b.add(p, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k,
                   top_p=args.top_p, min_p=args.min_p, seed=seed + i) for i, p in enumerate(prompts)]
     streams = LineStreams(sys.stdout)

@@ -24,6 +24,7 @@ With share_prefix (the default), a sequence starts on the pool's pages that alre
 hold its first tokens (kv_paged.py: a prompt's common beginning is read once and held
 once) and names the pages it fills for the next ones.
 """
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -73,14 +74,21 @@ class Batch:
         self.llm, self.model, self.tokenizer = llm, llm.model, llm.tokenizer
         self.cache = llm.kv_pool()
         self.n_seq_max, self.n_batch = n_seq_max, n_batch
-        self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx_seq if n_ctx_seq is not None
-                                     else self.cache.n_slots, low=2, high=self.cache.n_slots)
+        # (the pool holds whole pages, n_ctx rounded up: a sequence gets n_ctx at most, as
+        # generate does; a shift needs a token past the kept ones to drop)
+        n_ctx = llm.n_ctx()
+        self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx if n_ctx_seq is None else n_ctx_seq,
+                                     low=3 if context_shift else 2, high=n_ctx)
         self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
         self.share_prefix = bool(share_prefix)
         self._rerope = rope_rotation(self.model.config, _array(self.model.weights.rope_freqs))
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
+        # a batch dropped unclosed gives its pages back (the pool is the Llama's: another
+        # batch would wait for them for ever)
+        self._live = set()      # ids of the sequences not finished
+        weakref.finalize(self, _free_pages, self.cache, self._live)
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
         self.n_shared_tokens = 0     # prompt tokens found in others' pages (not computed)
 
@@ -130,22 +138,25 @@ class Batch:
                      stop=StopFilter(stop_strings(stop)), cache_salt=cache_salt)
         s.sampler.accept_all(ids)
         self._all[s.id] = s
+        self._live.add(s.id)
         self._waiting.append(s)
         return s.id
 
     def sequence(self, sid):
         """The Sequence of id sid (KeyError for one never added or forgotten)."""
+        if sid not in self._all:
+            raise KeyError(f"no sequence {sid!r} in this batch (never added, or forgotten)")
         return self._all[sid]
 
     def forget(self, sid):
         """Drop a finished sequence's record (ValueError while it runs)."""
-        if not self._all[sid].done:
+        if not self.sequence(sid).done:
             raise ValueError(f"sequence {sid} is still running: cancel it first")
         del self._all[sid]
 
     def cancel(self, sid):
         """Stop sequence sid now (finish_reason "cancelled"); its pages return to the pool."""
-        s = self._all[sid]
+        s = self.sequence(sid)
         if not s.done:
             self._finish(s, "cancelled")
 
@@ -157,7 +168,8 @@ class Batch:
     def step(self):
         """One forward step for every running sequence: a list of (sid, piece) - the
         text each generating sequence added (may be ""); a sequence that finished this
-        step appears once more with its last text. [] when nothing runs."""
+        step appears once more with its last text. [] when nothing runs, or when the
+        sequences wait for pages another batch of this Llama holds (n_steps unchanged)."""
         with self.llm._turn("step"):     # the graphs' buffers are the Llama's
             self._admit()
             plan = self._plan()
@@ -222,7 +234,8 @@ class Batch:
                 break
             if s not in self._running:        # preempted while planning this step
                 continue
-            if s.n_cached + 1 > self.n_ctx_seq and not self._shift(s, plan):
+            # as generate: a token that would take the context's last slot shifts it first
+            if s.n_cached + 1 >= self.n_ctx_seq and not self._shift(s, plan):
                 continue
             n = min(len(s.ids) - s.n_cached, budget)
             if not self._reserve(s, n, plan):
@@ -253,7 +266,7 @@ class Batch:
         """Give back s's pages; it waits (first in line) to be read again. One that was
         due to shift its context is read again shifted (its kept rows computed afresh at
         their new positions, not rotated: they may round differently)."""
-        if len(s.ids) > self.n_ctx_seq and self.context_shift:
+        if len(s.ids) >= self.n_ctx_seq and self.context_shift:
             del s.ids[s.n_kept:s.n_kept + discard_count(len(s.ids) - 1, s.n_kept)]
         self.cache.free(s.id)
         s.n_cached = 0
@@ -319,6 +332,10 @@ class Batch:
 
     def _sample(self, s, logits, events):
         """Choose s's next token from its logits row; record its text and whether it ends."""
+        if s.max_tokens == 0:              # as generate: the prompt read, nothing generated
+            events[s.id] = ""
+            self._finish(s, "length")
+            return
         token = s.sampler.sample(logits)
         s.sampler.accept(token)
         if self.tokenizer.is_eog(token):   # not a token of the output: no logprobs entry
@@ -349,10 +366,17 @@ class Batch:
     def _finish(self, s, reason):
         s.finish_reason = reason
         self.cache.free(s.id)
+        self._live.discard(s.id)
         if s in self._running:
             self._running.remove(s)
         elif s in self._waiting:
             self._waiting.remove(s)
+
+
+def _free_pages(cache, sids):
+    """Give back the pages of the sequences sids (a dropped batch's)."""
+    for sid in sids:
+        cache.free(sid)
 
 
 def _logprobs(logits, token, n):

@@ -22,7 +22,7 @@ from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.batch import Batch
 from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
-from ggml_py.model.kv_paged import PAGE_SIZE, PagedKVCache
+from ggml_py.model.kv_paged import PAGE_SIZE, KVPoolFull, PagedKVCache
 from ggml_py.model import kv_rows
 from ggml_py.model.llama import KV_PAD, LlamaModel, check_attention, default_cache
 from ggml_py.model.weights import matrix_shapes
@@ -474,6 +474,9 @@ class Llama:
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
         keep = checked_int("keep", keep, low=-1)
+        if context_shift and self.n_ctx() < 3:
+            raise ValueError(f"context_shift needs a context of 3 tokens or more, not "
+                             f"{self.n_ctx()} (a shift drops a token past the kept ones)")
         n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
             if context_shift else None
         return self._generate(ids, sampler, max_tokens, n_kept, yield_eog)
@@ -614,7 +617,8 @@ class Llama:
         """The text generated for each prompt (a list of texts or token-id lists), all
         run together: for each, the text generate(prompt, same arguments) gives
         (docs/batching.md says when it is bitwise the same); keyword arguments as
-        generate's, and logprobs."""
+        generate's (context_shift and keep included, off by default as there), and
+        logprobs."""
         return [s.text for s in self._run_batch(prompts, kwargs)]
 
     def generate_batch_tokens(self, prompts, **kwargs):
@@ -626,11 +630,17 @@ class Llama:
             raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
         if not prompts:
             raise ValueError("generate_batch: the list of prompts is empty")
-        b = self.batch()
+        b = self.batch(context_shift=kwargs.pop("context_shift", False),
+                       keep=kwargs.pop("keep", 0))
         try:
             sids = [b.add(p, **kwargs) for p in prompts]
             while b.running:
+                n_steps = b.n_steps
                 b.step()
+                if b.n_steps == n_steps:   # (they would wait for ever)
+                    raise KVPoolFull(f"generate_batch: the KV pages its prompts need are held "
+                                     f"by another batch of this Llama ({self.kv_pages_used()} "
+                                     f"of {self.kv_pages_total()} in use): close it first")
             return [b.sequence(sid) for sid in sids]
         finally:
             b.close()
