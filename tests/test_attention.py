@@ -85,7 +85,7 @@ def attention_node(q, k, v, lists, scale, type, profile, type_v=None, head_major
     ctx = gg.Context(mem_size=64 << 20)
     D = q.shape[2]
     kp, ks, k_held = pool(ctx, k, type, D, head_major)
-    vp, vs, v_held = pool(ctx, v, type_v or type, D, head_major)
+    vp, vs, v_held = pool(ctx, v, type if type_v is None else type_v, D, head_major)
     index = ctx.from_numpy(make_index(lists, shared))
     out = gg.attention(ctx.from_numpy(q), kp, vp, index, scale, ks, vs)
     assert out.shape == q.shape and out.type == gg.F32
@@ -221,6 +221,23 @@ def test_a_nan_in_a_float_query_gives_nan_for_its_head_only(rng, type_v):
             assert not np.isnan(got[1, 1:]).any() and not np.isnan(got[[0, 2]]).any(), profile
 
 
+def test_an_i8_value_block_of_weights_too_small_to_scale_adds_nothing_on_every_path():
+    # keys 0..63 score -80 below keys 64..127: the first block's largest weight (~1.8e-35)
+    # is under 32767 / FLT_MAX, where 32767 / m overflows (attn.h: such a block is zeros)
+    D, n = 8, 128
+    q = np.zeros((1, 1, D), np.float32)
+    q[0, 0, 0] = 1
+    k = np.zeros((n, D), np.float32)
+    k[:64, 0] = -80
+    v = np.ones((n, D), np.float32)
+    v[64:, 2] = 0                     # element 2: only the faint block holds it
+    for profile in PROFILES:
+        out, _, _ = attention_node(q, k, v, [list(range(n))], 1.0, gg.F32, profile, type_v=gg.I8)
+        twin, simd = with_twins(lambda out=out: compute(out, threads=(1, 2)))
+        assert same_bits(twin, simd) and twin[0, 0, 0] == 1, profile
+        assert abs(twin[0, 0, 2]) < 1e-30, profile   # (flash's running max keeps it: 1.8e-35)
+
+
 def test_other_types_are_read_through_their_traits(rng):
     # a type without kernels of its own (BF16, Q5_0): its vec_dot and to_float
     q = rng.standard_normal((2, 4, 32)).astype(np.float32)
@@ -328,6 +345,9 @@ def test_bad_input_is_refused(rng):
     q = ctx.from_numpy(np.zeros((2, 4, 8), np.float32))
     k = ctx.from_numpy(np.zeros((10, 16), np.float32))
     index = ctx.from_numpy(make_index([[0], [1, 2]]))
+    for shape in ((1, 0, 8), (1, 2, 0)):           # no heads, or heads of no values
+        with pytest.raises(ValueError, match=r"must have heads \(H > 0\) of values"):
+            gg.attention(ctx.from_numpy(np.ones(shape, np.float32)), k, k, index, 1.0)
     with pytest.raises(ValueError, match="Hkv dividing"):
         gg.attention(q, ctx.from_numpy(np.zeros((10, 24), np.float32)),
                      ctx.from_numpy(np.zeros((10, 24), np.float32)), index, 1.0)

@@ -114,6 +114,8 @@ def main(argv=None):
                                n_batch=args.batch_size, **kv_options(args),
                                use_mmap=args.use_mmap, repack=args.repack, tp=args.tp,
                                tp_log=args.tp_log, n_seq_max=args.parallel)
+    if args.attention == "graph":   # (the three nodes read one sequence's window)
+        warnings.append("--attention graph: batches run the attention op, auto profile")
     for message in warnings:
         log(f"batched: warning: {message}")
     b = llm.batch(**sequence_context(llm, args))

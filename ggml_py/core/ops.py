@@ -508,8 +508,9 @@ def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
     q (T, H, D) F32; k, v the cache pools, head-major (Hkv, slots, D) as the model's
     caches hold them, or (slots, Hkv*D) with a slot's heads side by side: F32, F16, Q8_0,
     Q4_0 or I8 (int8 per head, its scales (Hkv, slots, 1) or (slots, Hkv) F32 in k_scales
-    / v_scales, as set_rows writes them), or another type with a dot product (k) and a
-    to_float (v); H a multiple of Hkv (query head h reads kv head h // (H // Hkv));
+    / v_scales, as set_rows writes them; I8 and Q8_0 values in -127..127, as the
+    quantizers write them: like ggml's Q8_0 dot, the integer kernels take |x| of a byte),
+    or another type with a dot product (k) and a to_float (v); H a multiple of Hkv (query head h reads kv head h // (H // Hkv));
     kv_index I32 (2*T + N,): for token t, kv_index[2t:2t+2] = (start, count), and its slots
     are kv_index[start:start+count], in the N values after the pairs. Returns (T, H, D)
     F32; a token with no slots gets zeros. Each token's result depends only on its query
@@ -526,6 +527,8 @@ def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
                          f"(Hkv, slots, D) or (slots, Hkv*D), kv_index {kv_index.shape} "
                          f"one-dimensional")
     T, H, D = q.shape
+    if H == 0 or D == 0:
+        raise ValueError(f"attention: q {q.shape} must have heads (H > 0) of values (D > 0)")
     Hkv, _ = attention_pool_shape(k, D)
     wrong_row = k.shape[-1] != D if k.ndim == 3 else k.shape[-1] % D
     if k.shape != v.shape or wrong_row or Hkv == 0 or H % Hkv:

@@ -14,8 +14,10 @@ from ggml_py import _core
 from ggml_py.core.types import Type, exact_shape, row_bytes, type_traits
 
 
-def quantize(x, type):
-    """float32 array (..., n) -> uint8 array (..., row_bytes(type, n)) of `type` blocks."""
+def quantize(x, type, reference=True):
+    """float32 array (..., n) -> uint8 array (..., row_bytes(type, n)) of `type` blocks.
+    reference=False: the conversion set_rows and MUL_MAT's activations use (the type's
+    from_float: Q8_0's rounds a value that lies just at a half the other way, rarely)."""
     type = Type.of(type, "quantize")
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0:
@@ -24,7 +26,7 @@ def quantize(x, type):
     n_row = row_bytes(type, n)
     rows = x.reshape(int(np.prod(x.shape[:-1], dtype=np.int64)), n)   # also when n is 0
     out = np.empty((rows.shape[0], n_row), np.uint8)
-    _core.quantize_rows(int(type), rows, out)
+    _core.quantize_rows(int(type), rows, out, bool(reference))
     return out.reshape(x.shape[:-1] + (n_row,))
 
 

@@ -25,6 +25,7 @@
 #ifndef GGML_PY_ATTN_H
 #define GGML_PY_ATTN_H
 
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -80,10 +81,18 @@ struct ggml_py_attn_kernels {
 /* I8 values are summed in integers. In each block of GGML_PY_ATTN_I8_KEYS keys (from j0),
  * row r's weights w_j = P[r][j] * (value row j's scale) are rounded to int16 on the
  * block's own scale: wq_j = nearest(w_j * (32767 / m)), m the largest w_j, ws = m / 32767
- * (all wq_j 0 when m is 0); then acc[r][d] = fma((float) sum_j wq_j * v_j[d], ws,
+ * (all wq_j 0 when m is 0, or so small that 32767 / m overflows: such a block adds nothing,
+ * see ggml_py_attn_i8_factor); then acc[r][d] = fma((float) sum_j wq_j * v_j[d], ws,
  * acc[r][d]), the sum exact in int32. A block with a weight that is not finite gives NaN. */
 #define GGML_PY_ATTN_I8_KEYS 64
 #define GGML_PY_ATTN_I8_WMAX 32767.0f
+
+/* 32767 / m, a block's weights' factor to int16; 0 where that is not finite (m is 0, or
+ * below 32767 / FLT_MAX), so that every path rounds such a block to zeros alike */
+static inline float ggml_py_attn_i8_factor(float m) {
+    const float iw = m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f;
+    return iw <= FLT_MAX ? iw : 0.0f;
+}
 
 /* A row's int16 weights wq of n <= GGML_PY_ATTN_I8_KEYS keys of a block, as above: p its
  * probabilities, sv the value rows' scales; returns the block's scale ws. */

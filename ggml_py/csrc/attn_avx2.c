@@ -606,7 +606,7 @@ static inline float i8_weights(const float *p, const float *sv, int64_t n, int16
         memset(wq, 0, sizeof(int16_t) * GGML_PY_ATTN_I8_KEYS);
         return NAN;
     }
-    const __m256 iw = _mm256_set1_ps(m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f);
+    const __m256 iw = _mm256_set1_ps(ggml_py_attn_i8_factor(m));
     for (int k = 0; k < 8; k += 2) round16_i16(w[k], w[k + 1], iw, wq + 8 * k);
     return m / GGML_PY_ATTN_I8_WMAX;
 }

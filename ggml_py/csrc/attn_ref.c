@@ -264,7 +264,7 @@ float ggml_py_attn_i8_weights(const float *p, const float *sv, int64_t n, int16_
         memset(wq, 0, sizeof(int16_t) * (size_t) n);
         return NAN;
     }
-    const float iw = m > 0.0f ? GGML_PY_ATTN_I8_WMAX / m : 0.0f;
+    const float iw = ggml_py_attn_i8_factor(m);
     for (int64_t j = 0; j < n; j++) wq[j] = (int16_t) ggml_py_nearest_int(w[j] * iw);
     return m / GGML_PY_ATTN_I8_WMAX;
 }

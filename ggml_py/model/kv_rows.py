@@ -156,7 +156,7 @@ class KVRows:
         elif t in (Type.F32, Type.F16):
             self.k[il][:, slots] = heads
         else:
-            self.k[il][:, slots] = quantize(heads, t)
+            self.k[il][:, slots] = quantize(heads, t, reference=False)
 
     def copy(self, il, src, dst):
         """Copy layer il's K and V rows (and scales) from slots src to slots dst."""

@@ -71,6 +71,16 @@ def check_attention(mode, where):
     return mode
 
 
+def check_attention_cache(mode, kv_type, kv_type_v=None):
+    """ValueError when mode is 'graph' and the cache's K or V type (kv_type_v None: K's)
+    is one the three-node path cannot read."""
+    kv_type_v = kv_type if kv_type_v is None else kv_type_v
+    if mode == "graph" and not {kv_type, kv_type_v} <= set(GRAPH_KV_TYPES):
+        raise ValueError(f"attention='graph' reads F16 and F32 caches, not "
+                         f"{Type(kv_type).name} / {Type(kv_type_v).name}: "
+                         f"quantized caches are read by the attention op (slim, flash)")
+
+
 def pin_attention(graph, mode):
     """Pin every ATTENTION node of graph to the profile named mode ('slim' or 'flash');
     other modes leave them to the planner."""
@@ -110,10 +120,7 @@ class LlamaModel:
             self.weights = with_rows8(self.weights, release=self.file.release_pages,
                                       n_threads=self._threads)
         self.n_ctx = context_size(n_ctx, self.config.n_ctx_train, self.file)
-        if attention == "graph" and not {kv_type, kv_type_v or kv_type} <= set(GRAPH_KV_TYPES):
-            raise ValueError(f"attention='graph' reads F16 and F32 caches, not "
-                             f"{Type(kv_type).name} / {Type(kv_type_v or kv_type).name}: "
-                             f"quantized caches are read by the attention op (slim, flash)")
+        check_attention_cache(attention, kv_type, kv_type_v)
         if kv_type_v is None or kv_type_v == kv_type:
             self._cache = make_cache(self.config, self.n_ctx, kv_type)
         else:

@@ -24,7 +24,8 @@ from ggml_py.model.batch import Batch
 from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
 from ggml_py.model.kv_paged import PAGE_SIZE, KVPoolFull, PagedKVCache
 from ggml_py.model import kv_rows
-from ggml_py.model.llama import KV_PAD, LlamaModel, check_attention, default_cache
+from ggml_py.model.llama import (KV_PAD, LlamaModel, check_attention, check_attention_cache,
+                                 default_cache)
 from ggml_py.model.weights import matrix_shapes
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import stop_strings, until_stop
@@ -166,6 +167,7 @@ class Llama:
         kv_type = kv_rows.kv_type(kv_type, "Llama: kv_type")
         kv_type_v = kv_type if kv_type_v is None else kv_rows.kv_type(kv_type_v, "Llama: kv_type_v")
         check_attention(attention, "Llama")
+        check_attention_cache(attention, kv_type, kv_type_v)   # (before the file is read)
         if make_cache is not None and not callable(make_cache):
             raise TypeError(f"Llama: make_cache must be callable (config, n_ctx, kv_type) -> "
                             f"cache, got {type(make_cache).__name__}")
@@ -609,7 +611,8 @@ class Llama:
         `keep` and goes on (context_shift), or ends ("length"). invariant: a sequence's
         logits are bitwise the same whatever else is in the batch (docs/batching.md).
         share_prefix: a sequence starts on the pool's pages that already hold its first
-        tokens, and leaves the pages it fills for the next ones to share."""
+        tokens, and leaves the pages it fills for the next ones to share. Steps always
+        run the attention op (attention="graph" takes auto's profiles there)."""
         return Batch(self, self._n_seq_max, self.n_batch, n_ctx_seq=n_ctx_seq, keep=keep,
                      context_shift=context_shift, invariant=invariant, share_prefix=share_prefix)
 

@@ -13,6 +13,7 @@ model, where a layer's weights stream through between one layer's attention and 
 the layer's K and V then come from memory.
 Shapes: the model's (-m) or --shape H,Hkv,D (default 32,32,128: Llama 2 7B's, the paper's).
 """
+import argparse
 import json
 import time
 
@@ -37,7 +38,7 @@ def shape_triple(text):
     """--shape H,Hkv,D."""
     values = count_list(text)
     if len(values) != 3 or min(values) < 1 or values[0] % values[1]:
-        raise ValueError(f"--shape: expected H,Hkv,D with Hkv dividing H, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected H,Hkv,D with Hkv dividing H, got {text!r}")
     return tuple(values)
 
 
@@ -46,7 +47,8 @@ def kv_type_list(text):
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
     bad = [n for n in names if n not in KV_TYPE_NAMES]
     if bad or not names:
-        raise ValueError(f"-ctk: expected types among {', '.join(KV_TYPE_NAMES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected types among {', '.join(KV_TYPE_NAMES)}, "
+                                         f"got {text!r}")
     return names
 
 
