@@ -67,6 +67,7 @@ from ggml_py.core.ops import (  # noqa: E402
 )
 
 from ggml_py.files.gguf_reader import ModelFileWarning, ModelLoadError  # noqa: E402
+from ggml_py.model.kv_paged import KVPoolFull  # noqa: E402
 from ggml_py.model.sampling import Sampler, SamplingParams  # noqa: E402
 from ggml_py.model.session import TrainingContextWarning  # noqa: E402
 from ggml_py.dist.llama import Llama  # noqa: E402

@@ -408,7 +408,7 @@ def test_a_shift_that_must_copy_shared_pages_in_a_full_pool_does_not_end_the_ste
     a = b.add(ids, **kw)
     b.step()
     c = b.add(ids, **kw)            # starts on a's two full pages: 4 pages held, 1 free
-    while b.running:                # a reaches 48 first: its shift must copy both
+    while b.running:                # a reaches 47 first: its shift must copy both
         b.step()
     assert b.n_shared_tokens >= 32
     assert [len(b.sequence(s).tokens) for s in (a, c)] == [40, 40]

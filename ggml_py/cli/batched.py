@@ -51,11 +51,14 @@ def log(*args):
 def read_prompts(args):
     """The prompts: -f's lines, or -p's prompt -np times."""
     if args.file is not None:
+        with open(args.file, "rb") as f:
+            data = f.read()
         try:
-            with open(args.file, encoding="utf-8") as f:
-                prompts = [line.rstrip("\r\n") for line in f]
+            text = data.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        # universal newlines, as a text file's lines
+        prompts = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
         prompts = [p for p in prompts if p.strip()]
         if not prompts:
             raise ValueError(f"{args.file}: no prompts (one per line)")
@@ -67,10 +70,13 @@ def read_prompts(args):
 def sequence_context(llm, args):
     """llm.batch's arguments for -n: a sequence may hold the whole context; with -n -1 or
     -2 (no end but the text's or the context's) each holds n_ctx / -np, as llama.cpp's
-    server slots do, so that none waits for ever on another that never ends."""
+    server slots do (in whole pages: all of them fit the pool at once), so that no running
+    sequence waits for pages another that never ends holds."""
     if args.n_predict >= 0:
         return {}
-    n_ctx_seq = llm.n_ctx() // args.parallel
+    pool = llm.kv_pool()
+    n_ctx_seq = min(llm.n_ctx() // args.parallel,
+                    pool.n_pages // args.parallel * pool.page_size + 1)
     if n_ctx_seq < 3:
         raise ValueError(f"-n {args.n_predict}: a sequence's context would be n_ctx / -np = "
                          f"{llm.n_ctx()} / {args.parallel}, too small (3 tokens at least)")

@@ -510,7 +510,8 @@ def attention(q, k, v, kv_index, scale, k_scales=None, v_scales=None):
     Q4_0 or I8 (int8 per head, its scales (Hkv, slots, 1) or (slots, Hkv) F32 in k_scales
     / v_scales, as set_rows writes them; I8 and Q8_0 values in -127..127, as the
     quantizers write them: like ggml's Q8_0 dot, the integer kernels take |x| of a byte),
-    or another type with a dot product (k) and a to_float (v); H a multiple of Hkv (query head h reads kv head h // (H // Hkv));
+    or another type with a dot product (k) and a to_float (v); H a multiple of Hkv
+    (query head h reads kv head h // (H // Hkv));
     kv_index I32 (2*T + N,): for token t, kv_index[2t:2t+2] = (start, count), and its slots
     are kv_index[start:start+count], in the N values after the pairs. Returns (T, H, D)
     F32; a token with no slots gets zeros. Each token's result depends only on its query

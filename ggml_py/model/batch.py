@@ -78,7 +78,11 @@ class Batch:
         # generate does; a shift needs a token past the kept ones to drop)
         n_ctx = llm.n_ctx()
         self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx if n_ctx_seq is None else n_ctx_seq,
-                                     low=3 if context_shift else 2, high=n_ctx)
+                                     low=2, high=n_ctx)
+        if context_shift and self.n_ctx_seq < 3:
+            raise ValueError(f"context_shift needs a sequence's context (n_ctx_seq) of 3 "
+                             f"tokens or more, not {self.n_ctx_seq}: a shift drops a token "
+                             f"past the kept ones")
         self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
         self.share_prefix = bool(share_prefix)
@@ -86,9 +90,9 @@ class Batch:
         self._running, self._waiting = [], deque()     # Sequences, in the order they started
         self._all = {}
         # a batch dropped unclosed gives its pages back (the pool is the Llama's: another
-        # batch would wait for them for ever)
+        # batch would wait for them for ever), at the next step of any batch
         self._live = set()      # ids of the sequences not finished
-        weakref.finalize(self, _free_pages, self.cache, self._live)
+        weakref.finalize(self, self.cache.released.extend, self._live)
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
         self.n_shared_tokens = 0     # prompt tokens found in others' pages (not computed)
 
@@ -168,9 +172,11 @@ class Batch:
     def step(self):
         """One forward step for every running sequence: a list of (sid, piece) - the
         text each generating sequence added (may be ""); a sequence that finished this
-        step appears once more with its last text. [] when nothing runs, or when the
-        sequences wait for pages another batch of this Llama holds (n_steps unchanged)."""
+        step appears once more with its last text ([] for a step that only read
+        prompts). Nothing runs (n_steps unchanged) when no sequence is left, or while
+        the sequences wait for pages another batch of this Llama holds."""
         with self.llm._turn("step"):     # the graphs' buffers are the Llama's
+            self.cache.free_released()
             self._admit()
             plan = self._plan()
             if not plan:
@@ -371,12 +377,6 @@ class Batch:
             self._running.remove(s)
         elif s in self._waiting:
             self._waiting.remove(s)
-
-
-def _free_pages(cache, sids):
-    """Give back the pages of the sequences sids (a dropped batch's)."""
-    for sid in sids:
-        cache.free(sid)
 
 
 def _logprobs(logits, token, n):

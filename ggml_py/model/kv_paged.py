@@ -68,6 +68,9 @@ class PagedKVCache:
         self._idle = OrderedDict()   # named pages nobody holds, least recently released first
         self._moved = set()    # sequences whose rows a context shift moved (never named)
         self.mirror = None     # callable(order, *args): row copies another process makes too
+        # sequences whose batch was collected unclosed: freed by the next step (a collector
+        # may run inside another step, where the pool must not change under it)
+        self.released = []
 
     # ---- facts ---------------------------------------------------------------
 
@@ -181,6 +184,11 @@ class PagedKVCache:
         for page in reversed(table[keep:]):
             self._release(page)
         del table[keep:]
+
+    def free_released(self):
+        """Free the sequences queued in `released`."""
+        while self.released:
+            self.free(self.released.pop())
 
     def free(self, seq):
         """Forget seq: its pages go back to the pool (the next sequence reuses them)."""

@@ -8,6 +8,7 @@
     result = llm.perplexity(text, n_ctx=256)      # result.ppl, result.error
 """
 import contextlib
+import gc
 import itertools
 import os
 import threading
@@ -607,7 +608,7 @@ class Llama:
     def batch(self, n_ctx_seq=None, keep=0, context_shift=True, invariant=True, share_prefix=True):
         """A step scheduler over many sequences (a Batch: add, step, cancel; see
         ggml_py/model/batch.py). n_ctx_seq: the most tokens one sequence holds (None:
-        the whole pool); past it a sequence drops half of its tokens after the first
+        n_ctx); at its last slot a sequence drops half of its tokens after the first
         `keep` and goes on (context_shift), or ends ("length"). invariant: a sequence's
         logits are bitwise the same whatever else is in the batch (docs/batching.md).
         share_prefix: a sequence starts on the pool's pages that already hold its first
@@ -633,17 +634,23 @@ class Llama:
             raise TypeError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
         if not prompts:
             raise ValueError("generate_batch: the list of prompts is empty")
-        b = self.batch(context_shift=kwargs.pop("context_shift", False),
-                       keep=kwargs.pop("keep", 0))
+        keep = checked_int("keep", kwargs.pop("keep", 0), low=-1)   # (as generate: at most
+        b = self.batch(context_shift=kwargs.pop("context_shift", False),   # half the context)
+                       keep=min(keep, self.n_ctx() // 2))
         try:
             sids = [b.add(p, **kwargs) for p in prompts]
+            waited = False
             while b.running:
                 n_steps = b.n_steps
                 b.step()
-                if b.n_steps == n_steps:   # (they would wait for ever)
-                    raise KVPoolFull(f"generate_batch: the KV pages its prompts need are held "
-                                     f"by another batch of this Llama ({self.kv_pages_used()} "
-                                     f"of {self.kv_pages_total()} in use): close it first")
+                if b.running and b.n_steps == n_steps:
+                    if waited:               # (they would wait for ever)
+                        raise KVPoolFull(f"generate_batch: the KV pages its prompts need are "
+                                         f"held by another batch of this Llama "
+                                         f"({self.kv_pages_used()} of {self.kv_pages_total()} "
+                                         f"in use): close it first")
+                    gc.collect()             # a batch dropped in a cycle gives its pages back
+                    waited = True
             return [b.sequence(sid) for sid in sids]
         finally:
             b.close()

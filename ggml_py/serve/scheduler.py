@@ -53,8 +53,8 @@ class Scheduler:
     on_ready: called once the model is loaded and the batch made.
     n_ctx_seq: the most tokens one sequence holds (None: the programs' context rule,
     the model's training context or 2048 if smaller, within the pool).
-    context_shift: a sequence at n_ctx_seq drops half its tokens and goes on (else it
-    ends with finish_reason "length", as llama-server's default).
+    context_shift: a sequence at its last slot of n_ctx_seq drops half its tokens and
+    goes on (else it ends with finish_reason "length", as llama-server's default).
     prefix_cache: a request starts on the KV pages that hold its prompt's beginning
     (model/batch.py, share_prefix), among requests of the same cache_salt.
     """
