@@ -113,6 +113,25 @@ def test_stop_strings_and_logprobs_per_sequence():
     token, logprob, top = s.logprobs[0]
     assert token == s.tokens[0] and len(top) == 3 and top[0][0] == token   # greedy: the top one
     assert logprob <= 0 and top[0][1] == logprob
+    # entries for the tokens the text shows, none for the stop string's past it
+    shown = [llm.detokenize([t]) for t, _, _ in s.logprobs]
+    assert "".join(shown).startswith(s.text) and len("".join(shown[:-1])) < len(s.text)
+    assert len(s.logprobs) < len(s.tokens)
+
+
+def test_a_stop_string_over_two_tokens_leaves_neither_a_logprobs_entry():
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+    free = llm.generate_batch_tokens([PROMPTS[0]], max_tokens=30, temperature=0)[0]
+    pieces = [llm.detokenize([t]) for t in free]
+    i = next(i for i in range(2, 20) if len(pieces[i].strip()) >= 2 and pieces[i + 1].strip())
+    stop = pieces[i][2:] + pieces[i + 1]      # from inside token i to the end of token i + 1
+    b = llm.batch()
+    sid = b.add(PROMPTS[0], max_tokens=30, temperature=0, stop=[stop], logprobs=0)
+    while b.running:
+        b.step()
+    s = b.sequence(sid)
+    assert s.text == "".join(pieces[:i]) + pieces[i][:2] and s.tokens == free[:i + 2]
+    assert [t for t, _, _ in s.logprobs] == free[:i + 1]   # token i shows in the text, i + 1 not
 
 
 def test_an_end_of_generation_token_has_no_logprobs_entry():

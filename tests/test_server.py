@@ -147,6 +147,18 @@ def test_completion_logprobs(client):
     assert tokens == lp.tokens
 
 
+def test_logprobs_end_with_the_text_a_stop_string_leaves(client):
+    text = greedy(client, max_tokens=40).choices[0].text
+    stop = text[12:16]
+    r = greedy(client, max_tokens=40, stop=[stop], logprobs=1)
+    kept, tokens = r.choices[0].text, r.choices[0].logprobs.tokens
+    assert kept == text[:text.index(stop)]
+    assert "".join(tokens).startswith(kept) and len("".join(tokens[:-1])) < len(kept)
+    streamed = list(greedy(client, max_tokens=40, stop=[stop], logprobs=1, stream=True))
+    assert [t for c in streamed if c.choices and c.choices[0].logprobs
+            for t in c.choices[0].logprobs.tokens] == tokens
+
+
 def test_chat_logprobs(client):
     r = client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}],
                                        max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)

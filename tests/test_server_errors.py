@@ -89,6 +89,7 @@ BAD_COMPLETIONS = [
     ({**GOOD, "logit_bias": {"1": 5}}, "logit_bias"),
     ({**GOOD, "model": 5}, "model"),
     ({**GOOD, "stream_options": 5}, "stream_options"),
+    ({**GOOD, "stream_options": {"include_usage": "y"}}, "stream_options.include_usage"),
 ]
 
 
@@ -112,6 +113,8 @@ BAD_CHATS = [
     ({"messages": [MESSAGE], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [MESSAGE], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [MESSAGE], "max_completion_tokens": -2}, "max_completion_tokens"),
+    ({"messages": [MESSAGE], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"messages": [MESSAGE], "max_completion_tokens": 0, "max_tokens": 3}, "max_completion_tokens"),
     ({"messages": [MESSAGE], "response_format": {"type": "json_object"}}, "response_format"),
 ]
 
@@ -126,6 +129,19 @@ def test_an_unknown_model_is_404(live):
                  code="model_not_found")
     with pytest.raises(openai.NotFoundError):
         live.client().chat.completions.create(model="gpt-4", messages=[MESSAGE])
+    with pytest.raises(openai.NotFoundError):
+        live.client().models.retrieve("gpt-4")
+    assert live.client().models.retrieve(MODEL_ID).id == MODEL_ID    # (the served one is there)
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(live):
+    huge = "ab cd " * 200_000                  # 1.2 MB: seconds of tokenizing
+    for path, body, param in (("/v1/completions", {"prompt": huge}, "prompt"),
+                              ("/v1/chat/completions",
+                               {"messages": [{"role": "user", "content": huge}]}, "messages")):
+        error = assert_error(post(live, path, body), 400, param=param,
+                             code="context_length_exceeded")
+        assert "the prompt has at least" in error["message"]
 
 
 def test_a_prompt_longer_than_the_context_gives_both_counts(live):

@@ -98,6 +98,22 @@ def test_the_chat_page_streams_stops_and_replies(page):
                                                   temperature=0).choices[0].message.content
         assert last_reply(page).text_content() == expected
         assert last_reply(page).get_attribute("data-stopped") is None
+
+        # a turn the server refuses (past the context) is shown, and left out of the
+        # conversation the next message sends
+        page.fill("#prompt", "ROMEO. " * 600)
+        page.click("#send")
+        done = "n => document.querySelectorAll(\".message[data-done='true']\").length === n"
+        page.wait_for_function(done, arg=3)
+        assert "maximum context length" in page.text_content(".message.error")
+        page.fill("#prompt", "Once more.")
+        page.click("#send")
+        page.wait_for_function(done, arg=4)
+        history += [{"role": "assistant", "content": expected},
+                    {"role": "user", "content": "Once more."}]
+        expected = client.chat.completions.create(model=MODEL_ID, messages=history, max_tokens=8,
+                                                  temperature=0).choices[0].message.content
+        assert last_reply(page).text_content() == expected
     finally:
         gate.open()
         live.stop()

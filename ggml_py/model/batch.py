@@ -24,6 +24,7 @@ With share_prefix (the default), a sequence starts on the pool's pages that alre
 hold its first tokens (kv_paged.py: a prompt's common beginning is read once and held
 once) and names the pages it fills for the next ones.
 """
+import bisect
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -50,6 +51,10 @@ class Sequence:
     text: str = ""                   # generated text (up to a stop string)
     finish_reason: str | None = None  # "stop", "length", "cancelled"
     logprobs: list = field(default_factory=list)   # (id, logprob, [(id, logprob)] top-n)
+    # where each generated token's text begins in the text decoded before a stop string
+    # cut it (a prefix of that text is `text`)
+    token_starts: list = field(default_factory=list)
+    n_decoded: int = 0
     cache_salt: str | None = None    # shares KV pages only with sequences of the same salt
     started: bool = False            # admitted once (a preempted one is read again)
     # the scheduler's state
@@ -64,6 +69,11 @@ class Sequence:
     def done(self):
         """True once the sequence has finished (finish_reason says why)."""
         return self.finish_reason is not None
+
+    def tokens_within(self, n_chars):
+        """How many generated tokens begin within the first n_chars characters of the
+        text: those a text of that length shows (a stop string's tokens past it, none)."""
+        return bisect.bisect_left(self.token_starts, n_chars)
 
 
 class Batch:
@@ -353,10 +363,14 @@ class Batch:
         s.ids.append(token)
         if s.logprobs_n is not None:
             s.logprobs.append(_logprobs(logits, token, s.logprobs_n))
-        text = s.stop.feed(s.decoder.feed(token))
+        s.token_starts.append(s.n_decoded)
+        decoded = s.decoder.feed(token)
+        s.n_decoded += len(decoded)
+        text = s.stop.feed(decoded)
         if s.stop.stopped:
             s.text += text
             events[s.id] = text
+            del s.logprobs[s.tokens_within(len(s.text)):]   # (the stop string's tokens)
             self._finish(s, "stop")
             return
         full = s.max_tokens >= 0 and len(s.tokens) >= s.max_tokens

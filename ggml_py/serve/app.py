@@ -103,6 +103,8 @@ def create_app(scheduler, metrics, settings):
     app.get("/metrics")(lambda: Response(metrics.text(), media_type=CONTENT_TYPE_LATEST))
     for path in ("/v1/models", "/models"):
         app.get(path)(routes.models)
+    for path in ("/v1/models/{model_id:path}", "/models/{model_id:path}"):
+        app.get(path)(routes.model)
     for path in ("/v1/completions", "/completions"):
         app.post(path)(routes.completions)
     for path in ("/v1/chat/completions", "/chat/completions"):
@@ -120,6 +122,7 @@ class _Routes:
         self.scheduler, self.metrics, self.settings = scheduler, metrics, settings
         self.names = {settings.model_id, *settings.aliases}
         self._template = None
+        self._longest_piece = None   # characters of the vocabulary's longest token, at most
 
     # ---- facts ---------------------------------------------------------------
 
@@ -137,6 +140,12 @@ class _Routes:
             model["meta"] = {"n_ctx": self.scheduler.n_ctx_seq, "n_ctx_pool": llm.n_ctx(),
                              "n_vocab": llm.n_vocab(), "n_seq_max": llm.n_seq_max()}
         return {"object": "list", "data": [model]}
+
+    async def model(self, model_id: str):
+        """The served model by its name or an alias, as OpenAI retrieves one (404 for
+        another name)."""
+        self._check_model(model_id)
+        return (await self.models())["data"][0]
 
     # ---- tokens ----------------------------------------------------------------
 
@@ -191,6 +200,7 @@ class _Routes:
         out = []
         for prompt in gen.prompts:
             if isinstance(prompt, str):
+                self._check_length(llm, prompt, "prompt")
                 out.append((llm.tokenize(prompt, special=True), prompt if gen.echo else ""))
             else:
                 ids = _checked_ids(llm, prompt, "prompt")
@@ -210,8 +220,24 @@ class _Routes:
             text = render_chat(messages, self._template or None, bos_token=bos, eos_token=eos)
         except ChatTemplateError as exc:
             raise bad_request(str(exc), param="messages") from None
+        self._check_length(llm, text, "messages")
         # a template that writes the BOS text itself must not get a second BOS
         return llm.tokenize(text, add_bos=not (bos and text.startswith(bos)), special=True)
+
+    def _check_length(self, llm, text, param):
+        """Refuse a text far past a sequence's context before tokenizing it (a body of
+        16 MiB takes the tokenizer tens of seconds): no token is longer than the
+        vocabulary's longest piece, so the text has at least len(text) / that tokens."""
+        if self._longest_piece is None:
+            tok = llm.tokenizer
+            self._longest_piece = max(1, max(len(tok.token_to_piece(i).decode("utf-8", "replace"))
+                                             for i in range(llm.n_vocab())))
+        n_ctx = self.scheduler.n_ctx_seq
+        at_least = len(text) // self._longest_piece
+        if at_least >= 2 * n_ctx:
+            raise bad_request(f"This model's maximum context length is {n_ctx} tokens; the "
+                              f"prompt has at least {at_least} tokens", param=param,
+                              code="context_length_exceeded")
 
     async def _generate(self, request, gen):
         llm = self.scheduler.ready_llm()

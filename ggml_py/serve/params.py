@@ -137,13 +137,14 @@ def get_number(body, name, default, low, high):
     return float(value)
 
 
-def get_bool(body, name, default):
-    """body[name] as a bool (a missing or null field: default)."""
+def get_bool(body, name, default, within=""):
+    """body[name] as a bool (a missing or null field: default); within: the name of the
+    object body is in ("stream_options."), for the error's param."""
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _wrong_type(name, "a boolean", value)
+        raise _wrong_type(within + name, "a boolean", value)
     return value
 
 
@@ -187,6 +188,8 @@ def chat(body):
     if top is not None and not logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     max_tokens = get_int(body, "max_completion_tokens", -1, -1, INT32_MAX)
+    if max_tokens == 0:          # (also beside a max_tokens, which takes its place)
+        raise _out_of_range("max_completion_tokens", "at least 1 (or -1: until the end)", 0)
     return _generation(body, chat=True, prompts=[messages], max_tokens=max_tokens,
                        logprobs=(top or 0) if logprobs else None, echo=False)
 
@@ -236,7 +239,7 @@ def _generation(body, chat, prompts, max_tokens, logprobs, echo):
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise _wrong_type("stream_options", "an object", options)
-    include_usage = get_bool(options or {}, "include_usage", False)
+    include_usage = get_bool(options or {}, "include_usage", False, within="stream_options.")
     seed = get_int(body, "seed", None, -1, 2 ** 63 - 1)
     sampling = Sampling(
         max_tokens=get_int(body, "max_tokens", max_tokens, -1, INT32_MAX),

@@ -276,8 +276,10 @@ class Scheduler:
             piece = seq.text[job.n_chars:]
         logprobs = []
         if job.sampling.logprobs is not None:
-            logprobs = seq.logprobs[job.n_logprobs:]
-            job.n_logprobs += len(logprobs)
+            # a token's entry goes with its text: none while a stop string may take it
+            n = len(seq.logprobs) if seq.done else seq.tokens_within(job.n_chars + len(piece))
+            logprobs = seq.logprobs[job.n_logprobs:n]
+            job.n_logprobs = max(job.n_logprobs, n)
         if piece or logprobs:
             job.n_chars += len(piece)
             job.deliver(("piece", piece, logprobs))
