@@ -492,6 +492,15 @@ def test_generate_batch_runs_to_the_end_of_the_context_as_generate_does():
     assert len(alone) == 100 and llm.shift_log[-1] == (5, 29)   # BOS + the prompt kept
 
 
+def test_the_smallest_context_that_shifts_drops_a_token_with_nothing_after_it():
+    llm = gg.Llama(n_ctx=3, n_threads=1)     # BOS kept, one token dropped, none to move
+    alone = list(llm.generate_tokens("", gg.SamplingParams(temperature=0), max_tokens=10,
+                                     ignore_eos=True, context_shift=True))
+    assert len(alone) == 10 and llm.shift_log[-1] == (1, 1)
+    assert llm.generate_batch_tokens([""], max_tokens=10, temperature=0, ignore_eos=True,
+                                     context_shift=True) == [alone]
+
+
 def test_a_sequence_holds_n_ctx_tokens_not_the_pools_whole_pages():
     llm = gg.Llama(n_ctx=100, n_threads=1)        # a pool of 7 pages: 112 slots
     b = llm.batch(context_shift=False)
@@ -631,6 +640,9 @@ def test_ggml_bench_batch_prints_the_table_and_json(tmp_path):
     assert all(r["build_s"] == 0 for r in rows)
     assert all(r["decode_ts"] > 0 and r["kv_bytes"] > 0 for r in rows)
     assert rows[1]["kv_bytes"] > rows[0]["kv_bytes"]        # KV grows with live tokens
+    for flags, says in ((["-np", "1,0"], "at least 1, got 0"), (["-n", "1"], "at least 2")):
+        bad = run_program("ggml_py.cli.bench", "batch", *flags, cwd=tmp_path)
+        assert bad.returncode == 2 and says in bad.stderr
     proc = run_program("ggml_py.cli.bench", "batch", "-np", "3", "-n", "2", "-t", "1",
                        "--prefix", "40", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

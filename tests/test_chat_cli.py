@@ -142,6 +142,25 @@ def test_a_reverse_prompt_alone_ends_the_run_there(capsys, monkeypatch):
     assert not out.startswith("ROMEO.")     # --no-display-prompt
 
 
+def test_a_prompt_ending_with_the_reverse_prompt_is_the_users_cue_at_once(capsys, monkeypatch):
+    # as llama-cli: -i waits for input before any reply, -r alone ends there
+    opening = "Bob: Hello.\nUser:"
+    status, out, err = main(capsys, monkeypatch, "-i", "-r", "User:", "-p", opening, "-n", 16,
+                            "-s", 1, stdin="")
+    assert status == 0 and out.rstrip("\n") == opening and "main: EOF by user" in err, err
+    status, out, err = main(capsys, monkeypatch, "-r", "User:", "-p", opening, "-n", 16, "-s", 1)
+    assert status == 0 and out.rstrip("\n") == opening, err
+
+
+def test_a_reverse_prompt_alone_keeps_the_plain_paths_full_context_rule(capsys, monkeypatch):
+    # -n 60 in a context of 16: the plain path stops at the full context; -r does too
+    args = ("-c", 16, "-n", 60, "-s", 1, "-p", "ROMEO.", "--ignore-eos")
+    status, plain, err = main(capsys, monkeypatch, *args)
+    assert status == 0 and "main: context full, stopping" in err
+    status, out, err = main(capsys, monkeypatch, *args, "-r", "QQQQ")
+    assert status == 0 and "main: context full, stopping" in err and out == plain
+
+
 def test_special_tokens_are_printed_with_sp(capsys, monkeypatch):
     _, plain, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1)
     _, special, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1, "-sp")

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -259,6 +260,19 @@ def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
     proc = main("-f", tmp_path / "long.txt", "-n", 1, "-t", 1)
     assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1].startswith("ggml-main: error: the prompt has")
+
+
+def test_closed_standard_streams_are_no_input_and_logs_nowhere():
+    # `2>&-`: the logs must not fall into stdout (print's file=None); `<&-`: no input
+    def shell(redirect):
+        cmd = f"{shlex.quote(sys.executable)} -m ggml_py.cli.main -t 1 -p ROMEO. -n 4 -s 1 {redirect}"
+        return subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env=ENV,
+                              cwd=CWD, timeout=120)
+    closed, whole = shell("2>&-"), main("-t", 1, "-p", "ROMEO.", "-n", 4, "-s", 1)
+    assert closed.returncode == 0 and closed.stdout == whole.stdout
+    assert "perf:" in whole.stderr and "perf:" not in closed.stdout
+    chat = shell("-cnv <&-")
+    assert chat.returncode == 0 and "main: EOF by user" in chat.stderr, chat.stderr
 
 
 def test_main_stops_when_the_context_is_full():

@@ -19,9 +19,14 @@ from ggml_py.model.session import TrainingContextWarning
 def console_script(main):
     """Wrap a console script's entry point: when the reader of its output goes
     away (`ggml-tune analyze F | head`), it stops quietly with exit status 141,
-    as a program killed by SIGPIPE does, instead of reporting an error."""
+    as a program killed by SIGPIPE does, instead of reporting an error. A standard
+    stream closed at the start (`<&-`, `2>&-`) is the null device: no input, and the
+    logs go nowhere rather than into stdout, which carries only the text."""
     @functools.wraps(main)
     def entry(*args, **kwargs):
+        for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
+            if getattr(sys, name) is None:
+                setattr(sys, name, open(os.devnull, mode))
         try:
             return main(*args, **kwargs)
         except BrokenPipeError:

@@ -81,9 +81,12 @@ def start(llm, args, params, prompt, log):
         if template is None:
             log("main: warning: the model has no chat template (tokenizer.chat_template); "
                 "using a plain transcript (User: ... / Assistant:)")
+    # interactive, a full context shifts unless -n -2 (until it is full), as llama-cli's;
+    # -r alone runs as the plain path does, shifting under -n -1 only
+    interactive = args.interactive or args.interactive_first or args.conversation
     conv = Conversation(llm, params, chat=args.conversation, template=template,
                         reverse_prompts=args.reverse_prompt, ignore_eos=args.ignore_eos,
-                        context_shift=args.n_predict != -2)   # -2: until the context is full
+                        context_shift=args.n_predict != -2 if interactive else args.n_predict == -1)
     if args.conversation:
         if args.system_prompt:
             conv.add_message("system", args.system_prompt)
@@ -95,7 +98,9 @@ def start(llm, args, params, prompt, log):
         reply_first = bool(prompt)
     else:
         conv.add_text(prompt, special=True)    # as llama-cli: special tokens parsed
-        reply_first = not args.interactive_first
+        # as llama-cli, a prompt that ends with a reverse prompt is the user's cue at once
+        cue = any(text and prompt.endswith(text) for text in args.reverse_prompt)
+        reply_first = not args.interactive_first and not cue
     opening = conv.tokens
     if reply_first and not opening:
         raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
@@ -132,6 +137,9 @@ def run(llm, conv, reply_first, args, log):
     if args.display_prompt:
         term.write("".join(display.feed(t) for t in conv.tokens) + display.flush(), YELLOW)
     want_reply = reply_first
+    if not want_reply and not interactive:     # -r alone, the prompt ending with it
+        term.end_line()
+        return 0
     while True:
         if want_reply:
             if not show_reply(term, conv, display, budget, interactive, log):

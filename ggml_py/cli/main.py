@@ -210,7 +210,10 @@ def main(argv=None):
                                     ignore_eos=args.ignore_eos,
                                     context_shift=args.n_predict == -1, keep=args.keep)
     setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
-    log_settings(llm, args, prompt, ids, kept_count(ids, args.keep, llm.token_bos()), seed, log)
+    n_keep = kept_count(ids, args.keep, llm.token_bos())
+    if args.n_predict == -1:      # (a shift keeps half the context at most, as generate does)
+        n_keep = min(n_keep, llm.n_ctx() // 2)
+    log_settings(llm, args, prompt, ids, n_keep, seed, log)
 
     status = 0
     decoder = llm.tokenizer.decoder(unparse_special=args.special, strip_leading_space=False)

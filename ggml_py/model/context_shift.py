@@ -32,6 +32,8 @@ def rope_rotation(config, rope_freqs=None):
         inv_freq = inv_freq / np.asarray(rope_freqs, np.float64).reshape(-1)[:n_rot // 2]
 
     def rerope(rows, delta):
+        if rows.size == 0:            # (nothing after the dropped tokens to move)
+            return
         heads = rows.reshape(rows.shape[0], -1, D)             # (n, Hkv, D)
         angle = config.rope_freq_scale * delta * inv_freq      # (n_rot/2,)
         c, s = np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)

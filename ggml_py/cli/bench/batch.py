@@ -13,14 +13,15 @@ prompt): with prefix sharing (the default; --no-share-prefix turns it off) the t
 finds them in the pages the first run left named, and "shared" counts the prompt
 tokens it did not compute.
 """
+import argparse
 import json
 import time
 
 import ggml_py as gg
 from ggml_py.cli.common import (
     add_kv_arguments,
-    count_list,
     file_name,
+    int_list,
     kv_options,
     open_llama,
     positive_int,
@@ -35,14 +36,29 @@ PROMPT_TOKENS = 16
 KEPT_GRAPHS = 512
 
 
+def sequence_counts(text):
+    """-np: comma-separated counts of sequences, each 1 or more."""
+    return int_list(text, low=1, what="counts of sequences")
+
+
+def decoded_count(text):
+    """-n: at least 2 tokens a sequence (one decode step to time)."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (the first token comes with the "
+                                         f"prompt, the decode starts at the second), got {value}")
+    return value
+
+
 def add_arguments(parser):
     """The flags of `ggml-bench batch`."""
     parser.add_argument("-m", "--model", type=file_name, default=None, metavar="FNAME",
                         help="GGUF model file (default: the bundled Shakespeare model)")
-    parser.add_argument("-np", "--parallel", type=count_list, default=[1, 2, 4, 8, 16, 32, 64],
+    parser.add_argument("-np", "--parallel", type=sequence_counts, default=[1, 2, 4, 8, 16, 32, 64],
                         help="sequences per batch, comma-separated (default 1,2,4,8,16,32,64)")
-    parser.add_argument("-n", "--n-gen", type=positive_int, default=128,
-                        help="tokens generated per sequence (default 128)")
+    parser.add_argument("-n", "--n-gen", type=decoded_count, default=128,
+                        help="tokens generated per sequence, 2 or more: the first comes with "
+                             "the prompt, the others are decode (default 128)")
     parser.add_argument("-t", "--threads", type=positive_int, default=None,
                         help="threads (default: physical cores)")
     parser.add_argument("--rounds", type=positive_int, default=1,
