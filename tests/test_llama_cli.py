@@ -262,6 +262,15 @@ def test_main_prompt_longer_than_the_context_echoes_nothing(tmp_path):
     assert proc.stderr.splitlines()[-1].startswith("ggml-main: error: the prompt has")
 
 
+def test_a_vocabulary_warning_is_a_warning_line_of_the_program():
+    from llama_models import V, edited_model
+    bad = edited_model("cli-bad-bos.gguf", keys={"tokenizer.ggml.bos_token_id": ([V.UINT32], 5000)})
+    proc = main("-m", bad, "-p", "ROMEO.", "-n", 2, "-t", 1)
+    assert proc.returncode == 0, proc.stderr
+    assert "main: warning: " in proc.stderr and "bos_token_id = 5000 is past" in proc.stderr
+    assert "warnings.warn" not in proc.stderr and "TokenizerWarning" not in proc.stderr
+
+
 def test_closed_standard_streams_are_no_input_and_logs_nowhere():
     # `2>&-`: the logs must not fall into stdout (print's file=None); `<&-`: no input
     def shell(redirect):

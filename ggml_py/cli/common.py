@@ -14,6 +14,7 @@ from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
 from ggml_py.model.session import TrainingContextWarning
+from ggml_py.tokenizer.metadata import TokenizerWarning
 
 
 def console_script(main):
@@ -352,7 +353,8 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     """Llama(model, **kwargs) with the context of -c (n_ctx) by the one rule
     (model.config.context_size, with the program's default), the file read once; and the
     messages of its TrainingContextWarnings (a context longer than the model's training
-    context) and ModelFileWarnings (a file others may change under its mapping), for the
+    context), ModelFileWarnings (a file others may change under its mapping) and
+    TokenizerWarnings (a vocabulary llama.cpp reads with a warning too), for the
     program to log as llama.cpp does; other warnings are shown as Python shows them.
     pool_contexts: the KV pool holds this many contexts of the rule's size when -c is not
     given (-c is the whole pool, as llama.cpp's); the program then bounds each sequence's
@@ -365,6 +367,7 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
+        warnings.simplefilter("always", TokenizerWarning)
         f = GGUFModelFile(model, use_mmap=use_mmap)
         given = n_ctx
         n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
@@ -383,7 +386,7 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
         messages.append(f"started by mpiexec with {mpiexec_size()} processes but without --tp: "
                         f"each runs the whole model alone")
     for w in caught:
-        if issubclass(w.category, (TrainingContextWarning, ModelFileWarning)):
+        if issubclass(w.category, (TrainingContextWarning, ModelFileWarning, TokenizerWarning)):
             messages.append(str(w.message))
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
