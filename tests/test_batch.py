@@ -134,6 +134,24 @@ def test_a_stop_string_over_two_tokens_leaves_neither_a_logprobs_entry():
     assert [t for t, _, _ in s.logprobs] == free[:i + 1]   # token i shows in the text, i + 1 not
 
 
+def test_a_stop_string_found_by_the_last_flush_ends_with_stop_and_its_tokens_have_no_entry():
+    # the filter holds " a man" (it may begin the longer stop) when max_tokens ends the
+    # text: the final flush finds the shorter stop, " man", and cuts there
+    llm = gg.Llama(n_ctx=256, n_threads=1)
+    free = llm.generate_batch_tokens([PROMPTS[0]], max_tokens=12, temperature=0)[0]
+    pieces = [llm.detokenize([t]) for t in free]
+    i = next(i for i in range(2, 12) if pieces[i].startswith(" ") and len(pieces[i]) > 1
+             and pieces[i] not in "".join(pieces[:i]))
+    b = llm.batch()
+    sid = b.add(PROMPTS[0], max_tokens=i + 1, temperature=0, logprobs=0,
+                stop=[pieces[i - 1] + pieces[i] + "!", pieces[i]])
+    while b.running:
+        b.step()
+    s = b.sequence(sid)
+    assert s.text == "".join(pieces[:i]) and s.finish_reason == "stop"
+    assert s.tokens == free[:i + 1] and [t for t, _, _ in s.logprobs] == free[:i]
+
+
 def test_an_end_of_generation_token_has_no_logprobs_entry():
     # the entries are the output's tokens, as completion_tokens counts them
     llm = gg.Llama(n_ctx=256, n_threads=1)

@@ -161,6 +161,15 @@ def test_a_reverse_prompt_alone_keeps_the_plain_paths_full_context_rule(capsys, 
     assert status == 0 and "main: context full, stopping" in err and out == plain
 
 
+def test_keep_all_of_a_long_opening_still_shifts_half_the_context(capsys, monkeypatch):
+    # --keep -1 over an opening longer than half the context: a shift keeps half of it
+    status, out, err = main(capsys, monkeypatch, "-cnv", "-c", 32, "--keep", -1, "-n", 12, "-s", 1,
+                            "-sys", "You are a player in a play by Shakespeare; speak well.",
+                            stdin="Who art thou?\nSpeak again.\nOnce more.\n")
+    assert status == 0 and "main: EOF by user" in err, err
+    assert int(re.search(r"context shifts = +(\d+)", err).group(1)) >= 1
+
+
 def test_special_tokens_are_printed_with_sp(capsys, monkeypatch):
     _, plain, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1)
     _, special, _ = main(capsys, monkeypatch, "-p", "ROMEO.", "-n", 2, "-s", 1, "-sp")

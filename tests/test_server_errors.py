@@ -131,7 +131,11 @@ def test_an_unknown_model_is_404(live):
         live.client().chat.completions.create(model="gpt-4", messages=[MESSAGE])
     with pytest.raises(openai.NotFoundError):
         live.client().models.retrieve("gpt-4")
+    label = 'ggml_server_http_requests_total{path="/v1/models/(name)",status="%s"}'
+    before = metrics(live.url)
     assert live.client().models.retrieve(MODEL_ID).id == MODEL_ID    # (the served one is there)
+    after = metrics(live.url)            # every name counted under the route's one label
+    assert after[label % 200] == before.get(label % 200, 0) + 1
 
 
 def test_a_prompt_far_past_the_context_is_refused_before_it_is_tokenized(live):

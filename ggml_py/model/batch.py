@@ -357,6 +357,7 @@ class Batch:
         if self.tokenizer.is_eog(token):   # not a token of the output: no logprobs entry
             events[s.id] = s.stop.feed(s.decoder.flush()) + s.stop.flush()
             s.text += events[s.id]
+            self._cut_logprobs(s)
             self._finish(s, "stop")
             return
         s.tokens.append(token)
@@ -370,18 +371,26 @@ class Batch:
         if s.stop.stopped:
             s.text += text
             events[s.id] = text
-            del s.logprobs[s.tokens_within(len(s.text)):]   # (the stop string's tokens)
+            self._cut_logprobs(s)
             self._finish(s, "stop")
             return
         full = s.max_tokens >= 0 and len(s.tokens) >= s.max_tokens
         # as generate: a token that would take the last slot is the last one, unless the
         # sequence shifts its context to go on
         no_room = s.n_cached + 1 >= self.n_ctx_seq and not self.context_shift
-        if full or no_room:
-            text += s.stop.feed(s.decoder.flush()) + s.stop.flush()
-            self._finish(s, "length")
         s.text += text
+        if full or no_room:
+            end = s.stop.feed(s.decoder.flush()) + s.stop.flush()
+            s.text += end
+            text += end
+            self._cut_logprobs(s)
+            self._finish(s, "stop" if s.stop.cut else "length")
         events[s.id] = text
+
+    def _cut_logprobs(self, s):
+        """Where a stop string cut s's text: no entries for the tokens that begin past it."""
+        if s.stop.cut:
+            del s.logprobs[s.tokens_within(len(s.text)):]
 
     def _finish(self, s, reason):
         s.finish_reason = reason

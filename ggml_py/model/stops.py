@@ -21,10 +21,11 @@ class StopFilter:
 
     feed(piece) -> text now final; .stopped is True once a stop string was found (the
     stop and what follows are dropped, later pieces ignored); flush() -> what was held.
+    .cut: a stop string was found (by feed or by flush).
     """
 
     def __init__(self, stops):
-        self.stops, self.held, self.stopped = stops, "", False
+        self.stops, self.held, self.stopped, self.cut = stops, "", False, False
 
     def feed(self, piece):
         """The text of piece (and what was held) now known to come before any stop."""
@@ -33,7 +34,7 @@ class StopFilter:
         self.held += piece
         found, open_at = _first_stop(self.held, self.stops), _first_partial_stop(self.held, self.stops)
         if found is not None and (open_at is None or found <= open_at):
-            self.stopped = True
+            self.stopped = self.cut = True
             out, self.held = self.held[:found], ""
             return out
         safe = len(self.held) if open_at is None else open_at   # a later stop may still start there
@@ -46,7 +47,9 @@ class StopFilter:
             return ""
         self.stopped = True
         out, self.held = self.held, ""
-        return out[:_first_stop(out, self.stops)]
+        found = _first_stop(out, self.stops)
+        self.cut = found is not None
+        return out[:found]
 
 
 def until_stop(pieces, stops):

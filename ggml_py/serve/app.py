@@ -227,13 +227,15 @@ class _Routes:
     def _check_length(self, llm, text, param):
         """Refuse a text far past a sequence's context before tokenizing it (a body of
         16 MiB takes the tokenizer tens of seconds): no token is longer than the
-        vocabulary's longest piece, so the text has at least len(text) / that tokens."""
+        vocabulary's longest piece, so the text has at least (its characters) / that
+        tokens - whitespace not counted, which some vocabularies' special tokens absorb."""
         if self._longest_piece is None:
             tok = llm.tokenizer
             self._longest_piece = max(1, max(len(tok.token_to_piece(i).decode("utf-8", "replace"))
                                              for i in range(llm.n_vocab())))
         n_ctx = self.scheduler.n_ctx_seq
-        at_least = len(text) // self._longest_piece
+        spaces = sum(map(text.count, " \t\n\r\v\f"))
+        at_least = (len(text) - spaces) // self._longest_piece
         if at_least >= 2 * n_ctx:
             raise bad_request(f"This model's maximum context length is {n_ctx} tokens; the "
                               f"prompt has at least {at_least} tokens", param=param,
@@ -443,6 +445,9 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"] if scope["path"] in self.paths else "(other)"
+        for prefix in ("/v1/models/", "/models/"):      # one label for every model's name
+            if scope["path"].startswith(prefix) and prefix + "{model_id:path}" in self.paths:
+                path = prefix + "(name)"
         started = False
 
         async def counted_send(message):

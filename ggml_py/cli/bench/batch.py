@@ -143,8 +143,9 @@ def bench_batch(args):
         r = min(timed[n_seq], key=lambda t: t["decode_s"])
         r.update(n_seq=n_seq, n_gen=args.n_gen, n_threads=llm.n_threads(), rounds=args.rounds, **run,
                  prefill_ts=n_seq * (PROMPT_TOKENS + args.prefix) / r["prefill_s"],
-                 decode_ts=n_seq * args.n_gen / r["decode_s"],
-                 ms_per_token=1e3 * r["decode_s"] / args.n_gen,
+                 # (the first token of each comes with its prompt: n_gen - 1 decoded)
+                 decode_ts=n_seq * (args.n_gen - 1) / r["decode_s"],
+                 ms_per_token=1e3 * r["decode_s"] / (args.n_gen - 1),
                  build_ms_per_step=1e3 * r["build_s"] / r["steps"],
                  kv_bytes=r["max_pages"] * llm.kv_pool().page_size * kv_bytes_per_token(llm))
         rows.append(r)
