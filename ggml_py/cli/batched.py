@@ -15,6 +15,7 @@ import ggml_py as gg
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
                                 kv_options, number, open_llama, positive_int, process_escapes, run)
 from ggml_py.model.bundled import default_model_path
+from ggml_py.model.context_shift import MIN_SHIFT_CONTEXT
 
 PROG = "ggml-batched"
 
@@ -77,9 +78,10 @@ def sequence_context(llm, args):
     pool = llm.kv_pool()
     n_ctx_seq = min(llm.n_ctx() // args.parallel,
                     pool.n_pages // args.parallel * pool.page_size + 1)
-    if n_ctx_seq < 3:
+    if n_ctx_seq < MIN_SHIFT_CONTEXT:
         raise ValueError(f"-n {args.n_predict}: a sequence's context would be n_ctx / -np = "
-                         f"{llm.n_ctx()} / {args.parallel}, too small (3 tokens at least)")
+                         f"{llm.n_ctx()} / {args.parallel}, too small ({MIN_SHIFT_CONTEXT} "
+                         f"tokens at least)")
     return dict(n_ctx_seq=n_ctx_seq, context_shift=args.n_predict == -1)
 
 

@@ -106,9 +106,8 @@ def start(llm, args, params, prompt, log):
         raise ValueError("the prompt is empty (and this vocabulary adds no BOS token to start from)")
     if len(opening) >= llm.n_ctx():
         raise ValueError(f"the prompt has {len(opening)} tokens, the context {llm.n_ctx()}")
-    conv.n_keep = kept_count(opening, args.keep, llm.token_bos())
-    if conv.context_shift:    # (a shift keeps half the context at most, as generate does)
-        conv.n_keep = min(conv.n_keep, llm.n_ctx() // 2)
+    conv.n_keep = kept_count(opening, args.keep, llm.token_bos(),
+                             llm.n_ctx() if conv.context_shift else None)
     return conv, reply_first
 
 

@@ -210,9 +210,8 @@ def main(argv=None):
                                     ignore_eos=args.ignore_eos,
                                     context_shift=args.n_predict == -1, keep=args.keep)
     setup_tune(llm, args, log)    # after the prompt's checks: a refused prompt benches nothing
-    n_keep = kept_count(ids, args.keep, llm.token_bos())
-    if args.n_predict == -1:      # (a shift keeps half the context at most, as generate does)
-        n_keep = min(n_keep, llm.n_ctx() // 2)
+    n_keep = kept_count(ids, args.keep, llm.token_bos(),
+                        llm.n_ctx() if args.n_predict == -1 else None)   # (as generate's)
     log_settings(llm, args, prompt, ids, n_keep, seed, log)
 
     status = 0

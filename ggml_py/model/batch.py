@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ggml_py.core.types import checked_int
-from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
+from ggml_py.model.context_shift import (check_shift_context, discard_count, kept_count,
+                                         rope_rotation)
 from ggml_py.model.kv_paged import KVPoolFull
 from ggml_py.model.sampling import Sampler, SamplingParams
 from ggml_py.model.stops import StopFilter, stop_strings
@@ -89,10 +90,8 @@ class Batch:
         n_ctx = llm.n_ctx()
         self.n_ctx_seq = checked_int("n_ctx_seq", n_ctx if n_ctx_seq is None else n_ctx_seq,
                                      low=2, high=n_ctx)
-        if context_shift and self.n_ctx_seq < 3:
-            raise ValueError(f"context_shift needs a sequence's context (n_ctx_seq) of 3 "
-                             f"tokens or more, not {self.n_ctx_seq}: a shift drops a token "
-                             f"past the kept ones")
+        if context_shift:
+            check_shift_context(self.n_ctx_seq, "a sequence's context (n_ctx_seq)")
         self.keep = checked_int("keep", keep, low=-1, high=self.n_ctx_seq // 2)
         self.context_shift, self.invariant = bool(context_shift), bool(invariant)
         self.share_prefix = bool(share_prefix)
@@ -101,8 +100,7 @@ class Batch:
         self._all = {}
         # a batch dropped unclosed gives its pages back (the pool is the Llama's: another
         # batch would wait for them for ever), at the next step of any batch
-        self._live = set()      # ids of the sequences not finished
-        weakref.finalize(self, self.cache.released.extend, self._live)
+        weakref.finalize(self, _release, self.cache.released, self._running, self._waiting)
         self.n_steps, self.step_rows = 0, []    # steps run and their R (for the bench)
         self.n_shared_tokens = 0     # prompt tokens found in others' pages (not computed)
 
@@ -144,15 +142,13 @@ class Batch:
                                 frequency_penalty=frequency_penalty,
                                 presence_penalty=presence_penalty, seed=seed)
         banned = sorted(self.tokenizer.eog_ids) if ignore_eos else ()
-        # (at most half the context: a shift must have tokens to drop)
-        n_kept = min(kept_count(ids, self.keep, self.tokenizer.bos_id), self.n_ctx_seq // 2)
+        n_kept = kept_count(ids, self.keep, self.tokenizer.bos_id, self.n_ctx_seq)
         s = Sequence(next(self.llm._sequence_ids), list(ids), max_tokens, logprobs, ids=list(ids),
                      n_kept=n_kept, sampler=Sampler(params, banned=banned),
                      decoder=self.tokenizer.decoder(strip_leading_space=False),
                      stop=StopFilter(stop_strings(stop)), cache_salt=cache_salt)
         s.sampler.accept_all(ids)
         self._all[s.id] = s
-        self._live.add(s.id)
         self._waiting.append(s)
         return s.id
 
@@ -395,11 +391,15 @@ class Batch:
     def _finish(self, s, reason):
         s.finish_reason = reason
         self.cache.free(s.id)
-        self._live.discard(s.id)
         if s in self._running:
             self._running.remove(s)
         elif s in self._waiting:
             self._waiting.remove(s)
+
+
+def _release(released, *queues):
+    """Queue the ids of a dropped batch's unfinished sequences for the pool to free."""
+    released.extend(s.id for queue in queues for s in queue)
 
 
 def _logprobs(logits, token, n):

@@ -14,12 +14,24 @@ def discard_count(n_past, keep):
     return max(1, (n_past - keep) // 2)
 
 
-def kept_count(prompt, keep, bos_id):
+MIN_SHIFT_CONTEXT = 3   # a shift keeps at most half the context and drops a token past it
+
+
+def kept_count(prompt, keep, bos_id, n_ctx=None):
     """Tokens a shift never drops: the first `keep` of the prompt (-1: all of it) and,
-    as llama.cpp always keeps it, a BOS in front of them."""
+    as llama.cpp always keeps it, a BOS in front of them; with n_ctx, at most half of
+    that context (a shift must have tokens to drop)."""
     has_bos = bool(prompt) and bos_id is not None and prompt[0] == bos_id
     rest = len(prompt) - has_bos
-    return has_bos + (rest if keep < 0 else min(keep, rest))
+    kept = has_bos + (rest if keep < 0 else min(keep, rest))
+    return kept if n_ctx is None else min(kept, n_ctx // 2)
+
+
+def check_shift_context(n_ctx, what):
+    """ValueError when a context of n_ctx tokens (`what`, for the message) cannot shift."""
+    if n_ctx < MIN_SHIFT_CONTEXT:
+        raise ValueError(f"context_shift needs {what} of {MIN_SHIFT_CONTEXT} tokens or more, "
+                         f"not {n_ctx}: a shift drops a token past the kept ones")
 
 
 def rope_rotation(config, rope_freqs=None):

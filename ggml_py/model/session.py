@@ -22,7 +22,8 @@ import numpy as np
 from ggml_py.core.graph import MAX_THREADS
 from ggml_py.files.gguf_reader import GGUFModelFile
 from ggml_py.model.batch import Batch
-from ggml_py.model.context_shift import discard_count, kept_count, rope_rotation
+from ggml_py.model.context_shift import (check_shift_context, discard_count, kept_count,
+                                         rope_rotation)
 from ggml_py.model.kv_paged import PAGE_SIZE, KVPoolFull, PagedKVCache
 from ggml_py.model import kv_rows
 from ggml_py.model.llama import (KV_PAD, LlamaModel, check_attention, check_attention_cache,
@@ -477,11 +478,9 @@ class Llama:
         sampler = Sampler(params, banned=banned)
         sampler.accept_all(ids)
         keep = checked_int("keep", keep, low=-1)
-        if context_shift and self.n_ctx() < 3:
-            raise ValueError(f"context_shift needs a context of 3 tokens or more, not "
-                             f"{self.n_ctx()} (a shift drops a token past the kept ones)")
-        n_kept = min(kept_count(ids, keep, self.token_bos()), self.n_ctx() // 2) \
-            if context_shift else None
+        if context_shift:
+            check_shift_context(self.n_ctx(), "a context")
+        n_kept = kept_count(ids, keep, self.token_bos(), self.n_ctx()) if context_shift else None
         return self._generate(ids, sampler, max_tokens, n_kept, yield_eog)
 
     def _generate(self, ids, sampler, max_tokens, n_kept=None, yield_eog=False):
