@@ -2,6 +2,7 @@
 subprocesses."""
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -111,6 +112,9 @@ def test_main_greedy_equals_api():
     (["-m", "M", "--top-p", "nan"], "--top-p: expected a number"),
     (["-m", "M", "--min-p", "nan"], "--min-p: expected a number"),
     (["-m", "M", "-c", "-5"], "-c/--ctx-size: must be at least 0"),
+    (["-m", "M", "-s", "-2"], "-s/--seed: must be -1 (a random seed) or 0 or more, got -2"),
+    (["-m", "M", "--temp", "-nan"], "--temp: expected a number, got '-nan'"),
+    (["-m", "M", "-inf"], "unrecognized argument '-inf'"),
     (["-m", "", "-p", "x"], "-m/--model: expected a file name, got ''"),
     (["-m", "M", "-f", ""], "-f/--file: expected a file name, got ''"),
 ])
@@ -134,6 +138,19 @@ def test_one_dash_words_that_are_values_or_flags_are_taken():
     proc = run("ggml_py.cli.bench", "model", "-ngl", "1")
     assert assert_one_line_error(proc, 2).startswith("ggml-bench model: error: unrecognized "
                                                      "argument '-ngl'")
+
+
+def test_negative_values_that_look_like_flags_are_values():
+    # argparse alone read '-inf' as -i with 'nf' and '-1e-3' as a flag: both values here
+    from ggml_py.cli.main import build_parser
+    parser = build_parser()
+    for text, value in [("-inf", -math.inf), ("-Infinity", -math.inf), ("-1e-3", -1e-3),
+                        ("-2.5E+1", -25.0), ("-.5", -0.5), ("-3", -3.0)]:
+        assert parser.parse_args(["--temp", text]).temp == value
+        assert parser.parse_args(["--temp", text, "-p", "x"]).prompt == "x"
+    # -n -1 and a prompt that is a negative number are still what they were
+    args = parser.parse_args(["-n", "-1", "-p", "-5"])
+    assert args.n_predict == -1 and args.prompt == "-5"
 
 
 def test_main_bad_files():

@@ -13,7 +13,8 @@ import time
 
 import ggml_py as gg
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
-                                kv_options, number, open_llama, positive_int, process_escapes, run)
+                                kv_options, number, open_llama, positive_int, process_escapes, run,
+                                seed_value)
 from ggml_py.model.bundled import default_model_path
 from ggml_py.model.context_shift import MIN_SHIFT_CONTEXT
 
@@ -34,7 +35,7 @@ def build_parser():
                    help="tokens to generate per sequence (default: 64; -1: until end of text, "
                         "a full context shifting; -2: until the context is full; with either, "
                         "each sequence's context is n_ctx / -np)")
-    p.add_argument("-s", "--seed", type=int, default=-1,
+    p.add_argument("-s", "--seed", type=seed_value, default=-1,
                    help="RNG seed of the first sequence; sequence i gets seed + i "
                         "(default: -1, random)")
     p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")

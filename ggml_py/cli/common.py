@@ -42,19 +42,37 @@ class ArgumentParser(argparse.ArgumentParser):
     refuses a one-dash word it does not know (llama.cpp's `-ngl`, `-fa`, `-tb`) rather
     than read it as a one-letter flag and its value (`-n gl`, `-f a`, `-t b`)."""
 
+    # a flag's value that argparse would take for a flag ('-inf' for -i, '-1e-3'): its
+    # negative numbers are digits with an optional point
+    NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?|-(inf|infinity|nan)", re.I)
+
     def error(self, message):
         """Print "<prog>: error: <message>" to stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(self, args=None, namespace=None):
         """argparse's, after refusing unknown one-dash words (see the class)."""
-        args = sys.argv[1:] if args is None else list(args)
+        args = self._glue_negative_values(sys.argv[1:] if args is None else list(args))
         word = self._unknown_one_dash_word(args)
         if word is not None:
             glued = self._option_string_actions.get(word[:2])
             hint = f"not read as '{word[:2]} {word[2:]}'; " if glued and glued.nargs != 0 else ""
             self.error(f"unrecognized argument '{word}' ({hint}see --help for this program's flags)")
         return super().parse_known_args(args, namespace)
+
+    def _glue_negative_values(self, args):
+        """args with '--temp -inf' as '--temp=-inf' (a negative number after a flag that
+        takes one value), so that argparse reads it as the value. Stops at '--'."""
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + args[i:]
+            action = self._option_string_actions.get(out[-1]) if out else None
+            if action is not None and action.nargs is None and self.NEGATIVE_NUMBER.fullmatch(arg):
+                out[-1] += "=" + arg
+            else:
+                out.append(arg)
+        return out
 
     def _unknown_one_dash_word(self, args):
         """The first argument such as '-ngl' (or '-fa=1') that is not one of this parser's
@@ -88,6 +106,14 @@ def positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seed_value(text):
+    """-s / --seed: -1 for a random seed (drawn and printed), else 0 or more."""
+    value = int(text)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"must be -1 (a random seed) or 0 or more, got {value}")
     return value
 
 

@@ -13,7 +13,7 @@ import ggml_py as gg
 from ggml_py.cli import interactive
 from ggml_py.cli.common import (ArgumentParser, add_model_arguments, console_script, file_name,
                                 kv_options, number, open_llama, positive_number, process_escapes,
-                                read_prompt_file, run, setup_tune)
+                                read_prompt_file, run, seed_value, setup_tune)
 from ggml_py.model.bundled import default_model_path
 from ggml_py.model.context_shift import kept_count
 from ggml_py.model.perplexity import ADD_EOS_REFUSED
@@ -83,7 +83,7 @@ def build_parser():
     p.add_argument("-n", "--n-predict", type=predict_count, default=-1, metavar="N",
                    help="tokens to predict (default: -1 = no limit: until end of text, the "
                         "context shifting when full; -2 = until the context is full)")
-    p.add_argument("-s", "--seed", type=int, default=-1, metavar="SEED",
+    p.add_argument("-s", "--seed", type=seed_value, default=-1, metavar="SEED",
                    help="RNG seed (default: -1, a random seed)")
     p.add_argument("--temp", type=number, default=0.8, help="temperature (default: 0.8; <= 0: greedy)")
     p.add_argument("--top-k", type=int, default=40, help="top-k sampling (default: 40, 0 = off)")
