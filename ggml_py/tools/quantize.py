@@ -34,7 +34,7 @@ import functools
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import gguf
 import numpy as np
@@ -424,13 +424,35 @@ def check_finite(name, type, data, shape=None):
     return data
 
 
-def tensor_plan(reader, types, made=lambda: None):
+def read_tensor(fd, t):
+    """t with its bytes read into memory from the open file fd, not through the mapping
+    (as llama.cpp's quantize reads): a file cut short since it was opened is a
+    QuantizeError here, where a read of the mapping past its new end would kill the
+    process (SIGBUS)."""
+    buf = bytearray(t.nbytes)
+    view, done = memoryview(buf), 0
+    while done < t.nbytes:
+        try:
+            n = os.preadv(fd, [view[done:]], t.offset + done)
+        except OSError as exc:
+            raise QuantizeError(f"cannot read tensor {t.name} ({exc.strerror or exc})") from None
+        if n == 0:
+            raise QuantizeError(f"the file ends at byte {t.offset + done}, inside tensor "
+                                f"{t.name} (bytes {t.offset} .. {t.offset + t.nbytes}): it "
+                                f"was cut short while being read")
+        done += n
+    return replace(t, data=np.frombuffer(buf, np.uint8).reshape(t.data.shape))
+
+
+def tensor_plan(reader, types, made=lambda: None, fd=None):
     """[(name, numpy-order shape, gguf type, make)] for gguf_write.write_streamed: every
     tensor of `reader` in its type of `types` ({name: type}), in llama.cpp's order; make()
     re-types the tensor (or copies it, where the type stays) when it is written, then
-    calls made()."""
-    def make(t, new, shape):
+    calls made(). fd: the input file open, each tensor read from it (read_tensor) rather
+    than from the reader's mapping."""
+    def make(mapped, new, shape):
         def data():
+            t = mapped if fd is None else read_tensor(fd, mapped)
             check_input(t)
             if int(new) == t.type:
                 out = t.data
@@ -476,12 +498,16 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
     if not allow_requantize:
         check_requantize(src, reader, types)
     try:
-        with atomic_output(dst, inputs={src: "the input file"}) as tmp:
+        source = open(src, "rb")
+    except OSError as exc:
+        raise QuantizeError(f"{src}: cannot read ({exc.strerror or exc})") from None
+    try:
+        with source as f, atomic_output(dst, inputs={src: "the input file"}) as tmp:
             writer = Writer(tmp, "llama")
             copy_metadata(reader, writer, target.ftype)
             with tqdm(total=len(types), unit="tensor", desc="quantize", file=sys.stderr,
                       disable=not progress) as bar:
-                write_streamed(writer, tensor_plan(reader, types, made=bar.update))
+                write_streamed(writer, tensor_plan(reader, types, made=bar.update, fd=f.fileno()))
     except BrokenPipeError:
         raise   # the progress bar's reader went away, not the output (for the console script)
     except OutputPathError as exc:   # (the path changed since open_input checked it)
