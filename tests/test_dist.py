@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from llama_models import model_path, scratch_path, vocab
 
 import ggml_py as gg
 from ggml_py.dist.channel import top_candidates
+from ggml_py.dist.launch import TERM_GRACE_S
 from ggml_py.dist.llama import candidates_needed
 from ggml_py.dist.shard import (
     Shard,
@@ -283,9 +285,57 @@ def test_a_model_that_cannot_be_split_is_an_error_on_every_rank():
 
 
 @needs_mpi
+def test_ranks_holding_f32_copies_say_so():
+    """A K-quant attn_output whose head boundary falls inside a 256-block: each rank holds
+    its columns as an F32 copy, whose logits differ from one process's by more than
+    rounding; rank 0 warns as the program's other warnings, the others on their own line."""
+    proc = mpiexec(sys.executable, "-m", "ggml_py.cli.main", "-m", model_path("q4_k"),
+                   "-p", "x", "-n", "2", "--temp", "0", "-t", "1", "--tp", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # (the two processes' lines may meet mid-line in the one pipe: searched, not split)
+    for prefix in ("main: warning: rank 0 holds ", "rank 1: warning: holds "):
+        assert re.search(re.escape(prefix) + r"blk\.0\.attn_output\.weight, .* F32 copies .*: "
+                         r"the logits differ from one process's by more than rounding\n",
+                         proc.stderr), proc.stderr
+
+
+@needs_mpi
+@pytest.mark.parametrize("case", ["missing model", "bad flag", "missing text", "other -t"])
+@pytest.mark.parametrize("odd", [0, 1])
+def test_a_rank_that_stops_before_loading_ends_every_rank(case, odd):
+    """Ranks given other arguments (mpiexec's `-n 1 A : -n 1 B`): a model file or text
+    missing on one host, a bad flag on one rank, end every rank in one error line each
+    (naming the rank), not a hang; a thread count given on one rank only still runs."""
+    program = "ggml_py.cli.perplexity" if case == "missing text" else "ggml_py.cli.main"
+    common = ["-c", "64", "--tp"] + (["--chunks", "1"] if case == "missing text" else
+                                     ["-p", "ROMEO.", "-n", "4", "--temp", "0"])
+    good = ["-m", default_model_path(), "-t", "1"]
+    bad = {"missing model": ["-m", os.path.join(CWD, "no-such-model.gguf"), "-t", "1"],
+           "bad flag": good + ["-b", "none"],
+           "missing text": good + ["-f", os.path.join(CWD, "no-such-text.txt")],
+           "other -t": ["-m", default_model_path()]}[case]
+    args = [[sys.executable, "-m", program, *common, *(bad if r == odd else good)]
+            for r in range(2)]
+    proc = subprocess.run([MPIEXEC, "-n", "1", *args[0], ":", "-n", "1", *args[1]],
+                          capture_output=True, text=True, env=ENV, cwd=CWD, timeout=120,
+                          check=False)
+    if case == "other -t":
+        assert proc.returncode == 0 and proc.stdout.startswith("ROMEO."), proc.stderr
+        return
+    assert proc.returncode != 0 and proc.stdout == "", proc.stdout + proc.stderr
+    assert f"error: rank {odd} stopped before loading the model" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "BAD TERMINATION" not in proc.stderr
+
+
+@needs_mpi
 @pytest.mark.parametrize("victim", [0, 1])
-def test_a_rank_killed_mid_run_ends_the_others(victim):
-    """No hang: mpiexec ends every rank within seconds of one dying, and says so."""
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_a_rank_killed_mid_run_ends_the_others(victim, signum):
+    """No hang: mpiexec ends every rank within seconds of one dying, and says so. A
+    SIGTERM sent to a serving rank alone (rank 0's own ends the job at once) ends every
+    rank after launch.TERM_GRACE_S, where it was ignored."""
+    if signum == signal.SIGTERM and victim == 0:
+        pytest.skip("rank 0's SIGTERM: test_llama_cli's signal tests (it ends the program)")
     proc = subprocess.Popen([MPIEXEC, "-n", "2", sys.executable, "-m", "ggml_py.cli.main",
                              "-p", "ROMEO.", "-c", "256", "-n", "-1", "--ignore-eos", "--temp", "0",
                              "--tp"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV,
@@ -301,11 +351,16 @@ def test_a_rank_killed_mid_run_ends_the_others(victim):
             except psutil.Error:
                 continue
         assert rank is not None
-        rank.kill()
+        rank.send_signal(signum)
         killed = time.monotonic()
-        rest = b"".join(proc.communicate(timeout=30)).decode(errors="replace")
-        assert time.monotonic() - killed < 10
-        assert proc.returncode != 0 and "Killed (signal 9)" in rest, rest
+        rest = b"".join(proc.communicate(timeout=60)).decode(errors="replace")
+        if signum == signal.SIGKILL:
+            assert time.monotonic() - killed < 10
+            assert proc.returncode != 0 and "Killed (signal 9)" in rest, rest
+        else:
+            assert TERM_GRACE_S <= time.monotonic() - killed < TERM_GRACE_S + 10
+            assert proc.returncode != 0, rest
+            assert f"rank {victim}: terminated (SIGTERM): ending every rank" in rest, rest
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -9,7 +9,7 @@ import sys
 import threading
 import warnings
 
-from ggml_py.dist.launch import mpiexec_size, serve_and_exit, world
+from ggml_py.dist.launch import join_start, leave_before_start, mpiexec_size, serve_and_exit, world
 from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
@@ -28,12 +28,23 @@ def console_script(main):
         for name, mode in (("stdin", "r"), ("stdout", "w"), ("stderr", "w")):
             if getattr(sys, name) is None:
                 setattr(sys, name, open(os.devnull, mode))
+        argv = args[0] if args else kwargs.get("argv")
+        status = 1
         try:
-            return main(*args, **kwargs)
+            status = main(*args, **kwargs)
+            return status
         except BrokenPipeError:
             # the interpreter flushes stdout at exit: let that flush go nowhere
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 141
+            status = 141
+            return status
+        except BaseException as exc:
+            status = exc
+            raise
+        finally:
+            # a rank of a split model (--tp under mpiexec) that ends before the ranks
+            # meet to load it: the others, waiting for it there, end too
+            leave_before_start(sys.argv[1:] if argv is None else argv, status)
     return entry
 
 
@@ -394,13 +405,24 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
         warnings.simplefilter("always", TrainingContextWarning)
         warnings.simplefilter("always", ModelFileWarning)
         warnings.simplefilter("always", TokenizerWarning)
-        f = GGUFModelFile(model, use_mmap=use_mmap)
-        given = n_ctx
-        n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f, default=ctx_default)
+        try:
+            f = GGUFModelFile(model, use_mmap=use_mmap)
+            given = n_ctx
+            n_ctx = context_size(n_ctx, LlamaConfig.from_gguf(f).n_ctx_train, f,
+                                 default=ctx_default)
+        except BaseException as exc:     # (a file missing on one host: every rank hears)
+            if comm is None:
+                raise
+            join_start(comm, exc)
+        if comm is not None:
+            join_start(comm)
         if pool_contexts is not None and given is None:
             n_ctx *= pool_contexts
         llm = Llama(f, n_ctx=n_ctx, comm=comm, **kwargs)
+    copies = copies_warning(llm)
     if llm.rank > 0:
+        if copies:
+            print(f"rank {llm.rank}: warning: {copies}", file=sys.stderr, flush=True)
         serve_and_exit(llm, log=tp_log)
     if pool_contexts is not None:
         caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
@@ -411,12 +433,25 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     elif not tp and mpiexec_size() > 1:
         messages.append(f"started by mpiexec with {mpiexec_size()} processes but without --tp: "
                         f"each runs the whole model alone")
+    if copies:
+        messages.append(f"rank 0 {copies}")
     for w in caught:
         if issubclass(w.category, (TrainingContextWarning, ModelFileWarning, TokenizerWarning)):
             messages.append(str(w.message))
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     return llm, messages
+
+
+def copies_warning(llm):
+    """The warning ("holds ...") of a split model's rank that holds weights as F32 copies of its columns
+    (their blocks straddle its share: dist/shard.py), whose logits then differ from one
+    process's by more than rounding; None where it holds none (or the model is whole)."""
+    copies = getattr(llm.model, "copies", ())
+    if llm.comm is None or not copies:
+        return None
+    return (f"holds {', '.join(copies)} as F32 copies of its columns (the split falls inside "
+            f"their blocks): the logits differ from one process's by more than rounding")
 
 
 def run(prog, main, argv=None):

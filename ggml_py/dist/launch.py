@@ -3,6 +3,7 @@ rank 0 runs the program, the other ranks serve it (docs/distributed.md)."""
 import os
 import signal
 import sys
+import threading
 import time
 
 # set by the process managers of MPICH (Hydra: PMI_*), Open MPI and PMIx for each process
@@ -44,14 +45,62 @@ def world():
     return comm if comm.Get_size() > 1 else None
 
 
+_joined = False   # this process has taken part in the ranks' start (join_start)
+
+
+def join_start(comm, error=None):
+    """Every rank of a program's split model, first thing after MPI starts: the ranks
+    learn whether each got as far as loading the model (error: this rank's exception,
+    or None). Raises error (this rank's) or, where another rank failed, ValueError
+    naming it, on every rank: a rank that stopped early (a bad flag, a file missing on
+    its host) then ends the others instead of leaving them waiting for it."""
+    global _joined
+    _joined = True
+    message = None if error is None else (str(error) or type(error).__name__)
+    failed = [(r, m) for r, m in enumerate(comm.allgather(message)) if m is not None]
+    if error is not None:
+        raise error
+    if failed:
+        raise ValueError("; ".join(f"rank {r} stopped before loading the model: {m}"
+                                   for r, m in failed) + " (a split model needs every rank)")
+
+
+def leave_before_start(argv, status):
+    """A program's rank that ends before join_start (a bad flag or input, --help, an
+    error of rank 0 before it loads the model) when it was asked to split the model
+    (--tp in argv) under mpiexec with more processes: it joins the start with that
+    failure, so that the other ranks, which wait there, stop too (its own error line says
+    why). status: how it ended, an exit status or the exception."""
+    if _joined or "--tp" not in argv or mpiexec_size() < 2:
+        return
+    try:
+        comm = world()
+    except ValueError:
+        return
+    if comm is None:
+        return
+    if isinstance(status, SystemExit):
+        status = status.code or 0
+    if isinstance(status, BaseException):
+        what = str(status) or type(status).__name__
+    else:
+        what = f"exit status {status}"
+    try:
+        join_start(comm, RuntimeError(what))
+    except RuntimeError:
+        pass
+
+
 def serve_and_exit(llm, log=False):
     """A program's rank other than 0: run rank 0's steps until it closes its Llama (it
     does at exit), then end the process with status 0. Ctrl-C and SIGTERM, which mpiexec
-    passes to every rank, are rank 0's to handle (rank 0 ending by one ends the job).
+    passes to every rank, are rank 0's to handle (rank 0 ending by one ends the job); a
+    SIGTERM this rank alone was sent (a scheduler's, `kill`) ends every rank when rank 0
+    has not ended the job TERM_GRACE_S later.
     log (--tp-log): this rank says on stderr what it holds, and at the end how long it
     served (lines starting "rank N:"); otherwise it writes nothing but its errors."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: end_job_unless_ended(llm.comm))
     if log:
         print(share_line(llm), file=sys.stderr, flush=True)
     start = time.perf_counter()
@@ -60,6 +109,22 @@ def serve_and_exit(llm, log=False):
         print(f"rank {llm.rank}: served rank 0's steps for {time.perf_counter() - start:.2f} s",
               file=sys.stderr, flush=True)
     raise SystemExit(0)
+
+
+TERM_GRACE_S = 10.0   # a SIGTERM of a serving rank: the time rank 0 has to end the job first
+
+
+def end_job_unless_ended(comm):
+    """After a SIGTERM of a serving rank: in TERM_GRACE_S, unless this process has ended by
+    then (rank 0 ended the job: mpiexec passed the signal to every rank), one line on
+    stderr and MPI_Abort for every rank (a timer thread: the main one may be in a step)."""
+    def end():
+        print(f"rank {comm.Get_rank()}: terminated (SIGTERM): ending every rank",
+              file=sys.stderr, flush=True)
+        comm.Abort(143)
+    timer = threading.Timer(TERM_GRACE_S, end)
+    timer.daemon = True
+    timer.start()
 
 
 def share_line(llm):

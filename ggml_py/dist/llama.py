@@ -78,10 +78,12 @@ class Llama(_Llama):
             raise TypeError(f"Llama: comm must be an mpi4py intracommunicator (such as "
                             f"MPI.COMM_WORLD), got {type(comm).__name__}")
         self.rank, self.n_ranks = comm.Get_rank(), comm.Get_size()
+        # (a collective call: on every rank, whether or not its n_threads is None, so
+        # that ranks given other thread counts still meet in _agree)
+        on_host = comm.Split_type(_mpi().COMM_TYPE_SHARED)
         if n_threads is None:     # the cores of this host, shared by its ranks
-            on_host = comm.Split_type(_mpi().COMM_TYPE_SHARED)
             n_threads = max(1, default_threads() // on_host.Get_size())
-            on_host.Free()
+        on_host.Free()
         error = None
         try:
             super().__init__(model_path, n_ctx, n_threads, n_batch, kv_type, kv_pad, make_cache,

@@ -21,7 +21,7 @@ weight's type (and of the activations' type it is multiplied with: Q8_0 or Q8_K 
 the feed-forward boundaries are chosen on blocks (a rank may get a block more than
 another). Where a head boundary falls inside a block (a K-quant attn_output whose
 H/R heads are not 256 columns apart), or n_ff has fewer blocks than ranks, that rank
-keeps its columns as an F32 copy instead (logged by the caller: `Shard.copies`).
+keeps its columns as an F32 copy instead (the programs warn: cli.common.copies_warning).
 """
 import dataclasses
 from dataclasses import dataclass
