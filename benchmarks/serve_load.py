@@ -8,8 +8,8 @@ For each number of clients N, N clients at once each stream one completion of -n
 batch takes them) from /v1/completions. Reported per server and N: aggregate
 generated tokens/s (all tokens / the time from the first request to the last token),
 time to first token and the time between tokens (median and 95th percentile over all
-clients' tokens). ggml-server runs with -np N (the KV pool holds N contexts of
-prompt + -n tokens); llama-cpp-python's server (`pip install "llama-cpp-python[server]"`,
+clients' tokens). Needs httpx (`pip install httpx`, in the test extra). ggml-server runs
+with -np N (the KV pool holds N contexts of prompt + -n tokens); llama-cpp-python's server (`pip install "llama-cpp-python[server]"`,
 in this Python or the one --llama-cpp-python names; skipped when it is not installed, or
 with --no-llama-cpp) serves one request at a time, as it does (with --interrupt_requests
 False: by default a new request would cut the running one short). Both get -t threads. Not a test: figures vary with the machine and its load.
@@ -22,11 +22,13 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 import httpx
 
+import ggml_py
 from ggml_py.model.bundled import default_text_path
 
 PROMPT_TOKENS = 16
@@ -46,8 +48,14 @@ def prompts(n):
 
 
 def start(command, url, log):
-    """Start a server subprocess and wait until /v1/models answers; the Popen."""
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    """Start a server subprocess and wait until /v1/models answers; the Popen. It runs in
+    the temporary folder (`python -m` in a checkout would import the checkout's ggml_py,
+    built or not) with the ggml_py this script imported first on its path."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ggml_py.__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_parent] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            cwd=tempfile.gettempdir())
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -159,7 +167,8 @@ def measure(name, command, counts, n_tokens):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     rows = []
-    with open(f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log", "w") as log:
+    log_path = os.path.join(tempfile.gettempdir(), f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log")
+    with open(log_path, "w") as log:
         proc = start(command + ["--port", str(port)], url, log)
         try:
             model = httpx.get(url + "/v1/models").json()["data"][0]["id"]

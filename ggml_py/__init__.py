@@ -9,7 +9,8 @@
     a.numpy()[:] = np.random.rand(4, 3)
     graph.compute(n_threads=2)
 """
-import os
+import importlib as _importlib
+import os as _os
 
 # OpenBLAS's threads (lent to it by the blas-mt profile) busy-wait for new work
 # for 2^28 cycles (~0.1 s) after each call; on a machine whose cores the pool
@@ -19,7 +20,7 @@ import os
 # core soon after (2^4: small products 1.8x slower; 2^22: the next node slower).
 # Read when the library loads, so set before _core is imported; a user's own
 # setting wins.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 # The extension links scipy-openblas32's library. Importing that package loads the
 # library (its documented pre-loading), so the extension finds it wherever pip put the
@@ -27,7 +28,7 @@ os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 # not from an editable install or an in-place build (the extension stays in the
 # checkout) nor from `pip install --target` / `--user`.
 try:
-    import scipy_openblas32  # noqa: E402, F401
+    _importlib.import_module("scipy_openblas32")
 except ImportError:          # needed only by a build with BLAS, whose import says so
     pass
 
@@ -39,8 +40,8 @@ def _import_core():
         from ggml_py import _core
     except ImportError as exc:
         from importlib.machinery import EXTENSION_SUFFIXES
-        here = os.path.dirname(os.path.abspath(__file__))
-        if any(os.path.exists(os.path.join(here, "_core" + suffix))
+        here = _os.path.dirname(_os.path.abspath(__file__))
+        if any(_os.path.exists(_os.path.join(here, "_core" + suffix))
                for suffix in EXTENSION_SUFFIXES):
             raise      # built for this Python, and failing for another reason: say that
         raise ImportError(f"ggml_py's compiled extension is not built for this Python in "

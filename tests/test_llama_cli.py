@@ -138,6 +138,9 @@ def test_one_dash_words_that_are_values_or_flags_are_taken():
     proc = run("ggml_py.cli.bench", "model", "-ngl", "1")
     assert assert_one_line_error(proc, 2).startswith("ggml-bench model: error: unrecognized "
                                                      "argument '-ngl'")
+    # and so are its unknown long flags (argparse let the program report them)
+    proc = run("ggml_py.cli.bench", "model", "--bogus")
+    assert assert_one_line_error(proc, 2) == "ggml-bench model: error: unrecognized arguments: --bogus"
 
 
 def test_negative_values_that_look_like_flags_are_values():
@@ -664,7 +667,7 @@ def test_perplexity_with_tune_at_start_up():
 # ---- the bundled model: the README's first command ------------------------------
 
 def test_main_runs_the_bundled_model_by_default():
-    # `ggml-main -p "ROMEO."`: no -m; non-greedy by default, -s makes it repeatable
+    # `ggml-main -p "ROMEO." -n 256`: no -m; non-greedy by default, -s makes it repeatable
     first = main("-p", "ROMEO.", "-n", 12, "-s", 5, "-t", 2)
     again = main("-p", "ROMEO.", "-n", 12, "-s", 5, "-t", 2)
     assert first.returncode == 0, first.stderr

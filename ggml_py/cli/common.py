@@ -61,6 +61,23 @@ class ArgumentParser(argparse.ArgumentParser):
         """Print "<prog>: error: <message>" to stderr and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """argparse's; arguments that no flag takes are reported by the subcommand they
+        were given to ('ggml-bench model: error: ...'), not by the program."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self._parser_given(parsed).error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _parser_given(self, parsed):
+        """The parser of the subcommand that parsed holds (this one without subcommands)."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                sub = action.choices.get(getattr(parsed, action.dest, None) or "")
+                if isinstance(sub, ArgumentParser):
+                    return sub._parser_given(parsed)
+        return self
+
     def parse_known_args(self, args=None, namespace=None):
         """argparse's, after refusing unknown one-dash words (see the class)."""
         args = self._glue_negative_values(sys.argv[1:] if args is None else list(args))

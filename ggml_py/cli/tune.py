@@ -90,7 +90,7 @@ def bench_parser():
 def tqdm_progress(total):
     """A tqdm bar (on stderr) of `total` (shape, M) steps, for bench's progress."""
     from tqdm import tqdm
-    return tqdm(total=total, unit="shape-M", desc="mulmat-tune")
+    return tqdm(total=total, unit="shape-M", desc="mulmat-tune", disable=None)   # (none in a file)
 
 
 def run_bench(args):

@@ -71,7 +71,8 @@ class Server:
         s = self.scheduler
         self.log(f"ready: up to {s.n_ctx_seq} tokens a sequence"
                  f"{' (context shift)' if s.context_shift else ''}, "
-                 f"{s.llm.n_seq_max()} sequences at once, {s.max_queue} more may wait")
+                 f"{s.llm.n_seq_max()} sequence{'s' if s.llm.n_seq_max() != 1 else ''} at once, "
+                 f"{s.max_queue} more may wait")
 
     def _load_failed(self, exc):
         self.log(f"error: {exc}")

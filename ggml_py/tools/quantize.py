@@ -506,7 +506,7 @@ def quantize_file(src, dst, target_name, progress=True, log=print, allow_requant
             writer = Writer(tmp, "llama")
             copy_metadata(reader, writer, target.ftype)
             with tqdm(total=len(types), unit="tensor", desc="quantize", file=sys.stderr,
-                      disable=not progress) as bar:
+                      disable=None if progress else True) as bar:   # (none in a file)
                 write_streamed(writer, tensor_plan(reader, types, made=bar.update, fd=f.fileno()))
     except BrokenPipeError:
         raise   # the progress bar's reader went away, not the output (for the console script)
