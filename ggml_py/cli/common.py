@@ -9,7 +9,8 @@ import sys
 import threading
 import warnings
 
-from ggml_py.dist.launch import join_start, leave_before_start, mpiexec_size, serve_and_exit, world
+from ggml_py.dist.launch import (join_start, leave_before_start, mpiexec_size, rank_line,
+                                 serve_and_exit, world)
 from ggml_py.dist.llama import Llama
 from ggml_py.files.gguf_reader import GGUFModelFile, ModelFileWarning, ModelLoadError
 from ggml_py.model.config import DEFAULT_N_CTX, LlamaConfig, context_size
@@ -439,7 +440,7 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
     copies = copies_warning(llm)
     if llm.rank > 0:
         if copies:
-            print(f"rank {llm.rank}: warning: {copies}", file=sys.stderr, flush=True)
+            rank_line(f"rank {llm.rank}: warning: {copies}")
         serve_and_exit(llm, log=tp_log)
     if pool_contexts is not None:
         caught = [w for w in caught if not issubclass(w.category, TrainingContextWarning)]
@@ -492,7 +493,7 @@ def run(prog, main, argv=None):
         return 130
     except (ModelLoadError, ValueError, OSError, MemoryError) as e:
         sys.stdout.flush()
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        rank_line(f"{prog}: error: {e}")     # (every rank of a split model may say it at once)
         return 1
     finally:
         if ignored:

@@ -11,10 +11,11 @@ do not each hold a core (MPICH's blocking calls spin for as long as they wait).
 import contextlib
 import os
 import pickle
-import sys
 import time
 
 import numpy as np
+
+from ggml_py.dist.launch import rank_line
 
 SPIN_S = 0.01       # a waiting rank polls this long for the next order, then sleeps ...
 SLEEP_S = 0.0002    # ... this long between polls
@@ -146,8 +147,8 @@ def collective(comm):
         interrupted = isinstance(exc, KeyboardInterrupt)
         what = "interrupted" if interrupted else f"error: {exc}" if str(exc) else \
             f"error: {type(exc).__name__}"
-        print(f"rank {comm.Get_rank()}: {what} (a split model's ranks wait for each other: "
-              f"ending every rank)", file=sys.stderr, flush=True)
+        rank_line(f"rank {comm.Get_rank()}: {what} (a split model's ranks wait for each other: "
+                  f"ending every rank)")
         # mpiexec forwards each rank's output through a pipe that the abort tears down:
         # on a busy machine the line was lost unless its reader had a moment to run
         time.sleep(ABORT_GRACE_S)

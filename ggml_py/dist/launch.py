@@ -10,6 +10,14 @@ import time
 MPIEXEC_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE")
 
 
+def rank_line(text):
+    """text and a newline on stderr in one write: mpiexec merges the ranks' pipes into one,
+    so a line written in two parts (print's text, then its newline) may be cut by another
+    rank's line."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def launched_by_mpiexec():
     """Whether a process manager (mpiexec) started this process."""
     return any(name in os.environ for name in MPIEXEC_VARIABLES)
@@ -102,12 +110,11 @@ def serve_and_exit(llm, log=False):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: end_job_unless_ended(llm.comm))
     if log:
-        print(share_line(llm), file=sys.stderr, flush=True)
+        rank_line(share_line(llm))
     start = time.perf_counter()
     llm.serve()
     if log:
-        print(f"rank {llm.rank}: served rank 0's steps for {time.perf_counter() - start:.2f} s",
-              file=sys.stderr, flush=True)
+        rank_line(f"rank {llm.rank}: served rank 0's steps for {time.perf_counter() - start:.2f} s")
     raise SystemExit(0)
 
 
@@ -119,8 +126,7 @@ def end_job_unless_ended(comm):
     then (rank 0 ended the job: mpiexec passed the signal to every rank), one line on
     stderr and MPI_Abort for every rank (a timer thread: the main one may be in a step)."""
     def end():
-        print(f"rank {comm.Get_rank()}: terminated (SIGTERM): ending every rank",
-              file=sys.stderr, flush=True)
+        rank_line(f"rank {comm.Get_rank()}: terminated (SIGTERM): ending every rank")
         comm.Abort(143)
     timer = threading.Timer(TERM_GRACE_S, end)
     timer.daemon = True
