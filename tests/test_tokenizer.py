@@ -873,3 +873,16 @@ def test_incremental_decoder_holds_a_space_two_bytes_into_a_contraction():
     pieces = [decoder.feed(i) for i in ids] + [decoder.flush()]
     assert pieces[2] == ""                                   # " 'v": held back
     assert "".join(pieces) == gpt2.detokenize(ids) == "I've"
+
+
+def test_incremental_decoder_holds_back_a_long_run_of_spaces_whole():
+    """A run of space tokens is never final (a "?" after it takes its last space), so the
+    decoder holds all of it back, then gives it with the "?" (the run is stepped over at
+    once: one space at a time made a run quadratic, 20,000 spaces ~40 s)."""
+    gpt2 = tokenizer("gpt-2")
+    space, question = gpt2.tokenize(" ", add_special=False), gpt2.tokenize("?", add_special=False)
+    ids = [gpt2.tokenize("a", add_special=False)[0]] + space * 3000 + question
+    decoder = gpt2.decoder()
+    pieces = [decoder.feed(i) for i in ids] + [decoder.flush()]
+    assert "".join(pieces) == gpt2.detokenize(ids) == "a" + " " * 2999 + "?"
+    assert pieces[1:-2] == [""] * 3000                   # the run is held back, never cut

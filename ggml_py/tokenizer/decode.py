@@ -153,6 +153,11 @@ class IncrementalDecoder:
         offset = len(self._committed_tail)
         cut = len(data)
         while cut > offset:
+            if data[cut - 1] == 0x20:
+                # A cut right after a space is never final: step over the whole run
+                # of spaces at once (one at a time made a long run quadratic).
+                cut = len(data[:cut].rstrip(b" "))
+                continue
             space = data.rfind(b" ", 0, cut)
             if space < 0:
                 return cut - offset
