@@ -9,10 +9,12 @@ batch takes them) from /v1/completions. Reported per server and N: aggregate
 generated tokens/s (all tokens / the time from the first request to the last token),
 time to first token and the time between tokens (median and 95th percentile over all
 clients' tokens). Needs httpx (`pip install httpx`, in the test extra). ggml-server runs
-with -np N (the KV pool holds N contexts of prompt + -n tokens); llama-cpp-python's server (`pip install "llama-cpp-python[server]"`,
-in this Python or the one --llama-cpp-python names; skipped when it is not installed, or
-with --no-llama-cpp) serves one request at a time, as it does (with --interrupt_requests
-False: by default a new request would cut the running one short). Both get -t threads. Not a test: figures vary with the machine and its load.
+with -np N (the KV pool holds N contexts of prompt + -n tokens); llama-cpp-python's server
+(`pip install "llama-cpp-python[server]"`, in this Python or the one --llama-cpp-python
+names; skipped when it is not installed, or with --no-llama-cpp) serves one request at a
+time, as it does (with --interrupt_requests False: by default a new request would cut the
+running one short). Both get -t threads. Not a test: figures vary with the machine and its
+load.
 """
 import argparse
 import json
@@ -47,13 +49,18 @@ def prompts(n):
     return [" ".join(line.split()[:12]) for line in lines[:n]]
 
 
-def start(command, url, log):
+def ggml_env():
+    """The environment of ggml-server: the ggml_py this script imported first on its path
+    (only there: another Python, --llama-cpp-python's, must not import this one's packages)."""
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ggml_py.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [package_parent] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
+def start(command, url, log, env=None):
     """Start a server subprocess and wait until /v1/models answers; the Popen. It runs in
     the temporary folder (`python -m` in a checkout would import the checkout's ggml_py,
-    built or not) with the ggml_py this script imported first on its path."""
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ggml_py.__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [package_parent] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    built or not), so the paths in command are absolute."""
     proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                             cwd=tempfile.gettempdir())
     deadline = time.monotonic() + 600
@@ -113,12 +120,12 @@ def percentile(values, q):
 
 
 def servers(args, n_clients):
-    """(name, command) of each server to measure."""
+    """(name, command, env) of each server to measure (env None: this process's)."""
     n_ctx = n_clients * (PROMPT_TOKENS + args.n_tokens + 16)
     out = [] if args.no_ggml else [
         ("ggml-server", [sys.executable, "-m", "ggml_py.cli.server", "-m", args.model,
                          "-t", str(args.threads), "-np", str(n_clients), "-c", str(n_ctx),
-                         "--max-queue", "0"])]
+                         "--max-queue", "0"], ggml_env())]
     if not args.no_llama_cpp:
         python = args.llama_cpp_python
         found = subprocess.run([python, "-c", "import llama_cpp.server"], capture_output=True,
@@ -133,7 +140,7 @@ def servers(args, n_clients):
                                              "--n_ctx", str(PROMPT_TOKENS + args.n_tokens + 64),
                                              # its default lets a new request cut the
                                              # running one short: queue them instead
-                                             "--interrupt_requests", "False"]))
+                                             "--interrupt_requests", "False"], None))
     return out
 
 
@@ -150,10 +157,11 @@ def main(argv=None):
     p.add_argument("--json", metavar="FNAME")
     p.add_argument("--plot", metavar="FNAME")
     args = p.parse_args(argv)
+    args.model = os.path.abspath(args.model)     # (the servers run in the temporary folder)
     counts = [int(c) for c in args.clients.split(",")]
     rows = []
-    for name, command in servers(args, max(counts)):
-        rows += measure(name, command, counts, args.n_tokens)
+    for name, command, env in servers(args, max(counts)):
+        rows += measure(name, command, counts, args.n_tokens, env)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": os.path.basename(args.model), "threads": args.threads,
@@ -162,14 +170,15 @@ def main(argv=None):
         plot(rows, args.plot)
 
 
-def measure(name, command, counts, n_tokens):
+def measure(name, command, counts, n_tokens, env=None):
     """The rows of one server: started on a free port, warmed up, loaded with each N."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     rows = []
-    log_path = os.path.join(tempfile.gettempdir(), f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log")
+    log_name = f"serve_load_{re.sub(r'[^a-z]+', '_', name)}.log"
+    log_path = os.path.join(tempfile.gettempdir(), log_name)
     with open(log_path, "w") as log:
-        proc = start(command + ["--port", str(port)], url, log)
+        proc = start(command + ["--port", str(port)], url, log, env)
         try:
             model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
             load(url, model, 1, 8)            # warm up: graphs built, pages touched

@@ -151,6 +151,7 @@ def test_negative_values_that_look_like_flags_are_values():
                         ("-2.5E+1", -25.0), ("-.5", -0.5), ("-3", -3.0)]:
         assert parser.parse_args(["--temp", text]).temp == value
         assert parser.parse_args(["--temp", text, "-p", "x"]).prompt == "x"
+        assert parser.parse_args(["--tem", text]).temp == value     # (argparse's abbreviation)
     # -n -1 and a prompt that is a negative number are still what they were
     args = parser.parse_args(["-n", "-1", "-p", "-5"])
     assert args.n_predict == -1 and args.prompt == "-5"

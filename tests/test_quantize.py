@@ -369,12 +369,16 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_an_input_cut_short_while_read_is_a_one_line_error_not_a_bus_error(tmp_path):
+@pytest.mark.parametrize("kept", ["half", "header"])
+def test_an_input_cut_short_while_read_is_a_one_line_error_not_a_bus_error(tmp_path, kept):
     # the input is truncated after a few tensors: read through the mapping, the next
     # tensor's bytes killed the process with SIGBUS (in a child process here, so that a
-    # regression cannot take the test run with it)
+    # regression cannot take the test run with it); cut to its first 1,000 bytes, it ends
+    # before the tensor the read is in
     src, out = tmp_path / "in.gguf", tmp_path / "out.gguf"
-    src.write_bytes(open(model_path("f32"), "rb").read())
+    data = open(model_path("f32"), "rb").read()
+    size = len(data) // 2 if kept == "half" else 1000
+    src.write_bytes(data)
     script = ("import os, sys\n"
               "import ggml_py.tools.quantize as qm\n"
               "from ggml_py.cli.quantize import main\n"
@@ -382,16 +386,17 @@ def test_an_input_cut_short_while_read_is_a_one_line_error_not_a_bus_error(tmp_p
               "def cut_short(*args, **kwargs):\n"
               "    calls.append(1)\n"
               "    if len(calls) == 3:\n"
-              "        os.truncate(sys.argv[1], os.path.getsize(sys.argv[1]) // 2)\n"
+              "        os.truncate(sys.argv[1], int(sys.argv[3]))\n"
               "    return original(*args, **kwargs)\n"
               "qm.quantize = cut_short\n"
               "sys.exit(main([sys.argv[1], sys.argv[2], 'Q4_0', '-q']))\n")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gg.__file__))))
-    proc = subprocess.run([sys.executable, "-c", script, str(src), str(out)], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run([sys.executable, "-c", script, str(src), str(out), str(size)],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
-    assert "\n" not in line and line.startswith(f"ggml-quantize: error: {src}: the file ends at byte ")
+    assert "\n" not in line and line.startswith(f"ggml-quantize: error: {src}: the file ends at "
+                                                 f"byte {size}, before the end of tensor ")
     assert "it was cut short while being read" in line
     assert sorted(os.listdir(tmp_path)) == ["in.gguf"]
 

@@ -96,12 +96,21 @@ class ArgumentParser(argparse.ArgumentParser):
         for i, arg in enumerate(args):
             if arg == "--":
                 return out + args[i:]
-            action = self._option_string_actions.get(out[-1]) if out else None
+            action = self._flag_action(out[-1]) if out else None
             if action is not None and action.nargs is None and self.NEGATIVE_NUMBER.fullmatch(arg):
                 out[-1] += "=" + arg
             else:
                 out.append(arg)
         return out
+
+    def _flag_action(self, word):
+        """The action of flag `word`, or of the one long flag it abbreviates ('--tem' for
+        '--temp', as argparse reads it); None if it is neither."""
+        action = self._option_string_actions.get(word)
+        if action is None and self.allow_abbrev and word.startswith("--") and "=" not in word:
+            found = {a for name, a in self._option_string_actions.items() if name.startswith(word)}
+            action = found.pop() if len(found) == 1 else None
+        return action
 
     def _unknown_one_dash_word(self, args):
         """The first argument such as '-ngl' (or '-fa=1') that is not one of this parser's

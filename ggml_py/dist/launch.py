@@ -57,7 +57,7 @@ _joined = False   # this process has taken part in the ranks' start (join_start)
 
 
 def join_start(comm, error=None):
-    """Every rank of a program's split model, first thing after MPI starts: the ranks
+    """Every rank of a program's split model, where the ranks meet to load it: they
     learn whether each got as far as loading the model (error: this rank's exception,
     or None). Raises error (this rank's) or, where another rank failed, ValueError
     naming it, on every rank: a rank that stopped early (a bad flag, a file missing on
@@ -106,7 +106,8 @@ def serve_and_exit(llm, log=False):
     SIGTERM this rank alone was sent (a scheduler's, `kill`) ends every rank when rank 0
     has not ended the job TERM_GRACE_S later.
     log (--tp-log): this rank says on stderr what it holds, and at the end how long it
-    served (lines starting "rank N:"); otherwise it writes nothing but its errors."""
+    served (lines starting "rank N:"); otherwise it writes nothing but its errors (and
+    open_llama's warning of F32 copies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda signum, frame: end_job_unless_ended(llm.comm))
     if log:

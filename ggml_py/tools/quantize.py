@@ -436,8 +436,9 @@ def read_tensor(fd, t):
             n = os.preadv(fd, [view[done:]], t.offset + done)
         except OSError as exc:
             raise QuantizeError(f"cannot read tensor {t.name} ({exc.strerror or exc})") from None
-        if n == 0:
-            raise QuantizeError(f"the file ends at byte {t.offset + done}, inside tensor "
+        if n == 0:     # (the file may now end before the tensor starts)
+            size = os.fstat(fd).st_size
+            raise QuantizeError(f"the file ends at byte {size}, before the end of tensor "
                                 f"{t.name} (bytes {t.offset} .. {t.offset + t.nbytes}): it "
                                 f"was cut short while being read")
         done += n
