@@ -1369,8 +1369,15 @@ def test_bad_op_parameters(ctx, build, pattern):
     (lambda c: gg.scale(_t(c, (3,)), "2"), r"^scale: s must be a number, got '2'"),
     (lambda c: gg.norm(_t(c, (3,)), eps="1e-5"), r"^norm: eps must be a number"),
     (lambda c: gg.concat(_t(c, (2, 3)), _t(c, (2, 3)), 1.0), r"^concat: axis must be an integer"),
+    # a bool is no axis, offset or size (numpy refuses them too; True was taken as 1)
+    (lambda c: gg.concat(_t(c, (2, 3)), _t(c, (2, 3)), True), r"^concat: axis must be an integer"),
+    (lambda c: gg.permute(_t(c, (2, 3)), (True, False)), r"^permute: an axis must be an integer"),
+    (lambda c: gg.view(_t(c, (4,), gg.I8), (2,), offset=True), r"^view: offset must be an integer"),
+    (lambda c: gg.rope(_t(c, (2, 1, 8)), _t(c, (2,), gg.I32), 8, mode=False),
+     r"^rope: mode must be an integer"),
 ], ids=["view-stride", "view-offset", "permute-axes", "rope-n_dims-float", "rope-n_dims-str",
-        "rope-mode", "scale-str", "norm-eps-str", "concat-axis-float"])
+        "rope-mode", "scale-str", "norm-eps-str", "concat-axis-float", "concat-axis-bool",
+        "permute-axes-bool", "view-offset-bool", "rope-mode-bool"])
 def test_arguments_are_never_truncated_or_parsed(ctx, build, pattern):
     # int() would have taken 8.5 as 8 and "2" as 2 without a word
     with pytest.raises(TypeError, match=pattern):

@@ -7,13 +7,13 @@ over the first, each of its (right-aligned) dimensions dividing the first's.
 import contextlib
 import math
 import numbers
-import operator
 import struct
 import threading
 
 from ggml_py import _core
 from ggml_py.core.tensor import MAX_DIMS, Tensor, ne_of_shape, packed_nbytes
-from ggml_py.core.types import Op, Type, data_alignment, exact_shape, row_bytes, type_traits
+from ggml_py.core.types import (Op, Type, data_alignment, exact_int, exact_shape, row_bytes,
+                                type_traits)
 
 # types the element-wise copy converts between (others copy only to their own type)
 FLOAT_TYPES = (Type.F32, Type.F16, Type.BF16)
@@ -25,11 +25,12 @@ ROPE_NEOX = 2
 
 def _int(opname, name, value):
     """An integer argument (a Python or numpy int, not a float or text to be
-    truncated or parsed); TypeError naming the op and argument otherwise."""
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{opname}: {name} must be an integer, got {value!r:.40}") from None
+    truncated or parsed, nor a bool, which numpy refuses as an axis or a size);
+    TypeError naming the op and argument otherwise."""
+    number = exact_int(value)
+    if number is None:
+        raise TypeError(f"{opname}: {name} must be an integer, got {value!r:.40}")
+    return number
 
 
 def _real(what, value):
