@@ -471,9 +471,10 @@ def open_llama(model, n_ctx=None, ctx_default=DEFAULT_N_CTX, use_mmap=True, pool
 
 
 def copies_warning(llm):
-    """The warning ("holds ...") of a split model's rank that holds weights as F32 copies of its columns
-    (their blocks straddle its share: dist/shard.py), whose logits then differ from one
-    process's by more than rounding; None where it holds none (or the model is whole)."""
+    """The warning ("holds ...") of a split model's rank that holds weights as F32 copies
+    of its columns (their blocks straddle its share: dist/shard.py), whose logits then
+    differ from one process's by more than rounding; None where it holds none (or the
+    model is whole)."""
     copies = getattr(llm.model, "copies", ())
     if llm.comm is None or not copies:
         return None
