@@ -85,9 +85,15 @@ def test_the_default_template_is_a_transcript():
 
 
 def test_text_parts_are_joined_and_other_fields_reach_the_template():
-    messages = [{"role": "user", "content": [{"type": "text", "text": "Hel"},
-                                             {"type": "text", "text": "lo"}], "name": "ann"}]
-    assert render_chat(messages, "{{ messages[0].content }}|{{ messages[0].name }}") == "Hello|ann"
+    # joined by newlines, as llama.cpp's and vLLM's servers join them: "Hello" and "world"
+    # do not run together into "Helloworld"
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                             {"type": "text", "text": "world"}], "name": "ann"}]
+    assert render_chat(messages, "{{ messages[0].content }}|{{ messages[0].name }}") == \
+        "Hello\nworld|ann"
+    assert render_chat([{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+                       "{{ messages[0].content }}") == "x"
+    assert render_chat([{"role": "user", "content": []}], "[{{ messages[0].content }}]") == "[]"
     assert check_messages([{"role": "assistant", "content": None}])[0]["content"] is None
 
 
@@ -128,6 +134,30 @@ def test_template_errors_say_what_and_where():
         render_chat([{"role": "user", "content": "x"}], "{{ messages[0].content + 1 }}")
     with pytest.raises(TypeError):
         render_chat([{"role": "user", "content": "x"}], 5)
+
+
+def test_generation_blocks_render_their_contents_as_transformers_renders_them():
+    # transformers' AssistantTracker tag, kept by templates of models fine-tuned with TRL's
+    # assistant-only loss or NeMo: a ChatML one and its whitespace control
+    template = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+                "{% if message['role'] == 'assistant' %}{% generation %}"
+                "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+                "{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+                "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    assert render_chat(CONVERSATION[1:], template) == render_chat(CONVERSATION[1:], CHATML)
+    assert render_chat(CONVERSATION[1:3], "{% for m in messages %}\n  {%- generation %}\n"
+                       "{{ m.content }}\n  {% endgeneration -%}\n|{% endfor %}") == "Hi\n|Hello.\n|"
+    # (both as transformers and llama-cpp-python's Jinja2ChatFormatter render them)
+    assert compile_template("A\n   {%+ generation %}\n   X\n   {% endgeneration +%}\n   B"
+                            ).render() == "A\n      X\n\n   B"
+    with pytest.raises(ChatTemplateError, match="endgeneration"):
+        compile_template("{% generation %}x")
+
+
+def test_a_template_that_recurses_for_ever_is_a_template_error():
+    template = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"
+    with pytest.raises(ChatTemplateError, match="RecursionError"):
+        render_chat([{"role": "user", "content": "x"}], template)
 
 
 def test_tojson_keeps_text_as_it_is_and_strftime_now_is_there():

@@ -5,7 +5,9 @@ source copied from the model's `tokenizer_config.json`). It is rendered the way
 `transformers`' `apply_chat_template` renders it, so that the prompt is the text the
 model was trained on: a sandboxed, immutable jinja2 environment (a template is data
 from a downloaded file: it must not reach Python objects or change the messages),
-`trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, the globals
+`trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension, the `{% generation %}`
+block (transformers' marker of the assistant's text for training masks: rendered as its
+contents), the globals
 `raise_exception(message)` and `strftime_now(format)`, a `tojson` filter that keeps
 non-ASCII text, and the variables `messages`, `add_generation_prompt`, `bos_token`,
 `eos_token` (plus any extra ones given). A model without a template gets
@@ -16,7 +18,8 @@ DEFAULT_TEMPLATE, a plain transcript ("User: ...", "Assistant:").
 
 Messages are checked first: a list of mappings, each with a non-empty string `role`
 and a `content` that is a string, None (an assistant turn that only calls tools)
-or a list of text parts ({"type": "text", "text": "..."}, joined). Anything else,
+or a list of text parts ({"type": "text", "text": "..."}, joined by newlines as
+llama.cpp's and vLLM's servers join them). Anything else,
 a template that cannot be compiled, or a template that refuses the conversation
 (raise_exception: "roles must alternate") is a ChatTemplateError (a ValueError)
 that says where.
@@ -68,8 +71,10 @@ def render_chat(messages, template=None, bos_token="", eos_token="",
         raise
     except jinja2.TemplateError as exc:      # undefined names, sandbox refusals, syntax
         raise ChatTemplateError(f"chat template: {type(exc).__name__}: {exc}") from None
-    except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError) as exc:
-        # the template's own code failing on these messages (`messages[0]` of none ...)
+    except (TypeError, ValueError, ArithmeticError, LookupError, AttributeError,
+            RecursionError) as exc:
+        # the template's own code failing on these messages (`messages[0]` of none, a
+        # macro that calls itself for ever ...)
         raise ChatTemplateError(f"chat template failed on these messages: "
                                 f"{type(exc).__name__}: {exc}") from None
 
@@ -103,7 +108,9 @@ def _checked_message(i, message):
 
 
 def _content_text(where, content):
-    """A message's content as a str (or None): text parts joined as OpenAI's API joins them."""
+    """A message's content as a str (or None): text parts joined by a newline, as llama.cpp's
+    server (common_chat_msgs_to_json_oaicompat) and vLLM's join them for a template that
+    takes a string."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, (list, tuple)):
@@ -119,7 +126,18 @@ def _content_text(where, content):
         if not isinstance(part.get("text"), str):
             raise ChatTemplateError(f"{where}.content[{j}].text must be a string")
         texts.append(part["text"])
-    return "".join(texts)
+    return "\n".join(texts)
+
+
+class _GenerationTags(jinja2.ext.Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (AssistantTracker): it marks
+    the assistant's text for return_assistant_tokens_mask and renders as its contents;
+    templates of models fine-tuned with it (TRL, NeMo) carry it into their GGUF."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        parser.stream.skip(1)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def _raise_exception(message):
@@ -143,7 +161,7 @@ def compile_template(source):
     if not isinstance(source, str):
         raise TypeError(f"a chat template must be a str, got {type(source).__name__}")
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationTags])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
